@@ -1,0 +1,288 @@
+"""Optimizer construction with DeepSpeed's config semantics, and per-rank rebuilding.
+
+Two entry points:
+
+* :func:`build_optimizer` turns a DeepSpeed ``"optimizer"`` block (``type`` + ``params``)
+  into a plain ``torch.optim`` optimizer over torch-style ``param_groups``.
+* :func:`rebuild_optimizer` clones a user-built ("client") optimizer's class, defaults and
+  per-group hyperparameters onto a new set of tensors (e.g. the flat fp32 shards a rank
+  owns), keeping the group count and order identical so that group ``i`` of the rebuilt
+  optimizer corresponds to group ``i`` of the client optimizer (and of any LR scheduler).
+
+DeepSpeed rules reproduced by :func:`build_optimizer` (``_configure_basic_optimizer`` in
+``deepspeed/runtime/engine.py`` and ``DeepSpeedConfig``):
+
+* ``"Adam"``/``"AdamW"`` are matched case-insensitively (DeepSpeed lower-cases names in
+  its own optimizer list); any other name is looked up verbatim on ``torch.optim``, so only
+  the exact spelling ``"SGD"`` is accepted for SGD.
+* ``adam_w_mode`` (default ``True``) selects decoupled weight decay.  The effective mode is
+  ``type == "AdamW" or adam_w_mode``: ``"Adam"`` is AdamW unless ``adam_w_mode: false``;
+  ``"AdamW"`` is always decoupled.
+* ``torch_adam`` (default ``False``) only selects the torch implementation.  Without it
+  DeepSpeed runs FusedAdam / DeepSpeedCPUAdam whose defaults are lr=1e-3,
+  betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, bias_correction=True.  With it the torch
+  class defaults apply, which differ only in ``torch.optim.AdamW``'s weight_decay=1e-2.
+* ``max_grad_norm`` is rejected: clipping is configured by ``gradient_clipping``.
+* AMSGrad is only available with ``torch_adam: true`` (FusedAdam rejects it).
+* torch's implementation flags (``maximize``, ``foreach``, ``differentiable``, ``fused``,
+  and ``capturable`` for Adam) are passed through; DeepSpeed would pass them to torch only
+  for ``SGD`` or ``torch_adam: true``, but here the torch implementation always runs.
+
+The optimizer math itself is always torch's own Adam/AdamW/SGD; no state is shared between
+instances and nothing here is stored at module level.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+__all__ = [
+    "SUPPORTED_OPTIMIZERS",
+    "build_optimizer",
+    "param_groups_of",
+    "rebuild_optimizer",
+]
+
+SUPPORTED_OPTIMIZERS: tuple[str, ...] = ("Adam", "AdamW", "SGD")
+
+# torch implementation switches passed straight through (they never change the math).
+_TORCH_FLAGS: frozenset[str] = frozenset({"maximize", "foreach", "differentiable", "fused"})
+# Keys DeepSpeed's Adam path understands (FusedAdam / CPU Adam signature + the two switches),
+# plus torch.optim.Adam's own flags since the torch implementation always runs here.
+_ADAM_KEYS: frozenset[str] = _TORCH_FLAGS | {
+    "lr",
+    "betas",
+    "eps",
+    "weight_decay",
+    "amsgrad",
+    "bias_correction",
+    "set_grad_none",
+    "torch_adam",
+    "adam_w_mode",
+    "capturable",
+}
+_SGD_KEYS: frozenset[str] = _TORCH_FLAGS | {
+    "lr",
+    "momentum",
+    "dampening",
+    "weight_decay",
+    "nesterov",
+}
+# FusedAdam / DeepSpeedCPUAdam default weight decay (torch.optim.AdamW would use 1e-2).
+_DEEPSPEED_ADAM_WEIGHT_DECAY: float = 0.0
+
+
+def _canonical_type(opt_type: str) -> str:
+    """Map a config ``type`` to one of :data:`SUPPORTED_OPTIMIZERS` (DeepSpeed's casing rules).
+
+    Raises:
+        ValueError: the type is not supported; the message names it and lists the choices.
+    """
+    if isinstance(opt_type, str):
+        lowered = opt_type.lower()
+        if lowered == "adam":
+            return "Adam"
+        if lowered == "adamw":
+            return "AdamW"
+        if opt_type == "SGD":
+            return "SGD"
+    raise ValueError(
+        f"optimizer type {opt_type!r} is not supported; supported types: "
+        f"{', '.join(SUPPORTED_OPTIMIZERS)} (Adam/AdamW case-insensitive, SGD exact)"
+    )
+
+
+def _check_keys(opt_type: str, params: Mapping[str, Any], allowed: frozenset[str]) -> None:
+    """Raise ``ValueError`` naming the first config key that ``opt_type`` does not accept."""
+    if "max_grad_norm" in params:
+        raise ValueError(
+            f"optimizer param 'max_grad_norm'={params['max_grad_norm']!r} is not supported; "
+            "use the top-level 'gradient_clipping' setting instead"
+        )
+    for key in params:
+        if key not in allowed:
+            raise ValueError(
+                f"unknown optimizer param {key!r}={params[key]!r} for type {opt_type!r}; "
+                f"accepted params: {', '.join(sorted(allowed))}"
+            )
+
+
+def _require_bool(key: str, value: Any) -> bool:
+    """Return ``value`` if it is a real bool, else raise ``ValueError`` naming ``key``."""
+    if not isinstance(value, bool):
+        raise ValueError(f"optimizer param {key!r} must be a bool, got {value!r}")
+    return value
+
+
+def _adam_kwargs(params: Mapping[str, Any]) -> tuple[bool, bool, dict[str, Any]]:
+    """Split an Adam config into ``(torch_adam, adam_w_mode, torch_kwargs)``.
+
+    Invariant: the returned kwargs only contain names accepted by ``torch.optim.Adam``.
+    """
+    kwargs = dict(params)
+    torch_adam = _require_bool("torch_adam", kwargs.pop("torch_adam", False))
+    adam_w_mode = _require_bool("adam_w_mode", kwargs.pop("adam_w_mode", True))
+    if not _require_bool("bias_correction", kwargs.pop("bias_correction", True)):
+        raise ValueError(
+            "optimizer param 'bias_correction'=False is not supported: torch's Adam/AdamW "
+            "always apply bias correction"
+        )
+    # set_grad_none only changes FusedAdam.zero_grad; torch's zero_grad already sets None.
+    _require_bool("set_grad_none", kwargs.pop("set_grad_none", True))
+    amsgrad = _require_bool("amsgrad", kwargs.get("amsgrad", False))
+    if amsgrad and not torch_adam:
+        raise ValueError(
+            "optimizer param 'amsgrad'=True requires 'torch_adam': true "
+            "(DeepSpeed's FusedAdam/CPU Adam do not support AMSGrad)"
+        )
+    if "betas" in kwargs:
+        betas = kwargs["betas"]
+        if not isinstance(betas, (list, tuple)) or len(betas) != 2:
+            raise ValueError(f"optimizer param 'betas' must be a pair of floats, got {betas!r}")
+        kwargs["betas"] = (float(betas[0]), float(betas[1]))
+    if not torch_adam:
+        kwargs.setdefault("weight_decay", _DEEPSPEED_ADAM_WEIGHT_DECAY)
+    return torch_adam, adam_w_mode, kwargs
+
+
+def build_optimizer(
+    opt_type: str, params: Mapping[str, Any], param_groups: list[dict[str, Any]]
+) -> torch.optim.Optimizer:
+    """Build a torch optimizer from a DeepSpeed ``optimizer`` block.
+
+    Args:
+        opt_type: the block's ``type`` (``"Adam"``, ``"AdamW"`` or ``"SGD"``).
+        params: the block's ``params`` mapping (not modified).
+        param_groups: torch-style groups, each a dict with ``"params"`` and optional
+            per-group overrides (e.g. ``weight_decay``) that take precedence over ``params``.
+
+    Returns:
+        ``torch.optim.AdamW`` when the effective DeepSpeed mode is decoupled weight decay,
+        ``torch.optim.Adam`` for ``type: Adam`` with ``adam_w_mode: false``, or
+        ``torch.optim.SGD``.
+
+    Raises:
+        ValueError: unknown type, unknown/unsupported param, or torch rejecting a value.
+    """
+    canonical = _canonical_type(opt_type)
+    params = {} if params is None else params
+    if canonical == "SGD":
+        _check_keys(canonical, params, _SGD_KEYS)
+        cls: type[torch.optim.Optimizer] = torch.optim.SGD
+        kwargs: dict[str, Any] = dict(params)
+    else:
+        _check_keys(canonical, params, _ADAM_KEYS)
+        _torch_adam, adam_w_mode, kwargs = _adam_kwargs(params)
+        decoupled = canonical == "AdamW" or adam_w_mode
+        cls = torch.optim.AdamW if decoupled else torch.optim.Adam
+    groups = [dict(group) for group in param_groups]
+    try:
+        return cls(groups, **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(
+            f"could not build {cls.__name__} for optimizer type {opt_type!r}: {exc}"
+        ) from exc
+
+
+def param_groups_of(client: torch.optim.Optimizer) -> list[list[torch.nn.Parameter]]:
+    """Return the parameters of each of ``client``'s groups, in group and parameter order.
+
+    The outer list is index-aligned with ``client.param_groups``; the inner lists are new
+    lists (mutating them does not affect the optimizer) holding the same tensor objects.
+    """
+    return [list(group["params"]) for group in client.param_groups]
+
+
+def _has_been_stepped(client: torch.optim.Optimizer) -> bool:
+    """True when ``client`` holds state produced by stepping.
+
+    A state entry with a ``"step"`` counter counts as stepped only when the counter is
+    positive (``Adagrad`` creates ``step=0`` state in its constructor); any other non-empty
+    entry (e.g. SGD's ``momentum_buffer``) counts as stepped.
+    """
+    for entry in client.state.values():
+        if not entry:
+            continue
+        if "step" not in entry:
+            return True
+        if float(entry["step"]) > 0:
+            return True
+    return False
+
+
+def _constructor_kwargs(cls: type, defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """Subset of ``defaults`` that ``cls.__init__`` accepts as keyword arguments.
+
+    Some torch classes record derived defaults they do not take as arguments (e.g.
+    ``AdamW`` stores ``decoupled_weight_decay=True``); those are restored afterwards.
+    """
+    try:
+        signature = inspect.signature(cls.__init__)
+    except (TypeError, ValueError):
+        return dict(defaults)
+    accepted = signature.parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in accepted.values()):
+        return dict(defaults)
+    return {key: value for key, value in defaults.items() if key in accepted}
+
+
+def _group_hyperparameters(group: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep copy of a param group without ``params`` (and ``param_names``, which describe them)."""
+    return {
+        key: copy.deepcopy(value)
+        for key, value in group.items()
+        if key not in ("params", "param_names")
+    }
+
+
+def rebuild_optimizer(
+    client: torch.optim.Optimizer, new_params: list[list[torch.Tensor]]
+) -> torch.optim.Optimizer:
+    """Build an optimizer of ``client``'s class over ``new_params``, group by group.
+
+    Invariants of the result:
+
+    * ``type(result) is type(client)`` and ``result.defaults == client.defaults``;
+    * ``len(result.param_groups) == len(client.param_groups)`` and, for every ``i``,
+      group ``i`` holds exactly ``new_params[i]`` (possibly empty) and the same values as
+      ``client.param_groups[i]`` for every other key (deep-copied, so later edits to one
+      optimizer's hyperparameters never leak into the other).
+
+    Empty groups are kept as real groups with ``"params": []``: torch steps over them as a
+    no-op, and LR schedulers stay index-aligned with the client's groups.
+
+    Raises:
+        ValueError: ``new_params`` has the wrong number of groups, ``client`` already has
+            optimizer state (stepped; the state cannot be remapped onto new tensors), or the
+            class cannot be constructed as ``cls(groups, **defaults)`` (message names it).
+    """
+    cls = type(client)
+    if len(new_params) != len(client.param_groups):
+        raise ValueError(
+            f"new_params has {len(new_params)} groups but the {cls.__name__} client optimizer "
+            f"has {len(client.param_groups)}"
+        )
+    if _has_been_stepped(client):
+        raise ValueError(
+            f"the client {cls.__name__} optimizer already has state (it was stepped); "
+            "pass an optimizer that has not been stepped yet"
+        )
+    groups = [
+        {"params": list(params), **_group_hyperparameters(group)}
+        for params, group in zip(new_params, client.param_groups)
+    ]
+    try:
+        rebuilt = cls(groups, **_constructor_kwargs(cls, client.defaults))
+    except Exception as exc:  # noqa: BLE001 - any constructor failure is reported the same way
+        raise ValueError(
+            f"could not rebuild optimizer class {cls.__module__}.{cls.__qualname__} as "
+            f"cls(params, **defaults): {exc}"
+        ) from exc
+    rebuilt.defaults.clear()
+    rebuilt.defaults.update(copy.deepcopy(client.defaults))
+    return rebuilt

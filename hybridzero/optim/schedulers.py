@@ -1,0 +1,386 @@
+"""DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR as torch LR schedulers.
+
+Step convention.  ``step`` in the pure functions is DeepSpeed's ``last_batch_iteration``
+(0, 1, 2, ...).  DeepSpeed sets a *pre-start* lr when the scheduler is built (iteration -1)
+and its engine calls ``scheduler.step()`` after every successful ``optimizer.step()``, so
+optimizer step ``k`` (1-based) runs with the lr of iteration ``k - 2``: the first two
+optimizer steps both use the pre-start / iteration-0 value.  The scheduler objects here are
+``torch.optim.lr_scheduler.LRScheduler`` subclasses with ``last_epoch == iteration + 1``
+(torch's constructor performs one step, taking ``last_epoch`` from -1 to 0), so they produce
+exactly DeepSpeed's sequence when driven the same way.
+
+Formulas (``N = max(2, warmup_num_steps)``, as DeepSpeed clamps it):
+
+* warmup factor ``g(i)`` for ``i < N``: ``log(i + 1) * (1 / log N)`` ("log") or ``i / N``
+  ("linear"); ``1.0`` afterwards.
+* WarmupLR: ``lr = min_lr + (max_lr - min_lr) * g(i)``; pre-start lr = ``min_lr``.
+* WarmupDecayLR: as WarmupLR during warmup, then
+  ``g = max(0, (total - i) / max(1, total - N))`` (reaches 0 at ``i == total``).
+* WarmupCosineLR (a ratio of each group's lr at construction): during warmup
+  ``r = min_ratio + g(i) * (1 - min_ratio)``; then with ``s = i - N + 1`` and
+  ``T = total - N``: ``r = max(0, cos_min + (1 - cos_min) * (1 + cos(pi * s / T)) / 2)``.
+  Pre-start lr = 0.0 for every group.  DeepSpeed does not clamp ``s`` to ``T``: past
+  ``total`` the cosine rises again, and that is reproduced.
+
+Defaults (DeepSpeed's): warmup_min_lr=0.0, warmup_num_steps=1000, warmup_type="log";
+WarmupLR's warmup_max_lr defaults to each group's current lr, WarmupDecayLR's to 0.001;
+WarmupCosineLR: warmup_min_ratio=0.0, cos_min_ratio=1e-4.  ``total_num_steps`` is required
+for the decaying schedules.  Unlike DeepSpeed (which warns and carries on), invalid values
+raise ``ValueError``.  ``last_batch_iteration`` (default -1) is accepted as in DeepSpeed:
+a value ``>= 0`` resumes at that iteration and leaves the optimizer's lrs untouched until
+the next ``step()``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+import torch
+from torch.optim.lr_scheduler import LRScheduler
+
+__all__ = [
+    "SUPPORTED_SCHEDULERS",
+    "DeepSpeedWarmupScheduler",
+    "build_scheduler",
+    "warmup_cosine_lr_ratio",
+    "warmup_decay_lr",
+    "warmup_lr",
+    "warmup_lr_factor",
+]
+
+SUPPORTED_SCHEDULERS: tuple[str, ...] = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+WARMUP_TYPES: tuple[str, ...] = ("log", "linear")
+_DECAY_DEFAULT_MAX_LR: float = 0.001
+_COS_DEFAULT_MIN_RATIO: float = 0.0001
+_DEFAULT_WARMUP_STEPS: int = 1000
+
+_COMMON_KEYS: frozenset[str] = frozenset(
+    {"warmup_num_steps", "warmup_type", "last_batch_iteration"}
+)
+_ALLOWED_KEYS: Mapping[str, frozenset[str]] = MappingProxyType(
+    {
+        "WarmupLR": _COMMON_KEYS | {"warmup_min_lr", "warmup_max_lr"},
+        "WarmupDecayLR": _COMMON_KEYS | {"total_num_steps", "warmup_min_lr", "warmup_max_lr"},
+        "WarmupCosineLR": _COMMON_KEYS | {"total_num_steps", "warmup_min_ratio", "cos_min_ratio"},
+    }
+)
+
+
+# ----------------------------------------------------------------------------- pure math
+
+
+def _effective_warmup_steps(warmup_num_steps: int) -> int:
+    """DeepSpeed's clamp: fewer than 2 warmup steps would make ``log(N)`` zero."""
+    return max(2, warmup_num_steps)
+
+
+def _check_step(step: int) -> None:
+    """Pure functions take DeepSpeed iterations, which start at 0."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0 (DeepSpeed's last_batch_iteration), got {step!r}")
+
+
+def warmup_lr_factor(step: int, *, warmup_num_steps: int, warmup_type: str) -> float:
+    """Warmup progress ``gamma`` in ``[0, 1]`` at iteration ``step`` (>= 0).
+
+    ``gamma`` is 0 at step 0; "log" reaches ~1 at ``N - 1``, "linear" reaches ``(N-1)/N``
+    there, and both are exactly 1.0 from ``N = max(2, warmup_num_steps)`` on.
+    """
+    _check_step(step)
+    if warmup_type not in WARMUP_TYPES:
+        raise ValueError(f"warmup_type={warmup_type!r} is not one of {WARMUP_TYPES}")
+    n = _effective_warmup_steps(warmup_num_steps)
+    if step >= n:
+        return 1.0
+    if warmup_type == "log":
+        inverse_log = 1.0 / math.log(n)
+        return inverse_log * math.log(step + 1)
+    return step / n
+
+
+def warmup_lr(
+    step: int,
+    *,
+    warmup_min_lr: float,
+    warmup_max_lr: float,
+    warmup_num_steps: int,
+    warmup_type: str = "log",
+) -> float:
+    """WarmupLR's absolute lr at iteration ``step``; constant ``warmup_max_lr`` after warmup."""
+    gamma = warmup_lr_factor(step, warmup_num_steps=warmup_num_steps, warmup_type=warmup_type)
+    return warmup_min_lr + (warmup_max_lr - warmup_min_lr) * gamma
+
+
+def warmup_decay_lr(
+    step: int,
+    *,
+    total_num_steps: int,
+    warmup_min_lr: float,
+    warmup_max_lr: float,
+    warmup_num_steps: int,
+    warmup_type: str = "log",
+) -> float:
+    """WarmupDecayLR's absolute lr: warmup, then linear decay reaching ``warmup_min_lr`` at
+    ``step == total_num_steps`` and staying there."""
+    n = _effective_warmup_steps(warmup_num_steps)
+    gamma = warmup_lr_factor(step, warmup_num_steps=n, warmup_type=warmup_type)
+    if step >= n:
+        gamma = max(0.0, float(total_num_steps - step) / float(max(1.0, total_num_steps - n)))
+    return warmup_min_lr + (warmup_max_lr - warmup_min_lr) * gamma
+
+
+def warmup_cosine_lr_ratio(
+    step: int,
+    *,
+    total_num_steps: int,
+    warmup_min_ratio: float,
+    warmup_num_steps: int,
+    cos_min_ratio: float,
+    warmup_type: str = "log",
+) -> float:
+    """WarmupCosineLR's multiplier of each group's base lr at iteration ``step``.
+
+    Reaches ``cos_min_ratio`` at ``step == total_num_steps - 1``; requires
+    ``total_num_steps > max(2, warmup_num_steps)`` once past warmup.
+    """
+    n = _effective_warmup_steps(warmup_num_steps)
+    gamma = warmup_lr_factor(step, warmup_num_steps=n, warmup_type=warmup_type)
+    if step < n:
+        return warmup_min_ratio + gamma * (1.0 - warmup_min_ratio)
+    real_last_step = step - n + 1
+    real_total_steps = total_num_steps - n
+    if real_total_steps <= 0:
+        raise ValueError(
+            f"total_num_steps={total_num_steps!r} must exceed warmup_num_steps={n!r} "
+            "for the cosine phase"
+        )
+    cosine = (1 + math.cos(math.pi * real_last_step / real_total_steps)) / 2
+    return max(0.0, cos_min_ratio + (1.0 - cos_min_ratio) * cosine)
+
+
+# ----------------------------------------------------------------------------- validation
+
+
+def _number(key: str, value: Any) -> float:
+    """A finite, non-negative real number (bools rejected), else ``ValueError`` naming key."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"scheduler param {key!r} must be a finite number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"scheduler param {key!r} must be >= 0, got {value!r}")
+    return float(value)
+
+
+def _int(key: str, value: Any) -> int:
+    """A non-negative int (bools rejected), else ``ValueError`` naming the key and value."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"scheduler param {key!r} must be an int >= 0, got {value!r}")
+    return value
+
+
+def _per_group(key: str, value: Any, num_groups: int) -> list[float]:
+    """Broadcast a scalar, or validate a per-group list/tuple, to ``num_groups`` floats."""
+    if isinstance(value, (list, tuple)):
+        if len(value) != num_groups:
+            raise ValueError(
+                f"scheduler param {key!r} has {len(value)} values but the optimizer has "
+                f"{num_groups} param groups: {value!r}"
+            )
+        return [_number(key, item) for item in value]
+    return [_number(key, value)] * num_groups
+
+
+def _warmup_type(value: Any) -> str:
+    """``value`` if it is a supported warmup type, else ``ValueError`` naming key and value."""
+    if value not in WARMUP_TYPES:
+        raise ValueError(
+            f"scheduler param 'warmup_type' must be one of {WARMUP_TYPES}, got {value!r}"
+        )
+    return value
+
+
+def _check_type_and_keys(sched_type: str, params: Mapping[str, Any]) -> None:
+    """Reject an unsupported scheduler type or a param key that type does not take."""
+    if sched_type not in SUPPORTED_SCHEDULERS:
+        raise ValueError(
+            f"scheduler type {sched_type!r} is not supported; supported types: "
+            f"{', '.join(SUPPORTED_SCHEDULERS)}"
+        )
+    allowed = _ALLOWED_KEYS[sched_type]
+    for key in params:
+        if key not in allowed:
+            raise ValueError(
+                f"unknown scheduler param {key!r}={params[key]!r} for {sched_type}; "
+                f"accepted params: {', '.join(sorted(allowed))}"
+            )
+
+
+def _total_steps(params: Mapping[str, Any], warmup_steps: int, strict: bool) -> int:
+    """``total_num_steps`` (required) checked against the clamped warmup length."""
+    if "total_num_steps" not in params:
+        raise ValueError("scheduler param 'total_num_steps' is required")
+    total = _int("total_num_steps", params["total_num_steps"])
+    n = _effective_warmup_steps(warmup_steps)
+    if total < n or (strict and total == n):
+        relation = "greater than" if strict else "at least"
+        raise ValueError(
+            f"scheduler param 'total_num_steps'={total!r} must be {relation} the effective "
+            f"warmup_num_steps={n!r} (warmup_num_steps={warmup_steps!r}, clamped to >= 2)"
+        )
+    return total
+
+
+# ----------------------------------------------------------------------------- scheduler
+
+
+def _copy_lr(lr: float | torch.Tensor) -> float | torch.Tensor:
+    """A copy of a group lr that does not alias it (tensor lrs are cloned)."""
+    return lr.clone() if isinstance(lr, torch.Tensor) else lr
+
+
+class DeepSpeedWarmupScheduler(LRScheduler):
+    """One of DeepSpeed's warmup schedules as a torch ``LRScheduler``.
+
+    Invariants: ``last_epoch == last_batch_iteration + 1``; after construction every group's
+    lr is DeepSpeed's pre-start value; each ``step()`` sets every group's lr to the closed
+    form of the next iteration (computed from scratch, never from the current lr).
+    ``state_dict()`` holds only the position (``last_batch_iteration``, ``last_epoch``, the
+    step count and the last lrs); the schedule's parameters always come from the config,
+    as in DeepSpeed.  ``load_state_dict`` also accepts DeepSpeed's own
+    ``{"last_batch_iteration": i}``.  Neither touches the optimizer's lrs.
+    """
+
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, sched_type: str, params: Mapping[str, Any]
+    ) -> None:
+        """Validate ``params`` for ``sched_type`` and apply the pre-start lrs."""
+        _check_type_and_keys(sched_type, params)
+        self.sched_type = sched_type
+        num_groups = len(optimizer.param_groups)
+        self.org_lrs = [float(group["lr"]) for group in optimizer.param_groups]
+        self.warmup_num_steps = _int(
+            "warmup_num_steps", params.get("warmup_num_steps", _DEFAULT_WARMUP_STEPS)
+        )
+        self.warmup_type = _warmup_type(params.get("warmup_type", "log"))
+        if sched_type == "WarmupCosineLR":
+            self.total_num_steps = _total_steps(params, self.warmup_num_steps, strict=True)
+            self.warmup_min_ratio = _number("warmup_min_ratio", params.get("warmup_min_ratio", 0.0))
+            self.cos_min_ratio = _number(
+                "cos_min_ratio", params.get("cos_min_ratio", _COS_DEFAULT_MIN_RATIO)
+            )
+        else:
+            if sched_type == "WarmupDecayLR":
+                self.total_num_steps = _total_steps(params, self.warmup_num_steps, strict=False)
+                default_max: Any = _DECAY_DEFAULT_MAX_LR
+            else:
+                default_max = self.org_lrs
+            self.min_lrs = _per_group("warmup_min_lr", params.get("warmup_min_lr", 0.0), num_groups)
+            max_value = params.get("warmup_max_lr", default_max)
+            # DeepSpeed's WarmupLR.__init__ (shared by WarmupDecayLR) maps an explicit None
+            # to the groups' current lrs.
+            self.max_lrs = _per_group(
+                "warmup_max_lr", self.org_lrs if max_value is None else max_value, num_groups
+            )
+        resume_at = params.get("last_batch_iteration", -1)
+        if isinstance(resume_at, bool) or not isinstance(resume_at, int) or resume_at < -1:
+            raise ValueError(
+                f"scheduler param 'last_batch_iteration' must be an int >= -1, got {resume_at!r}"
+            )
+        current = [_copy_lr(group["lr"]) for group in optimizer.param_groups]
+        super().__init__(optimizer, last_epoch=-1)
+        if resume_at >= 0:
+            self._resume(resume_at, current)
+
+    def _resume(self, iteration: int, lrs: list[float | torch.Tensor]) -> None:
+        """Position at ``iteration`` and put back the lrs the optimizer had before
+        construction (DeepSpeed applies no pre-start lr when resuming)."""
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            if isinstance(group["lr"], torch.Tensor):
+                group["lr"].copy_(lr)
+            else:
+                group["lr"] = lr
+        self.last_epoch = iteration + 1
+        self._last_lr = [_copy_lr(group["lr"]) for group in self.optimizer.param_groups]
+
+    @property
+    def last_batch_iteration(self) -> int:
+        """DeepSpeed's iteration counter: -1 right after construction."""
+        return self.last_epoch - 1
+
+    def lrs_at(self, iteration: int) -> list[float]:
+        """Closed-form lrs of every group at DeepSpeed iteration ``iteration`` (>= -1)."""
+        if iteration < 0:
+            if self.sched_type == "WarmupCosineLR":
+                return [0.0] * len(self.org_lrs)
+            return list(self.min_lrs)
+        steps, kind = self.warmup_num_steps, self.warmup_type
+        if self.sched_type == "WarmupCosineLR":
+            ratio = warmup_cosine_lr_ratio(
+                iteration,
+                total_num_steps=self.total_num_steps,
+                warmup_min_ratio=self.warmup_min_ratio,
+                warmup_num_steps=steps,
+                cos_min_ratio=self.cos_min_ratio,
+                warmup_type=kind,
+            )
+            return [org_lr * ratio for org_lr in self.org_lrs]
+        if self.sched_type == "WarmupDecayLR":
+            return [
+                warmup_decay_lr(iteration, total_num_steps=self.total_num_steps, warmup_min_lr=lo,
+                                warmup_max_lr=hi, warmup_num_steps=steps, warmup_type=kind)
+                for lo, hi in zip(self.min_lrs, self.max_lrs)
+            ]
+        return [
+            warmup_lr(iteration, warmup_min_lr=lo, warmup_max_lr=hi, warmup_num_steps=steps,
+                      warmup_type=kind)
+            for lo, hi in zip(self.min_lrs, self.max_lrs)
+        ]
+
+    def get_lr(self) -> list[float]:  # type: ignore[override]
+        """Lrs for the current ``last_epoch`` (torch calls this inside ``step()``)."""
+        return self.lrs_at(self.last_batch_iteration)
+
+    def _get_closed_form_lr(self) -> list[float]:
+        """Same as :meth:`get_lr`; lets the deprecated ``step(epoch)`` jump exactly."""
+        return self.lrs_at(self.last_batch_iteration)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position of the schedule only (see the class docstring)."""
+        return {
+            "last_batch_iteration": self.last_batch_iteration,
+            "last_epoch": self.last_epoch,
+            "_step_count": self._step_count,
+            "_last_lr": list(self._last_lr),
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore the position from :meth:`state_dict` or a DeepSpeed scheduler state."""
+        if "last_batch_iteration" not in state_dict:
+            raise ValueError(
+                f"scheduler state_dict lacks 'last_batch_iteration': keys {sorted(state_dict)!r}"
+            )
+        iteration = state_dict["last_batch_iteration"]
+        if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < -1:
+            raise ValueError(
+                f"state_dict 'last_batch_iteration' must be an int >= -1, got {iteration!r}"
+            )
+        self.last_epoch = iteration + 1
+        self._step_count = int(state_dict.get("_step_count", iteration + 2))
+        saved = state_dict.get("_last_lr")
+        self._last_lr = list(saved) if saved is not None else self.lrs_at(iteration)
+
+
+def build_scheduler(
+    sched_type: str, params: Mapping[str, Any], optimizer: torch.optim.Optimizer
+) -> LRScheduler:
+    """Build a DeepSpeed ``scheduler`` block (``type`` + ``params``) over ``optimizer``.
+
+    Construction immediately sets every group's lr to DeepSpeed's pre-start value.  With
+    WarmupCosineLR, the base lrs are the groups' lrs at this moment.
+
+    Raises:
+        ValueError: unknown type, unknown param, or invalid value (message names both).
+    """
+    return DeepSpeedWarmupScheduler(optimizer, sched_type, {} if params is None else params)

@@ -1,0 +1,103 @@
+"""The optimizer side of ZeRO: a torch optimizer over flat fp32 master shards.
+
+Each gather group orders its parameters by optimizer param-group index (frozen ones last), so the elements of
+param group ``k`` inside a gather group form one contiguous flat range; intersected with this rank's shard that is
+one contiguous view of the group's master shard. The torch optimizer steps those views (leaf ``nn.Parameter``s
+sharing the master storage) with ``.grad`` bound to the matching views of the fp32 gradient shard.
+
+Invariants: element-wise optimizers (Adam, AdamW, SGD) give exactly the update the unsharded optimizer would give
+to the same elements; padding is never part of any view; the grad views are re-bound before every step, so a user
+calling ``optimizer.zero_grad(set_to_none=True)`` cannot detach them.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from hybridzero.comm.collectives import Comm
+from hybridzero.optim.clip import clip_coefficient
+from hybridzero.zero.groups import ShardedGroup
+
+FROZEN = 1 << 30  # sort key for parameters that no optimizer group holds
+
+
+def optimizer_groups(module: nn.Module, client: torch.optim.Optimizer | None,
+                     model_parameters: Iterable[Any] | None) -> tuple[dict[int, int], list[dict[str, Any]]]:
+    """Map ``id(param) -> optimizer group index`` and return each group's hyperparameter overrides.
+
+    Source, in order: the client optimizer's param groups, ``model_parameters`` (tensors or torch-style group
+    dicts), else one group of every parameter that requires grad.
+    """
+    if client is not None:
+        raw = [dict(g) for g in client.param_groups]
+    elif model_parameters is not None:
+        items = list(model_parameters)
+        raw = [dict(g) for g in items] if items and isinstance(items[0], dict) else [{"params": items}]
+    else:
+        raw = [{"params": [p for p in module.parameters() if p.requires_grad]}]
+    index_of: dict[int, int] = {}
+    overrides: list[dict[str, Any]] = []
+    for k, group in enumerate(raw):
+        for p in group["params"]:
+            if p.requires_grad:
+                index_of.setdefault(id(p), k)
+        overrides.append({key: v for key, v in group.items() if key != "params"})
+    return index_of, overrides
+
+
+def order_for_optimizer(params: Sequence[tuple[str, nn.Parameter]], index_of: dict[int, int]) -> list[tuple[str, nn.Parameter]]:
+    """Stable order of a gather group's parameters by optimizer group (frozen / unoptimized last)."""
+    return sorted(params, key=lambda item: index_of.get(id(item[1]), FROZEN))
+
+
+def shard_views(groups: Sequence[ShardedGroup], index_of: dict[int, int], n_opt_groups: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """For each optimizer group: (master view, grad view) pairs of this rank's shards, in gather-group order."""
+    out: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(n_opt_groups)]
+    for group in groups:
+        ranges: dict[int, tuple[int, int]] = {}
+        for slot in group.slots:
+            k = index_of.get(id(slot.param))
+            if k is None:
+                continue
+            lo, hi = ranges.get(k, (slot.spec.offset, slot.spec.end))
+            ranges[k] = (min(lo, slot.spec.offset), max(hi, slot.spec.end))
+        for k, flat_range in ranges.items():
+            local = group.local_range(flat_range)
+            if local is not None:
+                out[k].append((group.master[local[0]:local[1]], group.grad_shard[local[0]:local[1]]))
+    return out
+
+
+def make_leaf_params(views: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> list[list[tuple[nn.Parameter, torch.Tensor]]]:
+    """Leaf parameters sharing each master view's storage, paired with their gradient views."""
+    return [[(nn.Parameter(master, requires_grad=True), grad) for master, grad in group] for group in views]
+
+
+def bind_grads(leaves: list[list[tuple[nn.Parameter, torch.Tensor]]]) -> None:
+    """Point every leaf's ``.grad`` at its gradient-shard view."""
+    for group in leaves:
+        for param, grad in group:
+            param.grad = grad
+
+
+def global_grad_norm(groups: Sequence[ShardedGroup], comm: Comm) -> torch.Tensor:
+    """L2 norm of the full gradient: shards summed over ranks, replicated groups counted once (on rank 0)."""
+    total = torch.zeros((), dtype=torch.float32, device=groups[0].device if groups else None)
+    for group in groups:
+        if group.replicated and comm.rank != 0:
+            continue
+        total += group.grad_shard.double().square().sum().float()
+    comm.all_reduce(total, phase="step")
+    return total.sqrt()
+
+
+def clip_grad_shards(groups: Sequence[ShardedGroup], comm: Comm, max_norm: float) -> torch.Tensor:
+    """Scale every gradient shard so the global norm is at most ``max_norm``; returns the norm before clipping."""
+    norm = global_grad_norm(groups, comm)
+    coef = clip_coefficient(norm, max_norm)
+    for group in groups:
+        group.grad_shard.mul_(coef)
+    return norm

@@ -1,0 +1,199 @@
+"""The training engine: a DeepSpeed-shaped facade over the ZeRO-3 machinery.
+
+Data path of one parameter (see docs/architecture.md): fp32 master shard (optimizer) → compute shard (fp32 or
+bf16) → gathered flat buffer around the owning module's forward and backward → gradient copied into the group's
+flat gradient → bucketed reduce-scatter → fp32 gradient shard (accumulated over micro-steps) → clip → optimizer
+step on the master shard → :meth:`ShardedGroup.write_shard` (the one write path).
+
+Invariants: ``step()`` updates only at the gradient-accumulation boundary; after ``backward()`` and ``step()`` the
+engine is quiescent; an exception in an engine call is posted to every peer and tears the process group down so
+that no peer hangs.
+"""
+from __future__ import annotations
+
+import contextlib
+import traceback
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from hybridzero.comm.collectives import Comm, abort_process_group
+from hybridzero.comm.ledger import Ledger
+from hybridzero.config import Config
+from hybridzero.optim import sharded
+from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
+from hybridzero.optim.schedulers import build_scheduler
+from hybridzero.zero.coordinator import ZeroCoordinator
+from hybridzero.zero.groups import ShardedGroup
+from hybridzero.zero.partition import plan_groups
+from hybridzero.zero.prefetch import Prefetcher
+from hybridzero.zero.reduce import GradReducer
+
+_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@contextlib.contextmanager
+def failure_guard(comm: Comm) -> Iterator[None]:
+    """Re-raise any exception after telling the peers and tearing the process group down (no peer hangs)."""
+    try:
+        yield
+    except Exception as exc:
+        if comm.world_size > 1:
+            comm.post_failure("".join(traceback.format_exception_only(type(exc), exc)).strip())
+            abort_process_group()
+        raise
+
+
+class Engine:
+    """Wraps ``module`` for sharded training; see :func:`hybridzero.initialize`."""
+
+    def __init__(self, module: nn.Module, config: Config, comm: Comm, *, optimizer: torch.optim.Optimizer | None = None,
+                 model_parameters: Iterable[Any] | None = None, lr_scheduler: Any = None,
+                 blocks: list[str] | None = None, record_events: bool = False) -> None:
+        self.config = config
+        self.comm = comm
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        self.module = module.to(self.device)
+        self.compute_dtype = config.compute_dtype
+        self.reduce_dtype = _DTYPES[config.communication_data_type] if config.communication_data_type else self.compute_dtype
+        self.global_steps = 0
+        self.micro_steps = 0
+        self.events: list[tuple[str, str, str]] | None = [] if record_events else None
+        index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
+        self.groups = self._build_groups(blocks, index_of)
+        self._cast_buffers()
+        z = config.zero
+        self.prefetcher = Prefetcher(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
+        self.reducer = GradReducer(comm, z.reduce_bucket_size, overlap=z.overlap_comm)
+        self.coordinator = ZeroCoordinator(self.module, self.groups, self.reducer, self.prefetcher, self.events)
+        self._leaves = sharded.make_leaf_params(sharded.shard_views(self.groups, index_of, len(overrides)))
+        self.optimizer = self._build_optimizer(optimizer, overrides)
+        self.lr_scheduler = self._build_scheduler(lr_scheduler)
+
+    # --- construction -------------------------------------------------------------------------------------------
+    def _build_groups(self, blocks: list[str] | None, index_of: dict[int, int]) -> list[ShardedGroup]:
+        stage = self.config.zero.stage
+        if stage != 3:
+            raise NotImplementedError(f"zero_optimization.stage={stage} is not implemented yet; use stage 3")
+        params = dict(self.module.named_parameters())
+        groups = []
+        for i, plan in enumerate(plan_groups(self.module, self.config.zero.param_persistence_threshold, blocks)):
+            named = sharded.order_for_optimizer([(n, params[n]) for n in plan.param_names], index_of)
+            groups.append(ShardedGroup(i, plan.name, plan.owner, named, self.comm, self.compute_dtype,
+                                       self.reduce_dtype, self.device))
+        return groups
+
+    def _cast_buffers(self) -> None:
+        if self.compute_dtype == torch.float32:
+            return
+        for buf_owner in self.module.modules():
+            for name, buf in buf_owner.named_buffers(recurse=False):
+                if buf is not None and buf.is_floating_point():
+                    setattr(buf_owner, name, buf.to(self.compute_dtype))
+
+    def _build_optimizer(self, client: torch.optim.Optimizer | None, overrides: list[dict[str, Any]]) -> torch.optim.Optimizer | None:
+        leaves = [[p for p, _ in group] for group in self._leaves]
+        if client is not None:
+            return rebuild_optimizer(client, leaves)
+        if self.config.optimizer is None:
+            return None
+        param_groups = [{"params": ps, **ov} for ps, ov in zip(leaves, overrides)]
+        return build_optimizer(self.config.optimizer.type, self.config.optimizer.params, param_groups)
+
+    def _build_scheduler(self, client: Any) -> Any:
+        if client is not None and self.optimizer is not None:
+            if callable(client) and not hasattr(client, "step"):
+                return client(self.optimizer)
+            client.optimizer = self.optimizer  # re-point a scheduler built on the client optimizer
+            return client
+        if self.config.scheduler is not None and self.optimizer is not None:
+            return build_scheduler(self.config.scheduler.type, self.config.scheduler.params, self.optimizer)
+        return None
+
+    # --- DeepSpeed-shaped API -----------------------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the wrapped module (gathering groups as it goes)."""
+        with failure_guard(self.comm):
+            return self.module(*args, **kwargs)
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        """Micro-steps per optimizer step."""
+        return self.config.gradient_accumulation_steps
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        """True when the next ``step()`` applies the update."""
+        return (self.micro_steps + 1) % self.gradient_accumulation_steps == 0
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss / gradient_accumulation_steps``; gradients land reduced in the fp32 shards."""
+        with failure_guard(self.comm):
+            gas = self.gradient_accumulation_steps
+            (loss / gas if gas > 1 else loss).backward()
+
+    def step(self) -> None:
+        """At the accumulation boundary: clip, update master shards, propagate, zero gradients."""
+        with failure_guard(self.comm):
+            if self.is_gradient_accumulation_boundary():
+                self._apply_update()
+                self.global_steps += 1
+            self.micro_steps += 1
+
+    def _apply_update(self) -> None:
+        if self.optimizer is None:
+            raise RuntimeError("engine.step() needs an optimizer: pass optimizer= or an 'optimizer' config block")
+        self.assert_quiescent()
+        if self.config.gradient_clipping > 0:
+            self.last_grad_norm = float(sharded.clip_grad_shards(self.groups, self.comm, self.config.gradient_clipping))
+        sharded.bind_grads(self._leaves)
+        self.optimizer.step()
+        if self.lr_scheduler is not None:
+            self.lr_scheduler.step()
+        for group in self.groups:
+            group.write_shard()
+        self.zero_grad()
+
+    def zero_grad(self) -> None:
+        """Zero the fp32 gradient shards."""
+        for group in self.groups:
+            group.grad_shard.zero_()
+
+    def train(self, mode: bool = True) -> "Engine":
+        """Set the module's training mode."""
+        self.module.train(mode)
+        return self
+
+    def eval(self) -> "Engine":
+        """Set the module to eval mode."""
+        return self.train(False)
+
+    def get_lr(self) -> list[float]:
+        """Current learning rate of every optimizer param group."""
+        return [] if self.optimizer is None else [float(g["lr"]) for g in self.optimizer.param_groups]
+
+    def comm_ledger(self) -> Ledger:
+        """Calls and bytes of every collective, per (collective, group, phase)."""
+        return self.comm.ledger
+
+    def assert_quiescent(self) -> None:
+        """Raise if anything is gathered (but persisted parameters), pending or unreduced."""
+        if not self.coordinator.is_quiescent():
+            raise AssertionError(f"engine is not quiescent: {self.coordinator.describe()}")
+
+    def full_parameters(self) -> dict[str, torch.Tensor]:
+        """Every parameter in full (fp32 master values), gathered group by group; every rank gets all of them."""
+        out: dict[str, torch.Tensor] = {}
+        for group in self.groups:
+            if group.replicated:
+                flat = group.master
+            else:
+                flat = torch.empty(group.layout.padded_numel, dtype=torch.float32, device=self.device)
+                self.comm.all_gather(flat, group.master, phase="consolidate")
+            for slot in group.slots:
+                out[slot.spec.name] = flat[slot.spec.offset:slot.spec.end].view(slot.spec.shape).clone()
+        return out

@@ -1,0 +1,168 @@
+"""Run the same training on the sharded engine (one call per rank) and on one unsharded process.
+
+Semantics both sides share: a step consumes ``accumulation × world`` micro-batches; the loss of a step is the mean
+of the micro-batch losses; the gradient is the gradient of that mean. Rank ``r`` at micro-step ``m`` of step ``s``
+uses ``batches[s, m, r]``; the reference walks the same tensor.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from hybridzero.testing.data import make_token_batches
+from hybridzero.testing.models import MODEL_FACTORIES, WithScalar
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run, identical on the engine and the reference."""
+
+    model: str = "llama"
+    steps: int = 3
+    accumulation: int = 1
+    micro_batch: int = 2
+    seq_len: int = 9
+    lr: float = 1e-2
+    clipping: float = 0.0
+    optimizer: str = "config"  # "config" (DeepSpeed block) or "client" (torch optimizer built by the user)
+    optimizer_type: str = "AdamW"
+    scheduler: bool = False
+    dtype: str = "fp32"
+    prefetch_bucket_size: int = 0
+    persistence_threshold: int = 0
+    with_scalar: bool = False
+    overlap_comm: bool = False
+    reduce_bucket_size: int = 500_000_000
+    seed: int = 0
+    extra_zero: dict[str, Any] = field(default_factory=dict)
+
+    def replace(self, **changes: Any) -> "RunSpec":
+        """A copy with ``changes`` applied."""
+        return dataclasses.replace(self, **changes)
+
+
+def build_model(spec: RunSpec) -> nn.Module:
+    """The spec's tiny model, deterministically initialised."""
+    model = MODEL_FACTORIES[spec.model](seed=spec.seed)
+    return WithScalar(model) if spec.with_scalar else model
+
+
+def batches_for(spec: RunSpec, world_size: int, vocab_size: int) -> torch.Tensor:
+    """``[steps, accumulation, world, micro, seq]`` token ids."""
+    return make_token_batches(spec.seed + 1, steps=spec.steps, accumulation=spec.accumulation, world_size=world_size,
+                              micro_batch=spec.micro_batch, seq_len=spec.seq_len, vocab_size=vocab_size)
+
+
+def ds_config(spec: RunSpec, world_size: int) -> dict[str, Any]:
+    """The DeepSpeed JSON config of the spec."""
+    cfg: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": spec.micro_batch,
+        "gradient_accumulation_steps": spec.accumulation,
+        "train_batch_size": spec.micro_batch * spec.accumulation * world_size,
+        "gradient_clipping": spec.clipping,
+        "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": spec.prefetch_bucket_size,
+                              "stage3_param_persistence_threshold": spec.persistence_threshold,
+                              "overlap_comm": spec.overlap_comm, "reduce_bucket_size": spec.reduce_bucket_size,
+                              **spec.extra_zero},
+        "bf16": {"enabled": spec.dtype == "bf16"},
+    }
+    if spec.optimizer == "config":
+        cfg["optimizer"] = {"type": spec.optimizer_type, "params": {"lr": spec.lr, "weight_decay": 0.01}}
+    if spec.scheduler:
+        cfg["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": spec.lr,
+                                                                "warmup_num_steps": 2, "total_num_steps": spec.steps + 2,
+                                                                "warmup_type": "linear"}}
+    return cfg
+
+
+def client_optimizer(spec: RunSpec, model: nn.Module) -> torch.optim.Optimizer:
+    """A user's torch optimizer over the full model: two param groups (no decay for 1-D parameters)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() > 1]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() <= 1]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+                             lr=spec.lr, betas=(0.9, 0.95), eps=1e-8)
+
+
+def _vocab(model: nn.Module) -> int:
+    inner = model.model if isinstance(model, WithScalar) else model
+    return int(inner.config.vocab_size)
+
+
+def engine_run(spec: RunSpec, check_quiescent: bool = True) -> dict[str, Any]:
+    """Train on the engine in this rank; returns this rank's micro losses, the full final parameters, the ledger."""
+    import hybridzero
+
+    hybridzero.init_distributed()
+    model = build_model(spec)
+    world = torch.distributed.get_world_size()
+    rank = torch.distributed.get_rank()
+    batches = batches_for(spec, world, _vocab(model))
+    opt = client_optimizer(spec, model) if spec.optimizer == "client" else None
+    engine, _, _, _ = hybridzero.initialize(model=model, config=ds_config(spec, world), optimizer=opt)
+    engine.comm_ledger().reset()
+    losses: list[list[float]] = []
+    for s in range(spec.steps):
+        step_losses = []
+        for m in range(spec.accumulation):
+            ids = batches[s, m, rank]
+            loss = engine(input_ids=ids, labels=ids).loss
+            engine.backward(loss)
+            if check_quiescent:
+                engine.assert_quiescent()
+            engine.step()
+            step_losses.append(loss.item())
+        if check_quiescent:
+            engine.assert_quiescent()
+        losses.append(step_losses)
+    ledger = engine.comm_ledger().snapshot()
+    params = engine.full_parameters()
+    return {"losses": losses, "params": params if rank == 0 else None, "ledger": ledger, "lr": engine.get_lr()}
+
+
+def step_losses(results: list[dict[str, Any]]) -> list[float]:
+    """Mean over ranks and micro-steps of each step's losses, from per-rank ``engine_run`` results."""
+    steps = len(results[0]["losses"])
+    out = []
+    for s in range(steps):
+        vals = [v for r in results for v in r["losses"][s]]
+        out.append(sum(vals) / len(vals))
+    return out
+
+
+def reference_run(spec: RunSpec, world_size: int) -> dict[str, Any]:
+    """The same training in this process, unsharded, fp32, plain torch."""
+    from hybridzero.optim.schedulers import build_scheduler
+
+    model = build_model(spec)
+    batches = batches_for(spec, world_size, _vocab(model))
+    if spec.optimizer == "client":
+        opt = client_optimizer(spec, model)
+    else:
+        cls = torch.optim.AdamW if spec.optimizer_type in ("AdamW", "Adam") else torch.optim.SGD
+        opt = cls(model.parameters(), lr=spec.lr, weight_decay=0.01)
+    sched = None
+    if spec.scheduler:
+        sched = build_scheduler("WarmupDecayLR", ds_config(spec, world_size)["scheduler"]["params"], opt)
+    n = spec.accumulation * world_size
+    losses = []
+    for s in range(spec.steps):
+        total = 0.0
+        for m in range(spec.accumulation):
+            for r in range(world_size):
+                ids = batches[s, m, r]
+                loss = model(input_ids=ids, labels=ids).loss
+                (loss / n).backward()
+                total += loss.item()
+        losses.append(total / n)
+        if spec.clipping > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clipping)
+        opt.step()
+        if sched is not None:
+            sched.step()
+        opt.zero_grad(set_to_none=True)
+    params = {name: p.detach().clone() for name, p in model.named_parameters()}
+    return {"losses": losses, "params": params, "lr": [g["lr"] for g in opt.param_groups]}

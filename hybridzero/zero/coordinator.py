@@ -1,0 +1,227 @@
+"""Phase tracking and hooks: when each gather group is gathered, released and reduced.
+
+Phases come from the engine's own root-level events (DESIGN invariant 3)::
+
+    IDLE --root pre-forward--> FORWARD --root post-forward (always, also on exceptions)--> IDLE
+    IDLE --first pre-backward hook or gradient--> BACKWARD --autograd end-of-backward callback--> IDLE
+
+* FORWARD: a block's group is gathered in the block's pre-forward hook (launching prefetch hints) and released in
+  its post-forward hook (unless the trace says it is reused soon); the root group stays gathered for the whole root
+  forward. With grad enabled, hooks on the outputs re-gather the group when its gradients start flowing back.
+* End of FORWARD (``no_grad`` or not, train or eval): every group except the persistent one is drained and
+  released; prefetch never crosses a phase end. Backward re-gathers what it needs.
+* BACKWARD: a group's flat gradient is reduced as soon as all its trainable parameters have their gradients;
+  groups without frozen parameters are released then. At the end every remaining gradient is reduced, every
+  reduction completed and every group released. Forward hooks firing inside BACKWARD (activation-checkpoint
+  recomputation) only make sure the group is gathered.
+
+After each phase end :meth:`ZeroCoordinator.is_quiescent` holds (checked by ``engine.assert_quiescent()``).
+"""
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.hooks import RemovableHandle
+
+from hybridzero.zero.groups import GroupState, ShardedGroup
+from hybridzero.zero.prefetch import Prefetcher
+from hybridzero.zero.reduce import GradReducer
+
+
+class Phase(enum.Enum):
+    """The engine's phase, from root-level events only."""
+
+    IDLE = "idle"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+
+
+def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
+    """Every tensor inside a (nested) module output: tensors, tuples, lists, mappings, HF ModelOutputs."""
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, Mapping):
+        for value in obj.values():
+            yield from iter_tensors(value)
+    elif isinstance(obj, (tuple, list)):
+        for value in obj:
+            yield from iter_tensors(value)
+
+
+class ZeroCoordinator:
+    """Owns the hooks on one module and drives its groups through the phases."""
+
+    def __init__(self, module: nn.Module, groups: list[ShardedGroup], reducer: GradReducer,
+                 prefetcher: Prefetcher, events: list[tuple[str, str, str]] | None = None) -> None:
+        self.module = module
+        self.groups = groups
+        self.reducer = reducer
+        self.prefetcher = prefetcher
+        self.events = events
+        self.phase = Phase.IDLE
+        self._depth = 0
+        self._handles: list[RemovableHandle] = []
+        self._root = next((g for g in groups if g.owner == ""), None)
+        self._install(module)
+
+    # --- installation -------------------------------------------------------------------------------------------
+    def _install(self, module: nn.Module) -> None:
+        modules = dict(module.named_modules())
+        self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
+        self._handles.append(module.register_forward_hook(self._root_post_forward, always_call=True))
+        for group in self.groups:
+            if group.owner:
+                sub = modules[group.owner]
+                self._handles.append(sub.register_forward_pre_hook(self._block_pre_hook(group)))
+                self._handles.append(sub.register_forward_hook(self._block_post_hook(group)))
+            for i, slot in enumerate(group.slots):
+                if slot.trainable:
+                    self._handles.append(slot.param.register_post_accumulate_grad_hook(self._grad_hook(group, i)))
+
+    def remove_hooks(self) -> None:
+        """Detach from the module (after draining); the module keeps its current parameter views."""
+        self.end_phase()
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _event(self, what: str, group: ShardedGroup) -> None:
+        if self.events is not None:
+            self.events.append((what, group.name, self.phase.value))
+
+    # --- gathering ----------------------------------------------------------------------------------------------
+    def use(self, group: ShardedGroup, kind: str) -> None:
+        """Make ``group`` available now, after launching the prefetch the trace suggests."""
+        upcoming = self.prefetcher.observe(group.index) if self.prefetcher.active_kind == kind else []
+        if upcoming and self.prefetcher.enabled:
+            self._prefetch(upcoming, group, kind)
+        if group.state is not GroupState.GATHERED:
+            self._event("gather", group)
+        group.wait(kind)
+
+    def _prefetch(self, upcoming: list[int], current: ShardedGroup, kind: str) -> None:
+        inflight = sum(g.numel for g in self.groups if g.state is GroupState.GATHERING)
+        live = sum(g.numel for g in self.groups if g.state is not GroupState.SHARDED and not g.replicated)
+        for gid in upcoming:
+            cand = self.groups[gid]
+            if cand is current or cand.state is not GroupState.SHARDED:
+                continue
+            if inflight + cand.numel > self.prefetcher.bucket_elems:
+                break
+            if live + cand.numel > self.prefetcher.max_live_elems:
+                break
+            self._event("prefetch", cand)
+            cand.start_gather(kind)
+            inflight += cand.numel
+            live += cand.numel
+
+    def release(self, group: ShardedGroup) -> None:
+        """Release ``group`` if it holds anything."""
+        if not group.replicated and group.state is not GroupState.SHARDED:
+            self._event("release", group)
+            group.release()
+
+    def end_phase(self) -> None:
+        """Drain and release everything; close the prefetch trace. Safe to call at any time."""
+        for group in self.groups:
+            self.release(group)
+        self.prefetcher.end()
+        self.phase = Phase.IDLE
+
+    # --- forward hooks ------------------------------------------------------------------------------------------
+    def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
+        if self.phase is Phase.BACKWARD:
+            if self._root is not None:
+                self._root.wait("backward")
+            return
+        self._depth += 1
+        if self._depth == 1:
+            self.phase = Phase.FORWARD
+            self.prefetcher.begin("forward")
+        if self._root is not None:
+            self.use(self._root, "forward")
+
+    def _root_post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.phase is Phase.BACKWARD:
+            return
+        self._depth = max(0, self._depth - 1)
+        if self._depth > 0:
+            return
+        if self._root is not None and output is not None:
+            self._attach_pre_backward(self._root, output)
+        self.end_phase()
+
+    def _block_pre_hook(self, group: ShardedGroup) -> Callable[[nn.Module, Any], None]:
+        def hook(module: nn.Module, args: Any) -> None:
+            if self.phase is Phase.BACKWARD:
+                group.wait("backward")  # activation-checkpoint recomputation
+            else:
+                self.use(group, "forward")
+        return hook
+
+    def _block_post_hook(self, group: ShardedGroup) -> Callable[[nn.Module, Any, Any], None]:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            if self.phase is Phase.BACKWARD:
+                return
+            self._attach_pre_backward(group, output)
+            if not self.prefetcher.reused_soon(group.index, lambda gid: self.groups[gid].numel):
+                self.release(group)
+        return hook
+
+    # --- backward hooks -----------------------------------------------------------------------------------------
+    def _attach_pre_backward(self, group: ShardedGroup, output: Any) -> None:
+        if not torch.is_grad_enabled():
+            return
+        for t in iter_tensors(output):
+            if t.requires_grad:
+                t.register_hook(self._pre_backward_hook(group))
+
+    def _pre_backward_hook(self, group: ShardedGroup) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            self._begin_backward()
+            self.use(group, "backward")
+        return hook
+
+    def _begin_backward(self) -> None:
+        if self.phase is Phase.BACKWARD:
+            return
+        if self.phase is Phase.FORWARD:
+            self.end_phase()
+        self.phase = Phase.BACKWARD
+        self.prefetcher.begin("backward")
+        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+
+    def _grad_hook(self, group: ShardedGroup, slot_index: int) -> Callable[[torch.Tensor], None]:
+        def hook(param: torch.Tensor) -> None:
+            self._begin_backward()
+            grad, param.grad = param.grad, None
+            assert grad is not None
+            if group.accept_grad(slot_index, grad):
+                self.reducer.submit(group, group.take_grad_full())
+                if not group.has_frozen:
+                    self.release(group)
+        return hook
+
+    def _end_backward(self) -> None:
+        for group in self.groups:
+            if group.grad_full is not None:
+                self.reducer.submit(group, group.take_grad_full())
+        self.reducer.drain()
+        self.end_phase()
+
+    # --- checks -------------------------------------------------------------------------------------------------
+    def is_quiescent(self) -> bool:
+        """IDLE, nothing gathered but the persistent group, nothing pending, nothing unreduced."""
+        return (self.phase is Phase.IDLE and self.reducer.is_quiescent()
+                and all(g.is_quiescent() for g in self.groups))
+
+    def describe(self) -> str:
+        """Human-readable state, for assertion messages."""
+        parts = [f"phase={self.phase.value}", f"reducer_quiescent={self.reducer.is_quiescent()}"]
+        parts += [f"{g.name}:{g.state.value}{'+handle' if g.handle else ''}{'+grad' if g.grad_full is not None else ''}"
+                  for g in self.groups]
+        return ", ".join(parts)

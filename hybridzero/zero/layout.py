@@ -1,0 +1,86 @@
+"""Pure partition math for flat, padded, evenly sharded buffers.
+
+A gather group's parameters are laid end to end in one flat buffer; the buffer is padded at its end (only there) to
+a multiple of the world size; rank ``r`` owns the contiguous slice ``[r * S, (r + 1) * S)`` with ``S = padded / W``.
+
+Invariants (unit-tested):
+* ``padded_numel % world_size == 0`` and ``numel <= padded_numel < numel + world_size`` (for ``numel > 0``).
+* Every element of ``[0, numel)`` belongs to exactly one shard; padding elements are never read as parameters.
+* Shapes always come from :class:`ParamSpec` metadata, never from the size of a local shard.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """Where one parameter lives in its group's flat buffer."""
+
+    name: str
+    shape: torch.Size
+    offset: int
+    numel: int
+
+    @property
+    def end(self) -> int:
+        """One past the parameter's last element in the flat buffer."""
+        return self.offset + self.numel
+
+
+def padded_numel(numel: int, world_size: int) -> int:
+    """Smallest multiple of ``world_size`` that holds ``numel`` elements (at least ``world_size``)."""
+    if world_size < 1:
+        raise ValueError(f"world_size must be >= 1, got {world_size}")
+    if numel < 0:
+        raise ValueError(f"numel must be >= 0, got {numel}")
+    return max(1, -(-numel // world_size)) * world_size
+
+
+def intersect(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int] | None:
+    """The overlap of half-open ranges ``a`` and ``b``, or ``None`` when empty."""
+    lo, hi = max(a[0], b[0]), min(a[1], b[1])
+    return (lo, hi) if lo < hi else None
+
+
+@dataclass(frozen=True)
+class FlatLayout:
+    """Layout of one flat buffer sharded over ``world_size`` ranks."""
+
+    specs: tuple[ParamSpec, ...]
+    numel: int
+    padded_numel: int
+    world_size: int
+
+    @property
+    def shard_numel(self) -> int:
+        """Elements each rank owns (padding included)."""
+        return self.padded_numel // self.world_size
+
+    def shard_range(self, rank: int) -> tuple[int, int]:
+        """Half-open flat range that ``rank`` owns."""
+        s = self.shard_numel
+        return rank * s, (rank + 1) * s
+
+    def local_ranges(self, rank: int, flat_range: tuple[int, int]) -> tuple[int, int] | None:
+        """The part of ``flat_range`` that ``rank`` owns, in shard-local coordinates (or ``None``)."""
+        lo, hi = self.shard_range(rank)
+        hit = intersect((lo, hi), flat_range)
+        return None if hit is None else (hit[0] - lo, hit[1] - lo)
+
+
+def build_layout(names: Sequence[str], shapes: Sequence[torch.Size], world_size: int) -> FlatLayout:
+    """Lay out parameters of ``shapes`` end to end, in the given order, padded for ``world_size`` ranks."""
+    if len(names) != len(shapes):
+        raise ValueError("names and shapes must have the same length")
+    specs: list[ParamSpec] = []
+    offset = 0
+    for name, shape in zip(names, shapes):
+        n = int(torch.Size(shape).numel())
+        specs.append(ParamSpec(name=name, shape=torch.Size(shape), offset=offset, numel=n))
+        offset += n
+    return FlatLayout(specs=tuple(specs), numel=offset, padded_numel=padded_numel(offset, world_size),
+                      world_size=world_size)

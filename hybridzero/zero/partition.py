@@ -1,0 +1,92 @@
+"""Which parameters form which gather group (pure functions of the module tree).
+
+Default plan, generic for any Hugging Face causal LM (nothing is special-cased per architecture):
+* the transformer blocks are the children of the largest ``nn.ModuleList`` whose children all share one class;
+  each block is one gather group, gathered around the block's forward;
+* every other parameter (embeddings, final norms, heads, projections such as OPT's project_in/out) joins the
+  *root* group, gathered for the whole root forward;
+* a parameter reachable from more than one block, or from a block and outside it (tied weights), joins the root
+  group, so it is gathered whenever any user of it runs;
+* parameters with ``numel < persistence_threshold`` stay whole on every rank (the *persistent* group).
+
+Invariant: every trainable or frozen parameter of the module is in exactly one group, named by its first name in
+``module.named_parameters()``.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+ROOT = "root"
+PERSISTENT = "persistent"
+
+
+@dataclass(frozen=True)
+class GroupPlan:
+    """One gather group: its name, the module whose forward it is gathered around, and its parameters."""
+
+    name: str
+    owner: str | None  # qualified module name; "" is the root module; None = never gathered (persistent)
+    param_names: tuple[str, ...]
+
+    @property
+    def replicated(self) -> bool:
+        """True for the persistent group, whose parameters stay whole on every rank."""
+        return self.owner is None
+
+
+def find_blocks(module: nn.Module) -> list[str]:
+    """Qualified names of the transformer blocks: children of the largest homogeneous ``nn.ModuleList``."""
+    best: tuple[int, str, nn.ModuleList] | None = None
+    for name, sub in module.named_modules():
+        if not isinstance(sub, nn.ModuleList) or len(sub) == 0:
+            continue
+        if len({type(child) for child in sub}) != 1:
+            continue
+        size = sum(p.numel() for p in sub.parameters())
+        if size > 0 and (best is None or size > best[0]):
+            best = (size, name, sub)
+    if best is None:
+        return []
+    _, prefix, blocks = best
+    return [f"{prefix}.{i}" if prefix else str(i) for i in range(len(blocks))]
+
+
+def _owner_of(param_names: Sequence[str], blocks: Sequence[str]) -> str:
+    owners = set()
+    for pname in param_names:
+        owner = ""
+        for block in blocks:
+            if pname.startswith(block + "."):
+                owner = block
+                break
+        owners.add(owner)
+    return owners.pop() if len(owners) == 1 else ""
+
+
+def plan_groups(module: nn.Module, persistence_threshold: int, blocks: Sequence[str] | None = None) -> list[GroupPlan]:
+    """Gather groups for ``module``: root first, then blocks in order, then the persistent group (if any).
+
+    Empty groups are omitted. ``blocks`` overrides :func:`find_blocks`.
+    """
+    block_names = list(find_blocks(module) if blocks is None else blocks)
+    aliases: dict[int, list[str]] = {}
+    canonical: dict[int, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        aliases.setdefault(id(p), []).append(name)
+        canonical.setdefault(id(p), name)
+    members: dict[str, list[str]] = {"": [], **{b: [] for b in block_names}}
+    persistent: list[str] = []
+    sizes = {name: p.numel() for name, p in module.named_parameters()}
+    for pid, first in canonical.items():
+        if sizes[first] < persistence_threshold:
+            persistent.append(first)
+        else:
+            members[_owner_of(aliases[pid], block_names)].append(first)
+    plans = [GroupPlan(ROOT, "", tuple(members[""]))] if members[""] else []
+    plans += [GroupPlan(b, b, tuple(members[b])) for b in block_names if members[b]]
+    if persistent:
+        plans.append(GroupPlan(PERSISTENT, None, tuple(persistent)))
+    return plans

@@ -1,0 +1,107 @@
+"""Gradient reduction: bucketed reduce-scatter of flat group gradients into fp32 gradient shards.
+
+A group's flat gradient ``[W * S]`` is viewed as ``[W, S]`` (row ``r`` = rank ``r``'s slice). Pieces of whole
+columns from one or more groups fill a bucket of at most ``reduce_bucket_size`` elements; one reduce-scatter of the
+bucket's rank-major copy gives every rank the sum of its columns, which is divided by the world size exactly once
+and added into the group's fp32 ``grad_shard`` (so accumulation across micro-steps is a plain sum).
+
+Invariants:
+* The order of collectives depends only on the order in which groups are submitted (the autograd order, equal on
+  every rank for the same graph) and on the bucket size, never on data.
+* Every reduce-scatter this object issued is completed by :meth:`GradReducer.drain` (called at the end of every
+  backward); afterwards nothing is pending.
+* The replicated (persistent) group is all-reduced at drain time, after all reduce-scatters.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from hybridzero.comm.collectives import Comm, PendingCollective
+from hybridzero.zero.groups import ShardedGroup
+
+
+@dataclass
+class _Piece:
+    group: ShardedGroup
+    cols: torch.Tensor  # [W, take] view of the group's flat gradient
+    col_offset: int
+
+
+class GradReducer:
+    """Buckets group gradients and reduce-scatters them; owns every reduction it has in flight."""
+
+    def __init__(self, comm: Comm, bucket_elems: int, overlap: bool) -> None:
+        self.comm = comm
+        self.world = comm.world_size
+        self.cap_cols = max(1, bucket_elems // self.world)
+        self.overlap = overlap
+        self._pieces: list[_Piece] = []
+        self._pending_cols = 0
+        self._inflight: list[tuple[PendingCollective, Callable[[], None]]] = []
+        self._replicated: list[tuple[ShardedGroup, torch.Tensor]] = []
+
+    def submit(self, group: ShardedGroup, grad_full: torch.Tensor) -> None:
+        """Queue one group's flat gradient (flushing full buckets)."""
+        if group.replicated:
+            self._replicated.append((group, grad_full))
+            return
+        grid = grad_full.view(self.world, group.layout.shard_numel)
+        col, total = 0, group.layout.shard_numel
+        while col < total:
+            take = min(total - col, self.cap_cols - self._pending_cols)
+            self._pieces.append(_Piece(group, grid[:, col:col + take], col))
+            self._pending_cols += take
+            col += take
+            if self._pending_cols >= self.cap_cols:
+                self.flush()
+
+    def flush(self) -> None:
+        """Reduce-scatter the current bucket (asynchronously when overlapping)."""
+        if not self._pieces:
+            return
+        pieces, self._pieces, self._pending_cols = self._pieces, [], 0
+        if len(pieces) == 1 and pieces[0].cols.is_contiguous():
+            inp = pieces[0].cols.reshape(-1)
+        else:
+            inp = torch.cat([p.cols for p in pieces], dim=1).reshape(-1)
+        out = torch.empty(inp.numel() // self.world, dtype=inp.dtype, device=inp.device)
+        handle = self.comm.reduce_scatter(out, inp, phase="backward", async_op=self.overlap)
+
+        def finish() -> None:
+            assert inp.numel() == out.numel() * self.world  # holds ``inp`` alive until the collective completed
+            reduced = out.float().div_(self.world)
+            start = 0
+            for p in pieces:
+                take = p.cols.shape[1]
+                p.group.grad_shard[p.col_offset:p.col_offset + take].add_(reduced[start:start + take])
+                start += take
+
+        if self.overlap:
+            self._inflight.append((handle, finish))
+            if len(self._inflight) > 2:  # bound the memory held by reductions in flight
+                self._complete(self._inflight.pop(0))
+        else:
+            finish()
+
+    @staticmethod
+    def _complete(item: tuple[PendingCollective, Callable[[], None]]) -> None:
+        handle, finish = item
+        handle.wait()
+        finish()
+
+    def drain(self) -> None:
+        """Flush the partial bucket, complete every reduction in flight, then all-reduce replicated gradients."""
+        self.flush()
+        while self._inflight:
+            self._complete(self._inflight.pop(0))
+        for group, grad in self._replicated:
+            self.comm.all_reduce(grad, phase="backward")
+            group.grad_shard.add_(grad.float().div_(self.world))
+        self._replicated.clear()
+
+    def is_quiescent(self) -> bool:
+        """Nothing queued, nothing in flight."""
+        return not self._pieces and not self._inflight and not self._replicated

@@ -1,0 +1,109 @@
+"""Pure pieces of the ZeRO layer: layout math, group planning, prefetch traces, the ledger."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridzero.comm.ledger import Ledger
+from hybridzero.testing.models import MODEL_FACTORIES
+from hybridzero.zero.layout import build_layout, intersect, padded_numel
+from hybridzero.zero.partition import PERSISTENT, ROOT, find_blocks, plan_groups
+from hybridzero.zero.prefetch import Prefetcher
+
+
+@given(numel=st.integers(0, 10_000), world=st.integers(1, 9))
+def test_padded_numel_bounds(numel: int, world: int) -> None:
+    padded = padded_numel(numel, world)
+    assert padded % world == 0
+    assert padded >= max(numel, 1)
+    assert padded < max(numel, 1) + world
+
+
+@settings(max_examples=50)
+@given(sizes=st.lists(st.integers(1, 50), min_size=1, max_size=6), world=st.integers(1, 5))
+def test_layout_every_element_in_exactly_one_shard(sizes: list[int], world: int) -> None:
+    layout = build_layout([f"p{i}" for i in range(len(sizes))], [torch.Size([s]) for s in sizes], world)
+    assert layout.numel == sum(sizes)
+    covered = [0] * layout.padded_numel
+    for r in range(world):
+        lo, hi = layout.shard_range(r)
+        for i in range(lo, hi):
+            covered[i] += 1
+    assert covered == [1] * layout.padded_numel
+    ends = [spec.end for spec in layout.specs]
+    assert ends[-1] == layout.numel and all(s.offset == e for s, e in zip(layout.specs[1:], ends))
+
+
+def test_local_ranges_and_intersect() -> None:
+    layout = build_layout(["a", "b"], [torch.Size([3, 2]), torch.Size([5])], 4)  # 11 -> padded 12, S = 3
+    assert layout.padded_numel == 12 and layout.shard_numel == 3
+    assert layout.local_ranges(1, (0, 6)) == (0, 3)
+    assert layout.local_ranges(2, (6, 11)) == (0, 3)
+    assert layout.local_ranges(3, (6, 11)) == (0, 2)
+    assert layout.local_ranges(3, (0, 6)) is None
+    assert intersect((0, 2), (2, 4)) is None
+
+
+def test_padded_numel_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="world_size"):
+        padded_numel(3, 0)
+
+
+@pytest.mark.parametrize("name", sorted(MODEL_FACTORIES))
+def test_plan_covers_every_parameter_once(name: str) -> None:
+    model = MODEL_FACTORIES[name]()
+    blocks = find_blocks(model)
+    assert len(blocks) == 2
+    plans = plan_groups(model, persistence_threshold=0)
+    names = [n for p in plans for n in p.param_names]
+    assert sorted(names) == sorted(n for n, _ in model.named_parameters())
+    assert plans[0].name == ROOT and [p.name for p in plans[1:]] == blocks
+
+
+def test_tied_weights_go_to_root_and_small_ones_persist() -> None:
+    model = MODEL_FACTORIES["gpt2_tied"]()
+    plans = plan_groups(model, persistence_threshold=100)
+    by_name = {p.name: p for p in plans}
+    assert "transformer.wte.weight" in by_name[ROOT].param_names  # shared with lm_head
+    assert all(model.get_parameter(n).numel() < 100 for n in by_name[PERSISTENT].param_names)
+    assert by_name[PERSISTENT].replicated and not by_name[ROOT].replicated
+
+
+def test_prefetch_follows_trace_and_invalidates_on_deviation() -> None:
+    pf = Prefetcher(bucket_elems=100, max_live_elems=1000, max_reuse_distance=0)
+    pf.begin("forward")
+    assert [pf.observe(g) for g in (0, 1, 2)] == [[], [], []]  # nothing learned yet
+    pf.end()
+    pf.begin("forward")
+    assert pf.observe(0) == [1, 2]
+    assert pf.observe(2) == []  # deviation: prefetch off for the rest of the phase
+    assert pf.observe(1) == []
+    pf.end()
+    assert pf.invalidations == 1 and pf.traces["forward"] == (0, 2, 1)
+    pf.begin("forward")
+    assert pf.observe(0) == [2, 1]
+    pf.end()  # ended early: counted, relearned
+    assert pf.invalidations == 2 and pf.traces["forward"] == (0,)
+
+
+def test_reuse_distance() -> None:
+    pf = Prefetcher(bucket_elems=10, max_live_elems=100, max_reuse_distance=5)
+    pf.begin("forward"), [pf.observe(g) for g in (0, 1, 0, 2)], pf.end()
+    pf.begin("forward")
+    pf.observe(0)
+    assert pf.reused_soon(0, lambda gid: 3)  # one group of 3 in between
+    assert not Prefetcher(10, 100, 2).reused_soon(0, lambda gid: 3)
+
+
+def test_ledger_totals_and_filters() -> None:
+    ledger = Ledger()
+    ledger.record("all_gather", "world", "forward", 100, 50)
+    ledger.record("all_gather", "world", "backward", 100, 50)
+    ledger.record("reduce_scatter", "world", "backward", 80, 40)
+    assert ledger.total("all_gather").calls == 2
+    assert ledger.total(phase="backward").bytes == 180
+    assert ledger.total(collective="reduce_scatter", phase="forward").calls == 0
+    assert "reduce_scatter" in ledger.table()
+    assert len(ledger.snapshot()) == 3
