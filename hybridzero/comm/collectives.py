@@ -13,8 +13,10 @@ Invariants:
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +27,7 @@ from hybridzero.comm.ledger import Ledger
 
 _FAILURE_KEY = "hybridzero/failure"
 DEFAULT_TIMEOUT_S = 600.0
+_POLL_CHECK_S = 1.0
 
 
 class PeerFailure(RuntimeError):
@@ -101,6 +104,7 @@ class Comm:
         self.name = name
         self.rank, self.world_size = _world_info(group)
         self._local = not (dist.is_available() and dist.is_initialized())
+        self._poll = not self._local and dist.get_backend(group) == "gloo"
 
     # --- sub-groups --------------------------------------------------------------------------------------------
     def split(self, rank_lists: list[list[int]], name: str) -> "Comm":
@@ -135,6 +139,24 @@ class Comm:
             out.copy_(inp.view_as(out))
             return PendingCollective(self, None)
         work = dist.reduce_scatter_single(out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+        return self._finish(work, async_op)
+
+    def exchange_for_reduce(self, recv: torch.Tensor, inp: torch.Tensor, *, phase: str,
+                            async_op: bool = False) -> PendingCollective:
+        """The communication half of an order-deterministic reduce-scatter.
+
+        ``inp`` is rank-major ``[W * S]``; afterwards ``recv`` (``[W * S]``) holds, in rank order, the ``W`` slices
+        that every rank sent for this rank's part. The caller sums them in rank order, so the result is bitwise
+        independent of the transport's reduction algorithm. Moves exactly the bytes of a reduce-scatter and is
+        recorded as one.
+        """
+        w = self.world_size
+        nbytes = inp.numel() * inp.element_size()
+        self.ledger.record("reduce_scatter", self.name, phase, nbytes, nbytes * (w - 1) // w)
+        if w == 1:
+            recv.copy_(inp)
+            return PendingCollective(self, None)
+        work = dist.all_to_all_single(recv, inp, group=self.group, async_op=True)
         return self._finish(work, async_op)
 
     def all_reduce(self, t: torch.Tensor, *, phase: str, op: str = "sum", async_op: bool = False) -> PendingCollective:
@@ -207,6 +229,20 @@ class Comm:
         return handle
 
     def _wait(self, work: Any) -> None:
+        """Complete ``work``. On gloo (CPU) the wait polls, checking about once a second whether a peer posted a
+        failure, so a rank blocked on a dead peer raises :class:`PeerFailure` instead of hanging; the fast path
+        (already complete) costs one query. NCCL waits stay asynchronous with respect to the host."""
+        if self._poll and not work.is_completed():
+            next_check = time.monotonic() + _POLL_CHECK_S
+            pause = 1e-5
+            while not work.is_completed():
+                time.sleep(pause)
+                pause = min(pause * 2, 5e-4)
+                if time.monotonic() >= next_check:
+                    posted = self.peer_failure()
+                    if posted is not None:
+                        raise PeerFailure(f"collective on group '{self.name}' aborted because {posted}")
+                    next_check += _POLL_CHECK_S
         try:
             work.wait()
         except RuntimeError as exc:
@@ -224,5 +260,6 @@ def abort_process_group() -> None:
     if dist.is_available() and dist.is_initialized():
         try:
             dist.destroy_process_group()
+            gc.collect()  # drop the last references so the transport closes its connections now
         except Exception:  # noqa: BLE001 - best effort while failing
             pass

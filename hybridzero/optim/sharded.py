@@ -84,14 +84,26 @@ def bind_grads(leaves: list[list[tuple[nn.Parameter, torch.Tensor]]]) -> None:
 
 
 def global_grad_norm(groups: Sequence[ShardedGroup], comm: Comm) -> torch.Tensor:
-    """L2 norm of the full gradient: shards summed over ranks, replicated groups counted once (on rank 0)."""
-    total = torch.zeros((), dtype=torch.float32, device=groups[0].device if groups else None)
+    """L2 norm (fp32) of the full gradient: squares summed in fp64 over shards and ranks, replicated groups once.
+
+    fp64 accumulation makes the result independent of how the elements are split over ranks, up to rounding far
+    below fp32 resolution; :func:`reference_grad_norm` computes the same quantity on unsharded gradients.
+    """
+    total = torch.zeros((), dtype=torch.float64, device=groups[0].device if groups else None)
     for group in groups:
         if group.replicated and comm.rank != 0:
             continue
-        total += group.grad_shard.double().square().sum().float()
+        total += group.grad_shard.double().square().sum()
     comm.all_reduce(total, phase="step")
-    return total.sqrt()
+    return total.sqrt().float()
+
+
+def reference_grad_norm(grads: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The quantity :func:`global_grad_norm` computes, for whole (unsharded) gradients in one process."""
+    total = torch.zeros((), dtype=torch.float64)
+    for g in grads:
+        total += g.double().square().sum()
+    return total.sqrt().float()
 
 
 def clip_grad_shards(groups: Sequence[ShardedGroup], comm: Comm, max_norm: float) -> torch.Tensor:

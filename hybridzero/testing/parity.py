@@ -38,6 +38,7 @@ class RunSpec:
     overlap_comm: bool = False
     reduce_bucket_size: int = 500_000_000
     seed: int = 0
+    frozen: tuple[str, ...] = ()  # parameters whose name contains one of these are frozen
     extra_zero: dict[str, Any] = field(default_factory=dict)
 
     def replace(self, **changes: Any) -> "RunSpec":
@@ -48,7 +49,11 @@ class RunSpec:
 def build_model(spec: RunSpec) -> nn.Module:
     """The spec's tiny model, deterministically initialised."""
     model = MODEL_FACTORIES[spec.model](seed=spec.seed)
-    return WithScalar(model) if spec.with_scalar else model
+    model = WithScalar(model) if spec.with_scalar else model
+    for name, param in model.named_parameters():
+        if any(part in name for part in spec.frozen):
+            param.requires_grad_(False)
+    return model
 
 
 def batches_for(spec: RunSpec, world_size: int, vocab_size: int) -> torch.Tensor:
@@ -102,7 +107,8 @@ def engine_run(spec: RunSpec, check_quiescent: bool = True) -> dict[str, Any]:
     rank = torch.distributed.get_rank()
     batches = batches_for(spec, world, _vocab(model))
     opt = client_optimizer(spec, model) if spec.optimizer == "client" else None
-    engine, _, _, _ = hybridzero.initialize(model=model, config=ds_config(spec, world), optimizer=opt)
+    engine, _, _, _ = hybridzero.initialize(model=model, config=ds_config(spec, world), optimizer=opt,
+                                            record_events=True)
     engine.comm_ledger().reset()
     losses: list[list[float]] = []
     for s in range(spec.steps):
@@ -120,7 +126,12 @@ def engine_run(spec: RunSpec, check_quiescent: bool = True) -> dict[str, Any]:
         losses.append(step_losses)
     ledger = engine.comm_ledger().snapshot()
     params = engine.full_parameters()
-    return {"losses": losses, "params": params if rank == 0 else None, "ledger": ledger, "lr": engine.get_lr()}
+    state_numel = sum(int(t.numel()) for st in engine.optimizer.state.values() for k, t in st.items()
+                      if k == "exp_avg")
+    return {"losses": losses, "params": params if rank == 0 else None, "ledger": ledger, "lr": engine.get_lr(),
+            "exp_avg_numel": state_numel, "invalidations": engine.prefetcher.invalidations,
+            "prefetches": sum(1 for e in engine.events or [] if e[0] == "prefetch"),
+            "group_numels": {g.name: (g.layout.padded_numel, g.replicated) for g in engine.groups}}
 
 
 def step_losses(results: list[dict[str, Any]]) -> list[float]:
@@ -133,36 +144,64 @@ def step_losses(results: list[dict[str, Any]]) -> list[float]:
     return out
 
 
-def reference_run(spec: RunSpec, world_size: int) -> dict[str, Any]:
-    """The same training in this process, unsharded, fp32, plain torch."""
-    from hybridzero.optim.schedulers import build_scheduler
+def _rank_gradients(model: nn.Module, ids: torch.Tensor, gas: int) -> tuple[float, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    loss = model(input_ids=ids, labels=ids).loss
+    (loss / gas if gas > 1 else loss).backward()
+    grads = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+             for n, p in model.named_parameters() if p.requires_grad}
+    return loss.item(), grads
 
-    model = build_model(spec)
-    batches = batches_for(spec, world_size, _vocab(model))
-    if spec.optimizer == "client":
-        opt = client_optimizer(spec, model)
-    else:
-        cls = torch.optim.AdamW if spec.optimizer_type in ("AdamW", "Adam") else torch.optim.SGD
-        opt = cls(model.parameters(), lr=spec.lr, weight_decay=0.01)
-    sched = None
-    if spec.scheduler:
-        sched = build_scheduler("WarmupDecayLR", ds_config(spec, world_size)["scheduler"]["params"], opt)
-    n = spec.accumulation * world_size
-    losses = []
-    for s in range(spec.steps):
-        total = 0.0
-        for m in range(spec.accumulation):
-            for r in range(world_size):
-                ids = batches[s, m, r]
-                loss = model(input_ids=ids, labels=ids).loss
-                (loss / n).backward()
-                total += loss.item()
-        losses.append(total / n)
-        if spec.clipping > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), spec.clipping)
-        opt.step()
-        if sched is not None:
-            sched.step()
-        opt.zero_grad(set_to_none=True)
-    params = {name: p.detach().clone() for name, p in model.named_parameters()}
-    return {"losses": losses, "params": params, "lr": [g["lr"] for g in opt.param_groups]}
+
+def reference_run(spec: RunSpec, world_size: int) -> dict[str, Any]:
+    """The same training in this process, unsharded, fp32, plain torch optimizers.
+
+    Gradients are combined exactly as the engine's order-deterministic reduction does: per micro-step the
+    per-rank gradients of ``loss / accumulation`` are summed in rank order in fp32, divided by the world size, and
+    accumulated over micro-steps; clipping uses the same fp64 norm. So fp32 runs agree bitwise where kernels allow.
+    """
+    from hybridzero.optim.clip import clip_coefficient
+    from hybridzero.optim.schedulers import build_scheduler
+    from hybridzero.optim.sharded import reference_grad_norm
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the workers' setting: same kernels, same rounding
+    try:
+        model = build_model(spec)
+        batches = batches_for(spec, world_size, _vocab(model))
+        if spec.optimizer == "client":
+            opt = client_optimizer(spec, model)
+        else:
+            cls = torch.optim.AdamW if spec.optimizer_type in ("AdamW", "Adam") else torch.optim.SGD
+            opt = cls(model.parameters(), lr=spec.lr, weight_decay=0.01)
+        sched = None
+        if spec.scheduler:
+            sched = build_scheduler("WarmupDecayLR", ds_config(spec, world_size)["scheduler"]["params"], opt)
+        named = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        losses = []
+        for s in range(spec.steps):
+            acc = {n: torch.zeros_like(p) for n, p in named.items()}
+            step_loss = []
+            for m in range(spec.accumulation):
+                per_rank = [_rank_gradients(model, batches[s, m, r], spec.accumulation) for r in range(world_size)]
+                step_loss += [loss for loss, _ in per_rank]
+                for n in named:
+                    total = per_rank[0][1][n].float().clone()
+                    for r in range(1, world_size):
+                        total.add_(per_rank[r][1][n])
+                    acc[n].add_(total.div_(world_size))
+            losses.append(sum(step_loss) / len(step_loss))
+            for n, p in named.items():
+                p.grad = acc[n]
+            if spec.clipping > 0:
+                coef = clip_coefficient(reference_grad_norm(acc.values()), spec.clipping)
+                for g in acc.values():
+                    g.mul_(coef)
+            opt.step()
+            if sched is not None:
+                sched.step()
+            opt.zero_grad(set_to_none=True)
+        params = {name: p.detach().clone() for name, p in model.named_parameters()}
+        return {"losses": losses, "params": params, "lr": [g["lr"] for g in opt.param_groups]}
+    finally:
+        torch.set_num_threads(threads)

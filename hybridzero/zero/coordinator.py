@@ -19,6 +19,7 @@ After each phase end :meth:`ZeroCoordinator.is_quiescent` holds (checked by ``en
 """
 from __future__ import annotations
 
+import dataclasses
 import enum
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
@@ -41,9 +42,12 @@ class Phase(enum.Enum):
 
 
 def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Every tensor inside a (nested) module output: tensors, tuples, lists, mappings, HF ModelOutputs."""
+    """Every tensor inside a (nested) module output: tensors, tuples, lists, mappings, HF ModelOutputs, dataclasses."""
     if isinstance(obj, torch.Tensor):
         yield obj
+    elif dataclasses.is_dataclass(obj) and not isinstance(obj, type) and not isinstance(obj, Mapping):
+        for f in dataclasses.fields(obj):
+            yield from iter_tensors(getattr(obj, f.name))
     elif isinstance(obj, Mapping):
         for value in obj.values():
             yield from iter_tensors(value)

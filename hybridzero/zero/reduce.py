@@ -5,12 +5,18 @@ columns from one or more groups fill a bucket of at most ``reduce_bucket_size`` 
 bucket's rank-major copy gives every rank the sum of its columns, which is divided by the world size exactly once
 and added into the group's fp32 ``grad_shard`` (so accumulation across micro-steps is a plain sum).
 
+The reduction is order-deterministic: the transport only exchanges slices (an all-to-all that moves exactly a
+reduce-scatter's bytes) and every rank sums the ``W`` contributions for its columns in rank order, in fp32. The
+result is therefore bitwise independent of the transport's algorithm and reproducible by a single process that
+sums the per-rank gradients in the same order (our reference runner does exactly that).
+
 Invariants:
 * The order of collectives depends only on the order in which groups are submitted (the autograd order, equal on
   every rank for the same graph) and on the bucket size, never on data.
 * Every reduce-scatter this object issued is completed by :meth:`GradReducer.drain` (called at the end of every
   backward); afterwards nothing is pending.
-* The replicated (persistent) group is all-reduced at drain time, after all reduce-scatters.
+* The replicated (persistent) group is reduced at drain time, after all reduce-scatters: its (small) gradient is
+  all-gathered and summed in rank order, as above.
 """
 from __future__ import annotations
 
@@ -28,6 +34,14 @@ class _Piece:
     group: ShardedGroup
     cols: torch.Tensor  # [W, take] view of the group's flat gradient
     col_offset: int
+
+
+def ordered_sum(rows: torch.Tensor) -> torch.Tensor:
+    """fp32 sum of the rows of ``rows`` ``[W, n]`` strictly in row (rank) order: ``((r0 + r1) + r2) + …``."""
+    total = rows[0].float().clone()
+    for r in range(1, rows.shape[0]):
+        total.add_(rows[r].float())
+    return total
 
 
 class GradReducer:
@@ -67,12 +81,12 @@ class GradReducer:
             inp = pieces[0].cols.reshape(-1)
         else:
             inp = torch.cat([p.cols for p in pieces], dim=1).reshape(-1)
-        out = torch.empty(inp.numel() // self.world, dtype=inp.dtype, device=inp.device)
-        handle = self.comm.reduce_scatter(out, inp, phase="backward", async_op=self.overlap)
+        recv = torch.empty_like(inp)
+        handle = self.comm.exchange_for_reduce(recv, inp, phase="backward", async_op=self.overlap)
 
         def finish() -> None:
-            assert inp.numel() == out.numel() * self.world  # holds ``inp`` alive until the collective completed
-            reduced = out.float().div_(self.world)
+            assert inp.numel() == recv.numel()  # holds ``inp`` alive until the collective completed
+            reduced = ordered_sum(recv.view(self.world, -1)).div_(self.world)
             start = 0
             for p in pieces:
                 take = p.cols.shape[1]
@@ -93,13 +107,14 @@ class GradReducer:
         finish()
 
     def drain(self) -> None:
-        """Flush the partial bucket, complete every reduction in flight, then all-reduce replicated gradients."""
+        """Flush the partial bucket, complete every reduction in flight, then reduce replicated gradients."""
         self.flush()
         while self._inflight:
             self._complete(self._inflight.pop(0))
         for group, grad in self._replicated:
-            self.comm.all_reduce(grad, phase="backward")
-            group.grad_shard.add_(grad.float().div_(self.world))
+            recv = torch.empty(self.world * grad.numel(), dtype=grad.dtype, device=grad.device)
+            self.comm.all_gather(recv, grad, phase="backward")
+            group.grad_shard.add_(ordered_sum(recv.view(self.world, -1)).div_(self.world))
         self._replicated.clear()
 
     def is_quiescent(self) -> bool:
