@@ -61,6 +61,7 @@ class Engine:
         self.global_steps = 0
         self.micro_steps = 0
         self.events: list[tuple[str, str, str]] | None = [] if record_events else None
+        self.last_grad_norm: float | None = None
         index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
         self.groups = self._build_groups(blocks, index_of)
         self._cast_buffers()
