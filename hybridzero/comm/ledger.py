@@ -72,6 +72,22 @@ class Ledger:
             out.wire_bytes += entry.wire_bytes
         return out
 
+    def copy(self) -> "Ledger":
+        """An independent copy (a mark to measure a window with :meth:`since`)."""
+        out = Ledger()
+        out._entries = {k: dataclasses.replace(v) for k, v in self._entries.items()}
+        return out
+
+    def since(self, mark: "Ledger") -> "Ledger":
+        """What was recorded after ``mark`` (a :meth:`copy` taken earlier), without resetting anything."""
+        out = Ledger()
+        for key, entry in self._entries.items():
+            old = mark._entries.get(key, LedgerEntry())
+            delta = LedgerEntry(entry.calls - old.calls, entry.bytes - old.bytes, entry.wire_bytes - old.wire_bytes)
+            if delta.calls:
+                out._entries[key] = delta
+        return out
+
     def snapshot(self) -> list[dict[str, object]]:
         """A picklable, JSON-friendly copy: one dict per key."""
         return [{**dataclasses.asdict(k), **dataclasses.asdict(v)} for k, v in self._entries.items()]

@@ -107,3 +107,14 @@ def test_ledger_totals_and_filters() -> None:
     assert ledger.total(collective="reduce_scatter", phase="forward").calls == 0
     assert "reduce_scatter" in ledger.table()
     assert len(ledger.snapshot()) == 3
+
+
+def test_ledger_window_without_reset() -> None:
+    ledger = Ledger()
+    ledger.record("broadcast", "world", "init", 10, 0)
+    mark = ledger.copy()
+    ledger.record("all_gather", "world", "forward", 100, 50)
+    ledger.record("broadcast", "world", "init", 10, 0)
+    window = ledger.since(mark)
+    assert window.total().calls == 2 and window.total("all_gather").bytes == 100
+    assert ledger.total("broadcast").calls == 2 and mark.total().calls == 1
