@@ -69,6 +69,11 @@ class Engine:
         self.prefetcher = Prefetcher(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
         self.reducer = GradReducer(comm, z.reduce_bucket_size, overlap=z.overlap_comm)
         self.coordinator = ZeroCoordinator(self.module, self.groups, self.reducer, self.prefetcher, self.events)
+        if comm.world_size > 1:
+            # Hugging Face's protocol for sharded engines: generate() then keeps every rank stepping (synced_gpus)
+            # until all ranks are done, so a rank that finished early still joins the gathers. No other state of
+            # ours lives on the module.
+            self.module._is_fsdp_managed_module = True
         self._leaves = sharded.make_leaf_params(sharded.shard_views(self.groups, index_of, len(overrides)))
         self.optimizer = self._build_optimizer(optimizer, overrides)
         self.lr_scheduler = self._build_scheduler(lr_scheduler)

@@ -10,6 +10,9 @@ Phases come from the engine's own root-level events (DESIGN invariant 3)::
   forward. With grad enabled, hooks on the outputs re-gather the group when its gradients start flowing back.
 * End of FORWARD (``no_grad`` or not, train or eval): every group except the persistent one is drained and
   released; prefetch never crosses a phase end. Backward re-gathers what it needs.
+* Outside a root forward (IDLE), a block or a root-group module called directly (``generate`` helpers, a critic's
+  value method, ``get_input_embeddings()(ids)``) gathers its group for that call and releases it after; with grad
+  enabled its outputs get the same pre-backward hooks, so such calls train correctly too.
 * BACKWARD: a group's flat gradient is reduced as soon as all its trainable parameters have their gradients;
   groups without frozen parameters are released then. At the end every remaining gradient is reduced, every
   reduction completed and every group released. Forward hooks firing inside BACKWARD (activation-checkpoint
@@ -68,6 +71,7 @@ class ZeroCoordinator:
         self.events = events
         self.phase = Phase.IDLE
         self._depth = 0
+        self._implicit = 0  # nesting depth of root-group modules called outside a root forward
         self._handles: list[RemovableHandle] = []
         self._root = next((g for g in groups if g.owner == ""), None)
         self._install(module)
@@ -85,6 +89,12 @@ class ZeroCoordinator:
             for i, slot in enumerate(group.slots):
                 if slot.trainable:
                     self._handles.append(slot.param.register_post_accumulate_grad_hook(self._grad_hook(group, i)))
+        if self._root is not None:
+            root_params = {id(slot.param) for slot in self._root.slots}
+            for sub in module.modules():
+                if sub is not module and any(id(p) in root_params for p in sub.parameters(recurse=False)):
+                    self._handles.append(sub.register_forward_pre_hook(self._entry_pre_hook))
+                    self._handles.append(sub.register_forward_hook(self._entry_post_hook, always_call=True))
 
     def remove_hooks(self) -> None:
         """Detach from the module (after draining); the module keeps its current parameter views."""
@@ -175,6 +185,26 @@ class ZeroCoordinator:
             if not self.prefetcher.reused_soon(group.index, lambda gid: self.groups[gid].numel):
                 self.release(group)
         return hook
+
+    # --- entry points outside the root forward --------------------------------------------------------------------
+    def _entry_pre_hook(self, module: nn.Module, args: Any) -> None:
+        """A root-group module called directly (``get_input_embeddings()(ids)``, a value head, ...): gather the root
+        group for the call. Inside a root forward or a backward this is a no-op."""
+        if self.phase is not Phase.IDLE or self._root is None:
+            return
+        self._implicit += 1
+        if self._root.state is not GroupState.GATHERED:
+            self._event("gather", self._root)
+        self._root.wait("forward")
+
+    def _entry_post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.phase is not Phase.IDLE or self._root is None or self._implicit == 0:
+            return
+        if output is not None:
+            self._attach_pre_backward(self._root, output)
+        self._implicit -= 1
+        if self._implicit == 0:
+            self.release(self._root)
 
     # --- backward hooks -----------------------------------------------------------------------------------------
     def _attach_pre_backward(self, group: ShardedGroup, output: Any) -> None:
