@@ -25,8 +25,9 @@ FROZEN = 1 << 30  # sort key for parameters that no optimizer group holds
 
 
 def optimizer_groups(module: nn.Module, client: torch.optim.Optimizer | None,
-                     model_parameters: Iterable[Any] | None) -> tuple[dict[int, int], list[dict[str, Any]]]:
-    """Map ``id(param) -> optimizer group index`` and return each group's hyperparameter overrides.
+                     model_parameters: Iterable[Any] | None) -> tuple[dict[str, int], list[dict[str, Any]]]:
+    """Map parameter name (first name in ``named_parameters()``) to optimizer group index, and return each
+    group's hyperparameter overrides. Names, not object ids, so the map survives meta-device materialization.
 
     Source, in order: the client optimizer's param groups, ``model_parameters`` (tensors or torch-style group
     dicts), else one group of every parameter that requires grad.
@@ -45,21 +46,21 @@ def optimizer_groups(module: nn.Module, client: torch.optim.Optimizer | None,
             if p.requires_grad:
                 index_of.setdefault(id(p), k)
         overrides.append({key: v for key, v in group.items() if key != "params"})
-    return index_of, overrides
+    return {name: index_of[id(p)] for name, p in module.named_parameters() if id(p) in index_of}, overrides
 
 
-def order_for_optimizer(params: Sequence[tuple[str, nn.Parameter]], index_of: dict[int, int]) -> list[tuple[str, nn.Parameter]]:
+def order_for_optimizer(params: Sequence[tuple[str, nn.Parameter]], index_of: dict[str, int]) -> list[tuple[str, nn.Parameter]]:
     """Stable order of a gather group's parameters by optimizer group (frozen / unoptimized last)."""
-    return sorted(params, key=lambda item: index_of.get(id(item[1]), FROZEN))
+    return sorted(params, key=lambda item: index_of.get(item[0], FROZEN))
 
 
-def shard_views(groups: Sequence[ShardedGroup], index_of: dict[int, int], n_opt_groups: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+def shard_views(groups: Sequence[ShardedGroup], index_of: dict[str, int], n_opt_groups: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     """For each optimizer group: (master view, grad view) pairs of this rank's shards, in gather-group order."""
     out: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(n_opt_groups)]
     for group in groups:
         ranges: dict[int, tuple[int, int]] = {}
         for slot in group.slots:
-            k = index_of.get(id(slot.param))
+            k = index_of.get(slot.spec.name)
             if k is None:
                 continue
             lo, hi = ranges.get(k, (slot.spec.offset, slot.spec.end))
@@ -67,7 +68,7 @@ def shard_views(groups: Sequence[ShardedGroup], index_of: dict[int, int], n_opt_
         for k, flat_range in ranges.items():
             local = group.local_range(flat_range)
             if local is not None:
-                out[k].append((group.master[local[0]:local[1]], group.grad_shard[local[0]:local[1]]))
+                out[k].append((group.master[local[0]:local[1]], group.opt_grad[local[0]:local[1]]))
     return out
 
 

@@ -26,7 +26,9 @@ from hybridzero.optim import sharded
 from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.schedulers import build_scheduler
 from hybridzero.zero.coordinator import ZeroCoordinator
-from hybridzero.zero.groups import ShardedGroup
+from hybridzero.checkpoint.hf_source import TensorSource
+from hybridzero.zero import materialize
+from hybridzero.zero.groups import ShardedGroup, ShardMode
 from hybridzero.zero.partition import plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.reduce import GradReducer
@@ -51,11 +53,12 @@ class Engine:
 
     def __init__(self, module: nn.Module, config: Config, comm: Comm, *, optimizer: torch.optim.Optimizer | None = None,
                  model_parameters: Iterable[Any] | None = None, lr_scheduler: Any = None,
-                 blocks: list[str] | None = None, record_events: bool = False) -> None:
+                 blocks: list[str] | None = None, record_events: bool = False,
+                 source: TensorSource | None = None) -> None:
         self.config = config
         self.comm = comm
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.module = module.to(self.device)
+        self.module = module if materialize.has_meta(module) else module.to(self.device)
         self.compute_dtype = config.compute_dtype
         self.reduce_dtype = _DTYPES[config.communication_data_type] if config.communication_data_type else self.compute_dtype
         self.global_steps = 0
@@ -63,7 +66,7 @@ class Engine:
         self.events: list[tuple[str, str, str]] | None = [] if record_events else None
         self.last_grad_norm: float | None = None
         index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
-        self.groups = self._build_groups(blocks, index_of)
+        self.groups = self._build_groups(blocks, index_of, source)
         self._cast_buffers()
         z = config.zero
         self.prefetcher = Prefetcher(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
@@ -79,16 +82,33 @@ class Engine:
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
 
     # --- construction -------------------------------------------------------------------------------------------
-    def _build_groups(self, blocks: list[str] | None, index_of: dict[int, int]) -> list[ShardedGroup]:
+    def _build_groups(self, blocks: list[str] | None, index_of: dict[str, int],
+                      source: TensorSource | None) -> list[ShardedGroup]:
+        """One :class:`ShardedGroup` per planned group; a meta-device model is materialized group by group (from
+        ``source`` when given, else by the model's own init), so no rank ever holds the whole model."""
         stage = self.config.zero.stage
-        if stage != 3:
-            raise NotImplementedError(f"zero_optimization.stage={stage} is not implemented yet; use stage 3")
-        params = dict(self.module.named_parameters())
+        threshold = self.config.zero.param_persistence_threshold if stage == 3 else 0
+        mode = {0: ShardMode.DDP, 1: ShardMode.PARAMS_WHOLE, 2: ShardMode.PARAMS_WHOLE, 3: ShardMode.ZERO3}[stage]
+        by_id: dict[int, list[str]] = {}
+        for name, p in self.module.named_parameters(remove_duplicate=False):
+            by_id.setdefault(id(p), []).append(name)
+        aliases = {names[0]: names for names in by_id.values()}
+        meta = materialize.has_meta(self.module)
+        init_fn = materialize.default_init_fn(self.module)
+        if meta:
+            materialize.materialize_buffers(self.module, self.device, init_fn)
         groups = []
-        for i, plan in enumerate(plan_groups(self.module, self.config.zero.param_persistence_threshold, blocks)):
-            named = sharded.order_for_optimizer([(n, params[n]) for n in plan.param_names], index_of)
+        for i, plan in enumerate(plan_groups(self.module, threshold, blocks)):
+            if meta and source is None:
+                params = materialize.materialize_group(self.module, [aliases[n] for n in plan.param_names],
+                                                       self.device, init_fn)
+            else:
+                params = [self.module.get_parameter(n) for n in plan.param_names]
+            named = sharded.order_for_optimizer(list(zip(plan.param_names, params)), index_of)
+            group_mode = ShardMode.PERSISTENT if plan.replicated else mode
             groups.append(ShardedGroup(i, plan.name, plan.owner, named, self.comm, self.compute_dtype,
-                                       self.reduce_dtype, self.device))
+                                       self.reduce_dtype, self.device, mode=group_mode, source=source,
+                                       aliases={n: aliases[n] for n, _ in named}))
         return groups
 
     def _cast_buffers(self) -> None:
@@ -156,6 +176,8 @@ class Engine:
         self.assert_quiescent()
         if self.config.gradient_clipping > 0:
             self.last_grad_norm = float(sharded.clip_grad_shards(self.groups, self.comm, self.config.gradient_clipping))
+        for group in self.groups:
+            group.assemble_grad()
         sharded.bind_grads(self._leaves)
         self.optimizer.step()
         if self.lr_scheduler is not None:
@@ -195,7 +217,7 @@ class Engine:
         """Every parameter in full (fp32 master values), gathered group by group; every rank gets all of them."""
         out: dict[str, torch.Tensor] = {}
         for group in self.groups:
-            if group.replicated:
+            if group.master_is_whole:
                 flat = group.master
             else:
                 flat = torch.empty(group.layout.padded_numel, dtype=torch.float32, device=self.device)

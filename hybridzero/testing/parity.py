@@ -38,6 +38,7 @@ class RunSpec:
     overlap_comm: bool = False
     reduce_bucket_size: int = 500_000_000
     seed: int = 0
+    stage: int = 3
     frozen: tuple[str, ...] = ()  # parameters whose name contains one of these are frozen
     extra_zero: dict[str, Any] = field(default_factory=dict)
 
@@ -69,7 +70,7 @@ def ds_config(spec: RunSpec, world_size: int) -> dict[str, Any]:
         "gradient_accumulation_steps": spec.accumulation,
         "train_batch_size": spec.micro_batch * spec.accumulation * world_size,
         "gradient_clipping": spec.clipping,
-        "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": spec.prefetch_bucket_size,
+        "zero_optimization": {"stage": spec.stage, "stage3_prefetch_bucket_size": spec.prefetch_bucket_size,
                               "stage3_param_persistence_threshold": spec.persistence_threshold,
                               "overlap_comm": spec.overlap_comm, "reduce_bucket_size": spec.reduce_bucket_size,
                               **spec.extra_zero},

@@ -119,7 +119,7 @@ class ZeroCoordinator:
 
     def _prefetch(self, upcoming: list[int], current: ShardedGroup, kind: str) -> None:
         inflight = sum(g.numel for g in self.groups if g.state is GroupState.GATHERING)
-        live = sum(g.numel for g in self.groups if g.state is not GroupState.SHARDED and not g.replicated)
+        live = sum(g.numel for g in self.groups if g.state is not GroupState.SHARDED and not g.always_full)
         for gid in upcoming:
             cand = self.groups[gid]
             if cand is current or cand.state is not GroupState.SHARDED:
@@ -135,7 +135,7 @@ class ZeroCoordinator:
 
     def release(self, group: ShardedGroup) -> None:
         """Release ``group`` if it holds anything."""
-        if not group.replicated and group.state is not GroupState.SHARDED:
+        if not group.always_full and group.state is not GroupState.SHARDED:
             self._event("release", group)
             group.release()
 

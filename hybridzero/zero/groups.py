@@ -10,21 +10,36 @@ Invariants (each tested):
   complete it. There is no "in flight" without that handle.
 * Parameters are views into the gathered buffer while GATHERED and size-0 placeholders otherwise (a stray use fails
   loudly instead of computing with stale data). Nothing is stored on the ``nn.Parameter`` objects.
-* The replicated (persistent) group is always GATHERED: its buffer *is* its shard, on every rank.
+* Only ZERO3 groups ever leave GATHERED: the persistent group and every group of ZeRO stages 0–2 keep their
+  parameters whole on every rank (their flat buffer is always bound).
+* Modes (:class:`ShardMode`): ``ZERO3`` shards parameters, gradients and master weights; ``PARAMS_WHOLE``
+  (stages 1 and 2) shards gradients and master weights and all-gathers the updated parameters after each step;
+  ``DDP`` (stage 0) reduces gradients through shards, then all-gathers them and steps a whole master copy on every
+  rank; ``PERSISTENT`` (small parameters at stage 3) keeps everything whole (layout over one rank).
 * Every write to the shard goes through :meth:`ShardedGroup.write_shard` (invariant 5: one write path).
 * Shapes come from the :class:`FlatLayout` metadata, never from the local shard's size.
 """
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from hybridzero.checkpoint.hf_source import TensorSource, resolve_name
 from hybridzero.comm.collectives import Comm, PendingCollective
 from hybridzero.zero.layout import FlatLayout, ParamSpec, build_layout, intersect
+
+
+class ShardMode(enum.Enum):
+    """What a group shards (see module docstring)."""
+
+    ZERO3 = "zero3"
+    PARAMS_WHOLE = "params_whole"
+    DDP = "ddp"
+    PERSISTENT = "persistent"
 
 
 class GroupState(enum.Enum):
@@ -48,12 +63,17 @@ class ShardedGroup:
     """Flat, padded, sharded parameters of one gather group, with their gradient and master shards."""
 
     def __init__(self, index: int, name: str, owner: str | None, params: Sequence[tuple[str, nn.Parameter]],
-                 comm: Comm, compute_dtype: torch.dtype, reduce_dtype: torch.dtype, device: torch.device) -> None:
+                 comm: Comm, compute_dtype: torch.dtype, reduce_dtype: torch.dtype, device: torch.device,
+                 mode: ShardMode = ShardMode.ZERO3, source: TensorSource | None = None,
+                 aliases: Mapping[str, Sequence[str]] | None = None) -> None:
         self.index = index
         self.name = name
-        self.owner = owner
+        self.owner = owner if mode is ShardMode.ZERO3 else None
         self.comm = comm
-        self.replicated = owner is None
+        self.mode = mode
+        self.replicated = mode is ShardMode.PERSISTENT  # layout over one rank; gradients all-reduced
+        self.always_full = mode is not ShardMode.ZERO3
+        self.master_is_whole = mode in (ShardMode.DDP, ShardMode.PERSISTENT)
         self.compute_dtype = compute_dtype
         self.reduce_dtype = reduce_dtype
         self.device = device
@@ -69,28 +89,49 @@ class ShardedGroup:
         self.grad_full: torch.Tensor | None = None
         self._grads_seen = 0
         self._placeholder = torch.empty(0, dtype=compute_dtype, device=device)
-        self.master = self._init_master()
+        whole_master = self.master_is_whole
+        self.master = self._init_master(source, aliases or {}, whole_master)
         self.shard = self.master if compute_dtype == torch.float32 else self.master.to(compute_dtype)
         self.grad_shard = torch.zeros(self.layout.shard_numel, dtype=torch.float32, device=device)
-        if self.replicated:
-            self.full = self.shard
-            self._bind(self.shard)
+        # DDP steps the whole master copy: its gradient is the all-gathered grad shards (assembled at step time).
+        self.opt_grad = (torch.zeros(self.layout.padded_numel, dtype=torch.float32, device=device)
+                         if mode is ShardMode.DDP else self.grad_shard)
+        if self.always_full:
+            self.full = self.shard if whole_master else self._gathered_copy(self.shard)
+            self._bind(self.full)
             self.state = GroupState.GATHERED
         else:
             self._unbind()
 
     # --- construction -------------------------------------------------------------------------------------------
-    def _init_master(self) -> torch.Tensor:
-        """fp32 master shard from the module's current values, broadcast from rank 0 so every rank agrees."""
+    def _init_master(self, source: TensorSource | None, aliases: Mapping[str, Sequence[str]],
+                     whole: bool) -> torch.Tensor:
+        """fp32 master (this rank's shard, or the whole buffer when ``whole``).
+
+        From the module's current values, broadcast from rank 0 so every rank agrees; or, with ``source`` (a
+        checkpoint), each rank reads only the elements it owns, so no rank ever holds more than its part.
+        """
+        lo, hi = (0, self.layout.padded_numel) if whole else self.layout.shard_range(self.comm.rank)
+        if source is not None:
+            out = torch.zeros(hi - lo, dtype=torch.float32, device=self.device)
+            for slot in self.slots:
+                hit = intersect((lo, hi), (slot.spec.offset, slot.spec.end))
+                if hit is not None:
+                    key = resolve_name(source, aliases.get(slot.spec.name, (slot.spec.name,)))
+                    piece = source.read_flat(key, hit[0] - slot.spec.offset, hit[1] - slot.spec.offset)
+                    out[hit[0] - lo:hit[1] - lo].copy_(piece)
+            return out
         flat = torch.zeros(self.layout.padded_numel, dtype=torch.float32, device=self.device)
         with torch.no_grad():
             for slot in self.slots:
                 flat[slot.spec.offset:slot.spec.end].copy_(slot.param.detach().reshape(-1))
         self.comm.broadcast(flat, 0, phase="init")
-        if self.replicated:
-            return flat
-        lo, hi = self.layout.shard_range(self.comm.rank)
-        return flat[lo:hi].clone()
+        return flat if whole else flat[lo:hi].clone()
+
+    def _gathered_copy(self, shard: torch.Tensor, phase: str = "init") -> torch.Tensor:
+        full = torch.empty(self.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
+        self.comm.all_gather(full, shard, phase=phase)
+        return full
 
     # --- gather / release ---------------------------------------------------------------------------------------
     @property
@@ -119,7 +160,7 @@ class ShardedGroup:
 
     def release(self) -> None:
         """Drop the full parameters (any state → SHARDED; a pending gather is completed first)."""
-        if self.replicated or self.state is GroupState.SHARDED:
+        if self.always_full or self.state is GroupState.SHARDED:
             return
         if self.handle is not None:
             self.handle.wait()
@@ -138,7 +179,7 @@ class ShardedGroup:
 
     def is_quiescent(self) -> bool:
         """No gathered buffer (except the replicated group's), no pending handle, no unreduced gradient."""
-        resting = GroupState.GATHERED if self.replicated else GroupState.SHARDED
+        resting = GroupState.GATHERED if self.always_full else GroupState.SHARDED
         return self.state is resting and self.handle is None and self.grad_full is None
 
     # --- gradients ----------------------------------------------------------------------------------------------
@@ -160,13 +201,22 @@ class ShardedGroup:
 
     # --- the one write path (invariant 5) -----------------------------------------------------------------------
     def write_shard(self) -> None:
-        """Propagate the master shard into the compute shard (and everything that caches it)."""
+        """Propagate the master into everything derived from it: the compute shard and, for groups whose
+        parameters stay whole, the bound full buffer (all-gathered from the updated shards)."""
         if self.shard is not self.master:
             self.shard.copy_(self.master)
+        if self.mode is ShardMode.PARAMS_WHOLE:
+            assert self.full is not None
+            self.comm.all_gather(self.full, self.shard, phase="step")
+
+    def assemble_grad(self) -> None:
+        """DDP only: the whole reduced gradient from every rank's grad shard (before clipping and stepping)."""
+        if self.mode is ShardMode.DDP:
+            self.comm.all_gather(self.opt_grad, self.grad_shard, phase="step")
 
     # --- optimizer views ----------------------------------------------------------------------------------------
     def local_range(self, flat_range: tuple[int, int]) -> tuple[int, int] | None:
-        """The part of a flat range this rank's shard holds, in shard coordinates."""
-        if self.replicated:
+        """The part of a flat range this rank's master holds, in master coordinates."""
+        if self.master_is_whole:
             return intersect((0, self.layout.padded_numel), flat_range)
         return self.layout.local_ranges(self.comm.rank, flat_range)

@@ -1,0 +1,37 @@
+"""A scalar-value model for RLHF tests: a tiny OPT base (no LM head) plus a linear value head.
+
+DeepSpeed-Chat's critic and reward models are exactly this shape: a causal LM trunk whose last hidden state is
+projected to one number per position. The critic's values at the generated positions are its value estimates; the
+reward model's value at the last position is the sequence's score.
+
+Invariant: :class:`ValueModel` built with the same ``seed`` has bit-identical fp32 weights (``tiny_opt`` seeds the
+global torch RNG before construction and the head is initialised from a private generator seeded from ``seed``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from hybridzero.testing.models import tiny_opt
+
+__all__ = ["ValueModel"]
+
+
+class ValueModel(nn.Module):
+    """``tiny_opt(seed)``'s decoder trunk (``OPTModel``: tied token embedding, positions, project_in/out, 2 blocks,
+    final norm) and a bias-free ``nn.Linear(word_embed_proj_dim, 1)`` value head."""
+
+    def __init__(self, seed: int = 0) -> None:
+        super().__init__()
+        self.base = tiny_opt(seed).model
+        width = int(self.base.config.word_embed_proj_dim)
+        self.v_head = nn.Linear(width, 1, bias=False)
+        generator = torch.Generator().manual_seed(seed + 7919)
+        with torch.no_grad():
+            self.v_head.weight.copy_(torch.randn(1, width, generator=generator) * width ** -0.5)
+        self.train()
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Values ``[batch, seq]`` (fp32): the head applied to the trunk's last hidden state at every position."""
+        hidden = self.base(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
+        return self.v_head(hidden).squeeze(-1)
