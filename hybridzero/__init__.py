@@ -1,7 +1,7 @@
 """hybridzero: ZeRO-3 sharded training with DeepSpeed's API shape.
 
 Public API: :func:`initialize`, :func:`init_distributed`, :class:`Engine`, :class:`ConfigError`,
-:class:`PeerFailure`. Attributes load lazily so that ``import hybridzero.testing`` (in freshly spawned workers)
+:class:`PeerFailure`, :func:`GatheredParameters`. Attributes load lazily so that ``import hybridzero.testing`` (in freshly spawned workers)
 stays cheap.
 """
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["initialize", "init_distributed", "Engine", "ConfigError", "PeerFailure"]
+__all__ = ["initialize", "init_distributed", "Engine", "ConfigError", "PeerFailure", "GatheredParameters"]
 __version__ = "0.1.0"
 
 _WHERE = {
@@ -18,6 +18,7 @@ _WHERE = {
     "PeerFailure": "hybridzero.comm.collectives",
     "Engine": "hybridzero.runtime.engine",
     "ConfigError": "hybridzero.config",
+    "GatheredParameters": "hybridzero.zero.gathered",
 }
 
 

@@ -213,6 +213,12 @@ class Engine:
         if not self.coordinator.is_quiescent():
             raise AssertionError(f"engine is not quiescent: {self.coordinator.describe()}")
 
+    def gathered_parameters(self, params: Any, modifier_rank: int | None = None) -> Any:
+        """``with engine.gathered_parameters(params, modifier_rank=0):`` — see :mod:`hybridzero.zero.gathered`."""
+        from hybridzero.zero.gathered import GatheredParameters
+
+        return GatheredParameters(params, modifier_rank, engine=self)
+
     def full_parameters(self) -> dict[str, torch.Tensor]:
         """Every parameter in full (fp32 master values), gathered group by group; every rank gets all of them."""
         out: dict[str, torch.Tensor] = {}

@@ -39,6 +39,7 @@ class RunSpec:
     reduce_bucket_size: int = 500_000_000
     seed: int = 0
     stage: int = 3
+    edit: tuple[str, ...] = ()  # parameters changed (x -> 0.5 x + 0.01) on rank 0 via GatheredParameters after step 0
     frozen: tuple[str, ...] = ()  # parameters whose name contains one of these are frozen
     extra_zero: dict[str, Any] = field(default_factory=dict)
 
@@ -125,6 +126,15 @@ def engine_run(spec: RunSpec, check_quiescent: bool = True) -> dict[str, Any]:
         if check_quiescent:
             engine.assert_quiescent()
         losses.append(step_losses)
+        if s == 0 and spec.edit:
+            targets = [engine.module.get_parameter(n) for n in spec.edit]
+            with engine.gathered_parameters(targets, modifier_rank=0), torch.no_grad():
+                for t in targets:
+                    if rank == 0:
+                        t.mul_(0.5).add_(0.01)
+                    else:
+                        t.zero_()  # discarded: rank 0's values are broadcast
+            engine.assert_quiescent()
     ledger = engine.comm_ledger().snapshot()
     params = engine.full_parameters()
     state_numel = sum(int(t.numel()) for st in engine.optimizer.state.values() for k, t in st.items()
@@ -202,6 +212,10 @@ def reference_run(spec: RunSpec, world_size: int) -> dict[str, Any]:
             if sched is not None:
                 sched.step()
             opt.zero_grad(set_to_none=True)
+            if s == 0:
+                with torch.no_grad():
+                    for n in spec.edit:
+                        model.get_parameter(n).mul_(0.5).add_(0.01)
         params = {name: p.detach().clone() for name, p in model.named_parameters()}
         return {"losses": losses, "params": params, "lr": [g["lr"] for g in opt.param_groups]}
     finally:

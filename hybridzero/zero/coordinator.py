@@ -134,8 +134,8 @@ class ZeroCoordinator:
             live += cand.numel
 
     def release(self, group: ShardedGroup) -> None:
-        """Release ``group`` if it holds anything."""
-        if not group.always_full and group.state is not GroupState.SHARDED:
+        """Release ``group`` if it holds anything and no ``GatheredParameters`` block pins it."""
+        if not group.always_full and group.pins == 0 and group.state is not GroupState.SHARDED:
             self._event("release", group)
             group.release()
 
@@ -249,7 +249,7 @@ class ZeroCoordinator:
 
     # --- checks -------------------------------------------------------------------------------------------------
     def is_quiescent(self) -> bool:
-        """IDLE, nothing gathered but the persistent group, nothing pending, nothing unreduced."""
+        """IDLE, nothing gathered but always-whole groups, nothing pending, nothing unreduced."""
         return (self.phase is Phase.IDLE and self.reducer.is_quiescent()
                 and all(g.is_quiescent() for g in self.groups))
 

@@ -88,6 +88,7 @@ class ShardedGroup:
         self.full: torch.Tensor | None = None
         self.grad_full: torch.Tensor | None = None
         self._grads_seen = 0
+        self.pins = 0  # open GatheredParameters blocks holding this group gathered
         self._placeholder = torch.empty(0, dtype=compute_dtype, device=device)
         whole_master = self.master_is_whole
         self.master = self._init_master(source, aliases or {}, whole_master)
@@ -200,6 +201,18 @@ class ShardedGroup:
         return grad
 
     # --- the one write path (invariant 5) -----------------------------------------------------------------------
+    def absorb_full(self, slots: Sequence[Slot]) -> None:
+        """Take the values of ``slots`` from the gathered buffer into the master (``GatheredParameters`` with a
+        modifier), then propagate through :meth:`write_shard`. Only the named slots are read, so the master of
+        every other parameter keeps its full precision."""
+        assert self.full is not None and self.state is GroupState.GATHERED
+        lo, hi = (0, self.layout.padded_numel) if self.master_is_whole else self.layout.shard_range(self.comm.rank)
+        for slot in slots:
+            hit = intersect((lo, hi), (slot.spec.offset, slot.spec.end))
+            if hit is not None:
+                self.master[hit[0] - lo:hit[1] - lo].copy_(self.full[hit[0]:hit[1]])
+        self.write_shard()
+
     def write_shard(self) -> None:
         """Propagate the master into everything derived from it: the compute shard and, for groups whose
         parameters stay whole, the bound full buffer (all-gathered from the updated shards)."""
