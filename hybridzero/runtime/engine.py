@@ -12,6 +12,7 @@ that no peer hangs.
 from __future__ import annotations
 
 import contextlib
+import logging
 import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -24,6 +25,7 @@ from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config
 from hybridzero.optim import sharded
 from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
+from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.checkpoint.hf_source import TensorSource
@@ -33,6 +35,7 @@ from hybridzero.zero.partition import plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.reduce import GradReducer
 
+_LOG = logging.getLogger("hybridzero")
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
@@ -65,6 +68,13 @@ class Engine:
         self.micro_steps = 0
         self.events: list[tuple[str, str, str]] | None = [] if record_events else None
         self.last_grad_norm: float | None = None
+        f16 = config.fp16
+        self.loss_scaler = LossScaler(
+            ScalerConfig.from_fp16(f16.enabled, f16.loss_scale, f16.initial_scale_power, f16.loss_scale_window,
+                                   f16.hysteresis, f16.consecutive_hysteresis, f16.min_loss_scale),
+            rank=comm.rank, log=_LOG.warning if comm.rank == 0 else None)
+        self.skipped_steps = 0
+        self.overflow = False
         index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
         self.groups = self._build_groups(blocks, index_of, source)
         self._cast_buffers()
@@ -160,6 +170,8 @@ class Engine:
         """Backpropagate ``loss / gradient_accumulation_steps``; gradients land reduced in the fp32 shards."""
         with failure_guard(self.comm):
             gas = self.gradient_accumulation_steps
+            if self.config.fp16.enabled:
+                loss = loss.float() * self.loss_scaler.scale
             (loss / gas if gas > 1 else loss).backward()
 
     def step(self) -> None:
@@ -174,6 +186,8 @@ class Engine:
         if self.optimizer is None:
             raise RuntimeError("engine.step() needs an optimizer: pass optimizer= or an 'optimizer' config block")
         self.assert_quiescent()
+        if self.config.fp16.enabled and not self._unscale_or_skip():
+            return
         if self.config.gradient_clipping > 0:
             self.last_grad_norm = float(sharded.clip_grad_shards(self.groups, self.comm, self.config.gradient_clipping))
         for group in self.groups:
@@ -185,6 +199,30 @@ class Engine:
         for group in self.groups:
             group.write_shard()
         self.zero_grad()
+
+    def _unscale_or_skip(self) -> bool:
+        """fp16: agree on overflow across ranks (MAX of a local inf/nan flag), move the loss scale, and either skip
+        the step on every rank (False) or unscale the gradient shards (True)."""
+        used = self.loss_scaler.scale
+        flag = overflow_flag([g.grad_shard for g in self.groups], device=self.device)
+        self.comm.all_reduce(flag, op="max", phase="step")
+        self.overflow = self.loss_scaler.update(bool(flag.item() > 0))
+        if self.overflow:
+            self.skipped_steps += 1
+            self.zero_grad()
+            return False
+        for group in self.groups:
+            group.grad_shard.div_(used)
+        return True
+
+    def was_step_applied(self) -> bool:
+        """False if the last optimizer step was skipped (fp16 overflow on any rank), as in DeepSpeed."""
+        return not self.overflow
+
+    @property
+    def loss_scale(self) -> float:
+        """The current fp16 loss scale (1.0 when fp16 is off)."""
+        return self.loss_scaler.scale
 
     def zero_grad(self) -> None:
         """Zero the fp32 gradient shards."""

@@ -39,6 +39,8 @@ class RunSpec:
     reduce_bucket_size: int = 500_000_000
     seed: int = 0
     stage: int = 3
+    inf_at: tuple[tuple[int, int], ...] = ()  # (step, rank) pairs: that rank's loss becomes inf (step overflows)
+    fp16: dict[str, Any] = field(default_factory=dict)  # extra keys of the fp16 block
     edit: tuple[str, ...] = ()  # parameters changed (x -> 0.5 x + 0.01) on rank 0 via GatheredParameters after step 0
     frozen: tuple[str, ...] = ()  # parameters whose name contains one of these are frozen
     extra_zero: dict[str, Any] = field(default_factory=dict)
@@ -76,6 +78,7 @@ def ds_config(spec: RunSpec, world_size: int) -> dict[str, Any]:
                               "overlap_comm": spec.overlap_comm, "reduce_bucket_size": spec.reduce_bucket_size,
                               **spec.extra_zero},
         "bf16": {"enabled": spec.dtype == "bf16"},
+        "fp16": {"enabled": spec.dtype == "fp16", **spec.fp16},
     }
     if spec.optimizer == "config":
         cfg["optimizer"] = {"type": spec.optimizer_type, "params": {"lr": spec.lr, "weight_decay": 0.01}}
@@ -113,11 +116,14 @@ def engine_run(spec: RunSpec, check_quiescent: bool = True) -> dict[str, Any]:
                                             record_events=True)
     engine.comm_ledger().reset()
     losses: list[list[float]] = []
+    scales: list[tuple[float, bool]] = []
     for s in range(spec.steps):
         step_losses = []
         for m in range(spec.accumulation):
             ids = batches[s, m, rank]
             loss = engine(input_ids=ids, labels=ids).loss
+            if (s, rank) in spec.inf_at:
+                loss = loss * float("inf")
             engine.backward(loss)
             if check_quiescent:
                 engine.assert_quiescent()
@@ -126,6 +132,7 @@ def engine_run(spec: RunSpec, check_quiescent: bool = True) -> dict[str, Any]:
         if check_quiescent:
             engine.assert_quiescent()
         losses.append(step_losses)
+        scales.append((engine.loss_scale, engine.was_step_applied()))
         if s == 0 and spec.edit:
             targets = [engine.module.get_parameter(n) for n in spec.edit]
             with engine.gathered_parameters(targets, modifier_rank=0), torch.no_grad():
@@ -140,7 +147,7 @@ def engine_run(spec: RunSpec, check_quiescent: bool = True) -> dict[str, Any]:
     state_numel = sum(int(t.numel()) for st in engine.optimizer.state.values() for k, t in st.items()
                       if k == "exp_avg")
     return {"losses": losses, "params": params if rank == 0 else None, "ledger": ledger, "lr": engine.get_lr(),
-            "exp_avg_numel": state_numel, "invalidations": engine.prefetcher.invalidations,
+            "exp_avg_numel": state_numel, "scales": scales, "invalidations": engine.prefetcher.invalidations,
             "prefetches": sum(1 for e in engine.events or [] if e[0] == "prefetch"),
             "group_numels": {g.name: (g.layout.padded_numel, g.replicated) for g in engine.groups}}
 
@@ -204,6 +211,9 @@ def reference_run(spec: RunSpec, world_size: int) -> dict[str, Any]:
             losses.append(sum(step_loss) / len(step_loss))
             for n, p in named.items():
                 p.grad = acc[n]
+            if any(step == s for step, _ in spec.inf_at):
+                opt.zero_grad(set_to_none=True)  # the engine skips an overflowed step on every rank
+                continue
             if spec.clipping > 0:
                 coef = clip_coefficient(reference_grad_norm(acc.values()), spec.clipping)
                 for g in acc.values():
