@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["initialize", "init_distributed", "Engine", "ConfigError", "PeerFailure", "GatheredParameters"]
+__all__ = ["initialize", "init_distributed", "Engine", "ConfigError", "PeerFailure", "GatheredParameters", "from_pretrained"]
 __version__ = "0.1.0"
 
 _WHERE = {
@@ -19,6 +19,7 @@ _WHERE = {
     "Engine": "hybridzero.runtime.engine",
     "ConfigError": "hybridzero.config",
     "GatheredParameters": "hybridzero.zero.gathered",
+    "from_pretrained": "hybridzero.runtime.pretrained",
 }
 
 

@@ -109,9 +109,9 @@ class Engine:
             materialize.materialize_buffers(self.module, self.device, init_fn)
         groups = []
         for i, plan in enumerate(plan_groups(self.module, threshold, blocks)):
-            if meta and source is None:
+            if meta:
                 params = materialize.materialize_group(self.module, [aliases[n] for n in plan.param_names],
-                                                       self.device, init_fn)
+                                                       self.device, init_fn if source is None else None)
             else:
                 params = [self.module.get_parameter(n) for n in plan.param_names]
             named = sharded.order_for_optimizer(list(zip(plan.param_names, params)), index_of)
@@ -250,6 +250,12 @@ class Engine:
         """Raise if anything is gathered (but persisted parameters), pending or unreduced."""
         if not self.coordinator.is_quiescent():
             raise AssertionError(f"engine is not quiescent: {self.coordinator.describe()}")
+
+    def memory_report(self) -> dict[str, int]:
+        """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank."""
+        from hybridzero.runtime.memory import memory_report
+
+        return memory_report(self.groups, self.optimizer)
 
     def gathered_parameters(self, params: Any, modifier_rank: int | None = None) -> Any:
         """``with engine.gathered_parameters(params, modifier_rank=0):`` — see :mod:`hybridzero.zero.gathered`."""

@@ -14,6 +14,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.comm.collectives import Comm, init_distributed
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config
@@ -44,12 +45,15 @@ def initialize(model: nn.Module, config: Mapping[str, Any] | str | os.PathLike[s
                model_parameters: Iterable[Any] | None = None, lr_scheduler: Any = None,
                training_data: Dataset | None = None, collate_fn: Callable[..., Any] | None = None,
                config_params: Mapping[str, Any] | None = None, blocks: list[str] | None = None,
-               record_events: bool = False, **deepspeed_args: Any) -> tuple[Engine, Any, DataLoader | None, Any]:
+               record_events: bool = False, checkpoint_source: TensorSource | None = None,
+               **deepspeed_args: Any) -> tuple[Engine, Any, DataLoader | None, Any]:
     """Build a sharded engine; returns ``(engine, optimizer, dataloader, lr_scheduler)`` like DeepSpeed.
 
     ``config`` is a DeepSpeed JSON dict or path (``config_params`` is DeepSpeed's older alias). ``optimizer`` may be a
     client optimizer built over ``model.parameters()`` (rebuilt over the shards with the same class and
     hyperparameters) or a callable taking the parameters. ``blocks`` overrides the automatic choice of gather groups.
+    A model built on the meta device is materialized group by group, from ``checkpoint_source`` (each rank reads
+    only its shard) or else by the model's own init.
     DeepSpeed-only arguments (``args``, ``mpu``, ``dist_init_required``) are accepted and ignored.
     """
     unknown = set(deepspeed_args) - {"args", "mpu", "dist_init_required", "collate_fn"}
@@ -74,6 +78,7 @@ def initialize(model: nn.Module, config: Mapping[str, Any] | str | os.PathLike[s
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed)
         engine = Engine(model, cfg, comm, optimizer=optimizer, model_parameters=model_parameters,
-                        lr_scheduler=lr_scheduler, blocks=blocks, record_events=record_events)
+                        lr_scheduler=lr_scheduler, blocks=blocks, record_events=record_events,
+                        source=checkpoint_source)
     loader = _dataloader(training_data, cfg, comm, collate_fn) if training_data is not None else None
     return engine, engine.optimizer, loader, engine.lr_scheduler

@@ -28,7 +28,7 @@ from torch import nn
 from hybridzero.testing.models import tiny_opt
 from hybridzero.testing.value_model import ValueModel
 
-__all__ = ["RlhfSpec", "engine_sequence", "new_tokens", "reference_sequence"]
+__all__ = ["RlhfSpec", "combined_step", "engine_sequence", "new_tokens", "reference_sequence"]
 
 _PAD = 1  # tiny_opt's pad_token_id
 _FIRST_TOKEN = 3  # prompts avoid pad (1) and bos/eos (2)
@@ -196,7 +196,7 @@ def engine_sequence(spec: RlhfSpec) -> dict[str, Any]:
 
 
 # --- single-process reference -----------------------------------------------------------------------------------------
-def _combined_step(model: nn.Module, opt: torch.optim.Optimizer, losses: Sequence[Callable[[], torch.Tensor]]) -> None:
+def combined_step(model: nn.Module, opt: torch.optim.Optimizer, losses: Sequence[Callable[[], torch.Tensor]]) -> None:
     """One optimizer step on the gradient the engine forms: Σ_r (in rank order, fp32) grad(loss_r), divided by W."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     total: dict[str, torch.Tensor] = {}
@@ -246,9 +246,9 @@ def reference_sequence(spec: RlhfSpec, world_size: int) -> dict[str, Any]:
                     generated[r].append(exp.seqs)
             for _ in range(spec.ppo_epochs):
                 for row in exps:
-                    _combined_step(models.actor, opts["actor"],
+                    combined_step(models.actor, opts["actor"],
                                    [lambda e=e: actor_loss(models.actor, e) for e in row])
-                    _combined_step(models.critic, opts["critic"],
+                    combined_step(models.critic, opts["critic"],
                                    [lambda e=e: critic_loss(models.critic, e) for e in row])
         return {"generated": generated,
                 "actor": {n: p.detach().clone() for n, p in models.actor.named_parameters()},

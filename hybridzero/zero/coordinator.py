@@ -72,6 +72,7 @@ class ZeroCoordinator:
         self.phase = Phase.IDLE
         self._depth = 0
         self._implicit = 0  # nesting depth of root-group modules called outside a root forward
+        self.peak_gathered_bytes = 0  # high-water mark of gathered (ZeRO-3) parameter buffers
         self._handles: list[RemovableHandle] = []
         self._root = next((g for g in groups if g.owner == ""), None)
         self._install(module)
@@ -116,6 +117,9 @@ class ZeroCoordinator:
         if group.state is not GroupState.GATHERED:
             self._event("gather", group)
         group.wait(kind)
+        live = sum(g.numel * g.compute_dtype.itemsize for g in self.groups
+                   if not g.always_full and g.state is not GroupState.SHARDED)
+        self.peak_gathered_bytes = max(self.peak_gathered_bytes, live)
 
     def _prefetch(self, upcoming: list[int], current: ShardedGroup, kind: str) -> None:
         inflight = sum(g.numel for g in self.groups if g.state is GroupState.GATHERING)

@@ -92,13 +92,13 @@ class ShardedGroup:
         self._placeholder = torch.empty(0, dtype=compute_dtype, device=device)
         whole_master = self.master_is_whole
         self.master = self._init_master(source, aliases or {}, whole_master)
-        self.shard = self.master if compute_dtype == torch.float32 else self.master.to(compute_dtype)
+        self._send: torch.Tensor | None = None  # the gather's input, alive until the gather completed
         self.grad_shard = torch.zeros(self.layout.shard_numel, dtype=torch.float32, device=device)
         # DDP steps the whole master copy: its gradient is the all-gathered grad shards (assembled at step time).
         self.opt_grad = (torch.zeros(self.layout.padded_numel, dtype=torch.float32, device=device)
                          if mode is ShardMode.DDP else self.grad_shard)
         if self.always_full:
-            self.full = self.shard if whole_master else self._gathered_copy(self.shard)
+            self.full = self.compute_shard() if whole_master else self._gathered_copy(self.compute_shard())
             self._bind(self.full)
             self.state = GroupState.GATHERED
         else:
@@ -145,7 +145,8 @@ class ShardedGroup:
         if self.state is not GroupState.SHARDED:
             return
         self.full = torch.empty(self.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
-        self.handle = self.comm.all_gather(self.full, self.shard, phase=phase, async_op=True)
+        self._send = self.compute_shard()
+        self.handle = self.comm.all_gather(self.full, self._send, phase=phase, async_op=True)
         self.state = GroupState.GATHERING
 
     def wait(self, phase: str) -> None:
@@ -156,6 +157,7 @@ class ShardedGroup:
             assert self.handle is not None and self.full is not None
             self.handle.wait()
             self.handle = None
+            self._send = None
             self._bind(self.full)
             self.state = GroupState.GATHERED
 
@@ -166,6 +168,7 @@ class ShardedGroup:
         if self.handle is not None:
             self.handle.wait()
             self.handle = None
+            self._send = None
         self._unbind()
         self.full = None
         self.state = GroupState.SHARDED
@@ -214,13 +217,20 @@ class ShardedGroup:
         self.write_shard()
 
     def write_shard(self) -> None:
-        """Propagate the master into everything derived from it: the compute shard and, for groups whose
-        parameters stay whole, the bound full buffer (all-gathered from the updated shards)."""
-        if self.shard is not self.master:
-            self.shard.copy_(self.master)
+        """Propagate the master into everything derived from it: for groups whose parameters stay whole, the
+        bound full buffer (all-gathered from the updated shards, or copied from a whole master). ZeRO-3 compute
+        shards are cast from the master at each gather, so there is nothing else to refresh."""
         if self.mode is ShardMode.PARAMS_WHOLE:
             assert self.full is not None
-            self.comm.all_gather(self.full, self.shard, phase="step")
+            self.comm.all_gather(self.full, self.compute_shard(), phase="step")
+        elif self.master_is_whole and self.full is not self.master:
+            assert self.full is not None
+            self.full.copy_(self.master)
+
+    def compute_shard(self) -> torch.Tensor:
+        """This rank's part in the compute dtype: the master itself in fp32, else a fresh cast (mixed precision
+        keeps no second copy of the shard: model states stay at 16 bytes per parameter / N with Adam)."""
+        return self.master if self.compute_dtype == torch.float32 else self.master.to(self.compute_dtype)
 
     def assemble_grad(self) -> None:
         """DDP only: the whole reduced gradient from every rank's grad shard (before clipping and stepping)."""

@@ -61,8 +61,9 @@ def materialize_buffers(model: nn.Module, device: torch.device, init_fn: InitFn)
 
 
 def materialize_group(model: nn.Module, aliases: Sequence[Sequence[str]], device: torch.device,
-                      init_fn: InitFn) -> list[nn.Parameter]:
-    """Real, initialized parameters for one group (given as the alias lists of its parameters), in order."""
+                      init_fn: InitFn | None) -> list[nn.Parameter]:
+    """Real parameters for one group (given as the alias lists of its parameters), in order; initialized by
+    ``init_fn``, or left uninitialized (``torch.empty``: no pages touched) when values come from a checkpoint."""
     out: list[nn.Parameter] = []
     touched: dict[int, nn.Module] = {}
     for names in aliases:
@@ -76,7 +77,8 @@ def materialize_group(model: nn.Module, aliases: Sequence[Sequence[str]], device
             owner._parameters[attr] = new
             touched[id(owner)] = owner
         out.append(new)
-    with torch.no_grad():
-        for owner in touched.values():
-            init_fn(owner)
+    if init_fn is not None:
+        with torch.no_grad():
+            for owner in touched.values():
+                init_fn(owner)
     return out

@@ -1,0 +1,37 @@
+"""``hybridzero.from_pretrained``: a Hugging Face checkpoint straight into shards.
+
+The model skeleton is built on the meta device from the checkpoint's config (no weights anywhere), then every rank
+reads only the elements its shards own from the safetensors files (single file or sharded with an index). No rank
+ever holds the full model.
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from hybridzero.checkpoint.hf_source import HFCheckpointSource
+from hybridzero.runtime.initialize import initialize
+
+
+def meta_model(path: str | os.PathLike[str], model_cls: Any = None, **config_overrides: Any) -> nn.Module:
+    """The model of the HF directory ``path`` built on the meta device (``model_cls`` defaults to
+    ``AutoModelForCausalLM``)."""
+    import transformers
+
+    hf_config = transformers.AutoConfig.from_pretrained(path, **config_overrides)
+    cls = model_cls or transformers.AutoModelForCausalLM
+    with torch.device("meta"):
+        return cls.from_config(hf_config)
+
+
+def from_pretrained(path: str | os.PathLike[str], config: Mapping[str, Any] | str | os.PathLike[str], *,
+                    model_cls: Any = None, config_overrides: Mapping[str, Any] | None = None,
+                    **initialize_kwargs: Any) -> tuple[Any, Any, Any, Any]:
+    """``initialize`` on the checkpoint at ``path``: returns ``(engine, optimizer, dataloader, lr_scheduler)``."""
+    model = meta_model(path, model_cls, **dict(config_overrides or {}))
+    source = HFCheckpointSource(path)
+    return initialize(model=model, config=config, checkpoint_source=source, **initialize_kwargs)
