@@ -58,6 +58,7 @@ def repeat_block_opt(seed: int = 0) -> RepeatBlockOPT:
 
 
 def _config(bucket: int, world_size: int, lr: float = 1e-2, optimizer: str = "AdamW") -> dict[str, Any]:
+    """ZeRO-3, micro-batch 2, no accumulation, nothing persistent, prefetch ``bucket``, no weight decay."""
     return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2 * world_size,
             "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": bucket,
                                   "stage3_param_persistence_threshold": 0},
@@ -65,6 +66,7 @@ def _config(bucket: int, world_size: int, lr: float = 1e-2, optimizer: str = "Ad
 
 
 def _engine(bucket: int, **config: Any) -> Any:
+    """A fresh engine over ``repeat_block_opt(0)`` recording its events (``config``: ``_config`` overrides)."""
     import hybridzero
 
     hybridzero.init_distributed()
@@ -82,6 +84,7 @@ def phase_data(index: int, rank: int, batch: int = 2, seq: int = 6) -> torch.Ten
 
 # --- the phases -------------------------------------------------------------------------------------------------------
 def _train(engine: Any, ids: torch.Tensor, **forward: Any) -> torch.Tensor:
+    """Train-mode forward (``forward`` extra kwargs), backward, step; the loss."""
     engine.train()
     loss = engine(input_ids=ids, labels=ids, **forward).loss
     engine.backward(loss)
@@ -90,6 +93,7 @@ def _train(engine: Any, ids: torch.Tensor, **forward: Any) -> torch.Tensor:
 
 
 def _nograd(engine: Any, ids: torch.Tensor, train: bool) -> torch.Tensor:
+    """A ``no_grad`` forward in train or eval mode; the logits (the engine is left in train mode)."""
     engine.train(train)
     with torch.no_grad():
         logits = engine(input_ids=ids).logits
@@ -98,6 +102,7 @@ def _nograd(engine: Any, ids: torch.Tensor, train: bool) -> torch.Tensor:
 
 
 def _generate(engine: Any, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    """Greedy ``engine.module.generate`` (eval mode) from the first 3 tokens; the generated ids."""
     engine.eval()
     prompts = ids[:, :3]
     with torch.no_grad():
@@ -118,6 +123,7 @@ def _submodule(engine: Any, ids: torch.Tensor) -> torch.Tensor:
 
 
 def _checkpointed(engine: Any, ids: torch.Tensor, reentrant: bool) -> torch.Tensor:
+    """A train step with HF activation checkpointing on (reentrant or not), switched off again afterwards."""
     model = engine.module
     model.activation_checkpointing_enable({"use_reentrant": reentrant})
     try:
@@ -195,6 +201,7 @@ def generate_bytes_probe(new_tokens: int) -> dict[str, Any]:
     forwards = [0]
 
     def count(module: torch.nn.Module, args: Any, output: Any) -> None:
+        """Forward hook on the root: one more model forward."""
         forwards[0] += 1
 
     handle = engine.module.register_forward_hook(count)

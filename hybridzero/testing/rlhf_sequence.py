@@ -135,6 +135,7 @@ def critic_loss(critic: Callable[..., Any], exp: Experience) -> torch.Tensor:
 
 # --- engine side (one rank) -------------------------------------------------------------------------------------------
 def _ds_config(spec: RlhfSpec, world_size: int, trained: bool) -> dict[str, Any]:
+    """ZeRO-3, nothing persistent, the spec's prefetch; an AdamW block only for the ``trained`` engines."""
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": spec.prompts_per_rank,
         "gradient_accumulation_steps": 1,
@@ -148,6 +149,7 @@ def _ds_config(spec: RlhfSpec, world_size: int, trained: bool) -> dict[str, Any]
 
 
 def _quiescent(engines: Models, what: str) -> None:
+    """``assert_quiescent()`` on all four engines, naming the engine and the phase that just ended."""
     for name in ("actor", "ref", "critic", "reward"):
         try:
             getattr(engines, name).assert_quiescent()
@@ -167,7 +169,8 @@ def _rollout(engines: Models, prompts: torch.Tensor, spec: RlhfSpec, rank: int, 
 
 
 def engine_sequence(spec: RlhfSpec) -> dict[str, Any]:
-    """This rank's share of the PPO run; returns its generated sequences and (rank 0) the final parameters."""
+    """This rank's share of the PPO run: its generated sequences, prefetches per engine and (rank 0) the final
+    actor and critic parameters."""
     import hybridzero
 
     hybridzero.init_distributed()
@@ -176,7 +179,7 @@ def engine_sequence(spec: RlhfSpec) -> dict[str, Any]:
     built = {}
     for name in ("actor", "ref", "critic", "reward"):
         cfg = _ds_config(spec, world, trained=name in ("actor", "critic"))
-        built[name], *_ = hybridzero.initialize(model=getattr(models, name), config=cfg)
+        built[name], *_ = hybridzero.initialize(model=getattr(models, name), config=cfg, record_events=True)
     engines = Models(**built)
     prompts = prompts_for(spec, world)
     generated: list[torch.Tensor] = []
@@ -187,12 +190,14 @@ def engine_sequence(spec: RlhfSpec) -> dict[str, Any]:
             for exp in exps:
                 engines.actor.backward(actor_loss(engines.actor, exp))
                 engines.actor.step()
+                _quiescent(engines, f"actor training step in PPO step {step}")
                 engines.critic.backward(critic_loss(engines.critic, exp))
                 engines.critic.step()
-                _quiescent(engines, f"training step {step}")
+                _quiescent(engines, f"critic training step in PPO step {step}")
     actor, critic = engines.actor.full_parameters(), engines.critic.full_parameters()  # collectives: every rank
+    prefetches = {name: sum(1 for e in engine.events if e[0] == "prefetch") for name, engine in built.items()}
     return {"generated": generated, "actor": actor if rank == 0 else None, "critic": critic if rank == 0 else None,
-            "invalidations": engines.actor.prefetcher.invalidations}
+            "prefetches": prefetches}
 
 
 # --- single-process reference -----------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ class ValueModel(nn.Module):
     norm) and a bias-free linear value head ``v_head`` of ``word_embed_proj_dim`` weights."""
 
     def __init__(self, seed: int = 0) -> None:
+        """Trunk from ``tiny_opt(seed)``; head weights ``N(0, 1/width)`` from a generator seeded ``seed + 7919``."""
         super().__init__()
         self.base = tiny_opt(seed).model
         width = int(self.base.config.word_embed_proj_dim)

@@ -30,6 +30,7 @@ def _one_thread() -> Iterator[None]:
 
 
 def _assert_params(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], atol: float, what: str) -> None:
+    """Same names; every tensor bitwise equal (``atol == 0``) or within ``atol``."""
     assert got.keys() == want.keys(), what
     for name, value in want.items():
         if atol == 0.0:
@@ -55,6 +56,8 @@ def test_rlhf_step3_sequence_without_hybrid_engine(world: Any, world_size: int, 
     ref = reference_sequence(spec, world_size)
     lengths = {new_tokens(spec, r, 0) for r in range(world_size)}
     assert len(lengths) > 1  # ranks really do finish generating at different steps
+    for a, b in zip(on, off):
+        assert all(n > 0 for n in a["prefetches"].values()) and not any(b["prefetches"].values())
     for rank in range(world_size):
         for a, b, c in zip(on[rank]["generated"], off[rank]["generated"], ref["generated"][rank], strict=True):
             assert torch.equal(a, b) and torch.equal(a, c), f"rank {rank} generated different tokens"
@@ -68,8 +71,10 @@ def _expected_train_events() -> dict[str, list[tuple[str, str, str]]]:
     backward the root output's hook gathers root first, each block is released as soon as its gradients are all in,
     and root (whose embedding gradient arrives last) is released last."""
     def phase(kind: str) -> list[tuple[str, str]]:
+        """(what, group) of one phase: root around the blocks, blocks in execution order."""
         blocks = [_B0, _B1] if kind == "forward" else [_B1, _B0]
-        return [("gather", "root")] + [(what, b) for b in blocks for what in ("gather", "release")] + [("release", "root")]
+        around_blocks = [(what, b) for b in blocks for what in ("gather", "release")]
+        return [("gather", "root"), *around_blocks, ("release", "root")]
     return {kind: [(what, group, kind) for what, group in phase(kind)] for kind in ("forward", "backward")}
 
 
@@ -79,6 +84,7 @@ _TWICE_MIX: list[Phase] = [("generate", 3), ("train", 0), ("twice", 0), ("train"
 
 
 def _kind_switches(phases: list[Phase]) -> int:
+    """How often consecutive phases differ in kind."""
     return sum(a[0] != b[0] for a, b in zip(phases, phases[1:]))
 
 
@@ -135,6 +141,7 @@ def test_directly_called_submodules(world: Any) -> None:
                 assert torch.equal(r["embedded"], model.get_input_embeddings()(phase_data(0, rank)))
 
         def rank_loss(rank: int) -> torch.Tensor:
+            """The unsharded twin of ``rank``'s direct calls (its loss must equal the engine's bit for bit)."""
             embedded = model.get_input_embeddings()(phase_data(0, rank))
             loss = decoder.layers[1](decoder.project_in(embedded)).pow(2).mean()
             assert torch.equal(loss.detach(), results[rank]["loss"])
