@@ -1,11 +1,19 @@
 """Pure partition math for flat, padded, evenly sharded buffers.
 
-A gather group's parameters are laid end to end in one flat buffer; the buffer is padded at its end (only there) to
-a multiple of the world size; rank ``r`` owns the contiguous slice ``[r * S, (r + 1) * S)`` with ``S = padded / W``.
+A gather group's parameters are laid one after another in one flat buffer, each starting at a multiple of
+``ALIGN`` elements; the buffer is padded at its end to a multiple of the world size; rank ``r`` owns the contiguous
+slice ``[r * S, (r + 1) * S)`` with ``S = padded / W``.
+
+Why aligned offsets: a parameter bound as a view of the gathered buffer must sit at the same alignment as a freshly
+allocated tensor, or some CPU kernels (e.g. the matrix-vector path of ``F.linear`` with one output feature) round
+differently and a sharded run stops being bit-for-bit equal to the unsharded model; aligned views also keep GPU
+loads vectorized.
 
 Invariants (unit-tested):
 * ``padded_numel % world_size == 0`` and ``numel <= padded_numel < numel + world_size`` (for ``numel > 0``).
-* Every element of ``[0, numel)`` belongs to exactly one shard; padding elements are never read as parameters.
+* Every parameter's offset is a multiple of ``ALIGN``; gaps between parameters and the tail are padding, which is
+  zero in every buffer (master, gradients) and never read as a parameter.
+* Every element of ``[0, padded_numel)`` belongs to exactly one shard.
 * Shapes always come from :class:`ParamSpec` metadata, never from the size of a local shard.
 """
 from __future__ import annotations
@@ -14,6 +22,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+
+ALIGN = 16  # elements: 64 bytes in fp32, 32 in bf16/fp16
 
 
 @dataclass(frozen=True)
@@ -73,13 +83,14 @@ class FlatLayout:
 
 
 def build_layout(names: Sequence[str], shapes: Sequence[torch.Size], world_size: int) -> FlatLayout:
-    """Lay out parameters of ``shapes`` end to end, in the given order, padded for ``world_size`` ranks."""
+    """Lay out parameters of ``shapes`` in the given order at ``ALIGN``-aligned offsets, padded for ``world_size``."""
     if len(names) != len(shapes):
         raise ValueError("names and shapes must have the same length")
     specs: list[ParamSpec] = []
     offset = 0
     for name, shape in zip(names, shapes):
         n = int(torch.Size(shape).numel())
+        offset = -(-offset // ALIGN) * ALIGN
         specs.append(ParamSpec(name=name, shape=torch.Size(shape), offset=offset, numel=n))
         offset += n
     return FlatLayout(specs=tuple(specs), numel=offset, padded_numel=padded_numel(offset, world_size),

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hybridzero.testing.parity import RunSpec, build_model, engine_run, reference_run, step_losses
-from hybridzero.zero.layout import padded_numel
+from hybridzero.zero.layout import build_layout
 from hybridzero.zero.partition import plan_groups
 
 
@@ -36,8 +36,8 @@ def test_bytes_per_step_match_theory(world, world_size: int) -> None:
     spec = RunSpec(model="opt", steps=1, with_scalar=True)
     results = world(world_size).run(engine_run, spec)
     model = build_model(spec)
-    sizes = {n: p.numel() for n, p in model.named_parameters()}
-    padded = [padded_numel(sum(sizes[n] for n in plan.param_names), world_size)
+    shapes = {n: p.shape for n, p in model.named_parameters()}
+    padded = [build_layout(plan.param_names, [shapes[n] for n in plan.param_names], world_size).padded_numel
               for plan in plan_groups(model, spec.persistence_threshold)]
     expected = 4 * sum(padded)  # fp32 bytes of one gather of every group
     for r in results:

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from hybridzero.testing.parity import RunSpec, build_model, engine_run, reference_run, step_losses
+from hybridzero.zero.layout import ALIGN
 
 MODELS = ["llama", "opt", "opt_postln", "gpt2_tied", "gpt2_untied"]
 TOL = 1e-6
@@ -69,5 +70,7 @@ def test_frozen_parameters_have_no_optimizer_state(world) -> None:
     compare(results, reference_run(spec, 2))
     start = dict(build_model(spec).named_parameters())
     assert torch.equal(results[0]["params"]["transformer.wpe.weight"], start["transformer.wpe.weight"].detach())
-    trainable = sum(p.numel() for p in start.values() if p.requires_grad)
-    assert sum(r["exp_avg_numel"] for r in results) == trainable  # Adam state: trainable elements only, once
+    trainable = [p for p in start.values() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in trainable)
+    # Adam state: trainable elements once (plus < ALIGN alignment gap per parameter), nothing for the frozen 4445
+    assert n_trainable <= sum(r["exp_avg_numel"] for r in results) <= n_trainable + ALIGN * len(trainable)

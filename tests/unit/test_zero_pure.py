@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from hybridzero.comm.ledger import Ledger
 from hybridzero.testing.models import MODEL_FACTORIES
-from hybridzero.zero.layout import build_layout, intersect, padded_numel
+from hybridzero.zero.layout import ALIGN, build_layout, intersect, padded_numel
 from hybridzero.zero.partition import PERSISTENT, ROOT, find_blocks, plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 
@@ -33,15 +33,17 @@ def test_layout_every_element_in_exactly_one_shard(sizes: list[int], world: int)
             covered[i] += 1
     assert covered == [1] * layout.padded_numel
     ends = [spec.end for spec in layout.specs]
-    assert ends[-1] == layout.numel and all(s.offset == e for s, e in zip(layout.specs[1:], ends))
+    assert ends[-1] == layout.numel
+    assert all(s.offset % ALIGN == 0 and e <= s.offset < e + ALIGN for s, e in zip(layout.specs[1:], ends))
 
 
 def test_local_ranges_and_intersect() -> None:
-    layout = build_layout(["a", "b"], [torch.Size([3, 2]), torch.Size([5])], 4)  # 11 -> padded 12, S = 3
-    assert layout.padded_numel == 12 and layout.shard_numel == 3
-    assert layout.local_ranges(1, (0, 6)) == (0, 3)
-    assert layout.local_ranges(2, (6, 11)) == (0, 3)
-    assert layout.local_ranges(3, (6, 11)) == (0, 2)
+    layout = build_layout(["a", "b"], [torch.Size([3, 2]), torch.Size([5])], 4)  # b at 16: 21 -> padded 24, S = 6
+    assert [s.offset for s in layout.specs] == [0, ALIGN]
+    assert layout.padded_numel == 24 and layout.shard_numel == 6
+    assert layout.local_ranges(0, (0, 6)) == (0, 6)
+    assert layout.local_ranges(2, (16, 21)) == (4, 6)
+    assert layout.local_ranges(3, (16, 21)) == (0, 3)
     assert layout.local_ranges(3, (0, 6)) is None
     assert intersect((0, 2), (2, 4)) is None
 
