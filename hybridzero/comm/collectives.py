@@ -222,6 +222,11 @@ class Comm:
             return None
         return None
 
+    @property
+    def polls(self) -> bool:
+        """True when waits poll for posted peer failures (gloo)."""
+        return self._poll
+
     def _finish(self, work: Any, async_op: bool) -> PendingCollective:
         handle = PendingCollective(self, work)
         if not async_op:

@@ -41,13 +41,18 @@ _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 @contextlib.contextmanager
 def failure_guard(comm: Comm) -> Iterator[None]:
-    """Re-raise any exception after telling the peers and tearing the process group down (no peer hangs)."""
+    """Re-raise any exception after posting it to the peers, so none of them hangs.
+
+    An exception inside a training call is fatal to the job: peers blocked on gloo see the posted failure within
+    about a second and raise :class:`PeerFailure`; on backends whose waits do not poll (NCCL) the process group is
+    also torn down so that peers' collectives fail fast."""
     try:
         yield
     except Exception as exc:
         if comm.world_size > 1:
             comm.post_failure("".join(traceback.format_exception_only(type(exc), exc)).strip())
-            abort_process_group()
+            if not comm.polls:
+                abort_process_group()
         raise
 
 
@@ -250,6 +255,21 @@ class Engine:
         """Raise if anything is gathered (but persisted parameters), pending or unreduced."""
         if not self.coordinator.is_quiescent():
             raise AssertionError(f"engine is not quiescent: {self.coordinator.describe()}")
+
+    def generate(self, *args: Any, max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
+        """Hybrid-engine generation (HF ``generate`` arguments): parameters gathered once, no collective while
+        decoding, shards untouched. See :mod:`hybridzero.runtime.hybrid`."""
+        from hybridzero.runtime.hybrid import hybrid_generate
+
+        # No failure guard: in full mode nothing is exchanged until exit, so an exception here (a stopping criterion,
+        # a logits processor) is local; it reaches the caller unchanged and the engine stays usable.
+        return hybrid_generate(self, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
+
+    def generation_mode(self, max_gathered_bytes: int | None = None) -> Any:
+        """``with engine.generation_mode():`` — the module runs on fully gathered parameters inside the block."""
+        from hybridzero.runtime.hybrid import generation_mode
+
+        return generation_mode(self, max_gathered_bytes)
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank."""

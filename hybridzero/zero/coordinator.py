@@ -73,6 +73,7 @@ class ZeroCoordinator:
         self._depth = 0
         self._implicit = 0  # nesting depth of root-group modules called outside a root forward
         self.peak_gathered_bytes = 0  # high-water mark of gathered (ZeRO-3) parameter buffers
+        self.bypass = False  # hybrid generation: everything is gathered and pinned; hooks do nothing
         self._handles: list[RemovableHandle] = []
         self._root = next((g for g in groups if g.owner == ""), None)
         self._install(module)
@@ -152,6 +153,8 @@ class ZeroCoordinator:
 
     # --- forward hooks ------------------------------------------------------------------------------------------
     def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
+        if self.bypass:
+            return
         if self.phase is Phase.BACKWARD:
             if self._root is not None:
                 self._root.wait("backward")
@@ -164,6 +167,8 @@ class ZeroCoordinator:
             self.use(self._root, "forward")
 
     def _root_post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if self.bypass:
+            return
         if self.phase is Phase.BACKWARD:
             return
         self._depth = max(0, self._depth - 1)
@@ -175,6 +180,8 @@ class ZeroCoordinator:
 
     def _block_pre_hook(self, group: ShardedGroup) -> Callable[[nn.Module, Any], None]:
         def hook(module: nn.Module, args: Any) -> None:
+            if self.bypass:
+                return
             if self.phase is Phase.BACKWARD:
                 group.wait("backward")  # activation-checkpoint recomputation
             else:
@@ -183,7 +190,7 @@ class ZeroCoordinator:
 
     def _block_post_hook(self, group: ShardedGroup) -> Callable[[nn.Module, Any, Any], None]:
         def hook(module: nn.Module, args: Any, output: Any) -> None:
-            if self.phase is Phase.BACKWARD:
+            if self.bypass or self.phase is Phase.BACKWARD:
                 return
             self._attach_pre_backward(group, output)
             if not self.prefetcher.reused_soon(group.index, lambda gid: self.groups[gid].numel):
@@ -194,7 +201,7 @@ class ZeroCoordinator:
     def _entry_pre_hook(self, module: nn.Module, args: Any) -> None:
         """A root-group module called directly (``get_input_embeddings()(ids)``, a value head, ...): gather the root
         group for the call. Inside a root forward or a backward this is a no-op."""
-        if self.phase is not Phase.IDLE or self._root is None:
+        if self.bypass or self.phase is not Phase.IDLE or self._root is None:
             return
         self._implicit += 1
         if self._root.state is not GroupState.GATHERED:
@@ -202,7 +209,7 @@ class ZeroCoordinator:
         self._root.wait("forward")
 
     def _entry_post_hook(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self.phase is not Phase.IDLE or self._root is None or self._implicit == 0:
+        if self.bypass or self.phase is not Phase.IDLE or self._root is None or self._implicit == 0:
             return
         if output is not None:
             self._attach_pre_backward(self._root, output)

@@ -1,0 +1,71 @@
+"""Hybrid engine: generate on parameters gathered once, with no collective inside the decode loop.
+
+``generation_mode(engine)``:
+
+* entry: the engine must be quiescent; every ZeRO-3 group's gather is launched at once (overlapped) and then
+  waited; the groups are pinned and the coordinator's hooks bypassed, so the module runs as plain PyTorch / HF code
+  with its KV cache. Each rank decodes on its own: different batch sizes, prompt lengths and early EOS across ranks
+  cannot hang anything, because nothing is exchanged until exit.
+* exit (normal or exception): hooks back, pins dropped, buffers released; shards were never written, so they are
+  bit-exactly what they were, and the memory report returns to its pre-generation value.
+* if a gathered-bytes budget says the whole model does not fit, the mode is *bucketed*: hooks stay active and each
+  forward gathers group by group (the engine's ordinary ZeRO-3 path with trace prefetch); HF's synced generation
+  keeps ranks in step, and every gather is counted in the ledger.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hybridzero.runtime.engine import Engine
+
+
+def gathered_bytes(engine: "Engine") -> int:
+    """Bytes all ZeRO-3 groups take when gathered at once (compute dtype, padding included)."""
+    return sum(g.numel * g.compute_dtype.itemsize for g in engine.groups if not g.always_full)
+
+
+@contextmanager
+def generation_mode(engine: "Engine", max_gathered_bytes: int | None = None) -> Iterator[str]:
+    """Full-parameter generation inside the block; yields ``"full"`` or ``"bucketed"`` (see module docstring)."""
+    engine.assert_quiescent()
+    was_training = engine.module.training
+    engine.module.eval()
+    if max_gathered_bytes is not None and gathered_bytes(engine) > max_gathered_bytes:
+        try:
+            yield "bucketed"
+        finally:
+            engine.module.train(was_training)
+        return
+    groups = [g for g in engine.groups if not g.always_full]
+    coordinator = engine.coordinator
+    try:
+        for g in groups:
+            g.pins += 1
+            g.start_gather("generate")
+        for g in groups:
+            g.wait("generate")
+        coordinator.bypass = True
+        yield "full"
+    finally:
+        coordinator.bypass = False
+        for g in groups:
+            g.pins -= 1
+            coordinator.release(g)
+        engine.module.train(was_training)
+
+
+def hybrid_generate(engine: "Engine", *args: Any, max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
+    """``module.generate`` inside :func:`generation_mode`; checks ``hybrid_engine.max_out_tokens``."""
+    limit = engine.config.hybrid_engine.max_out_tokens
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    new = kwargs.get("max_new_tokens")
+    if ids is not None and new is not None and ids.shape[-1] + int(new) > limit:
+        raise ValueError(f"prompt length {ids.shape[-1]} + max_new_tokens {new} exceeds hybrid_engine.max_out_tokens="
+                         f"{limit}; raise hybrid_engine.max_out_tokens or generate fewer tokens")
+    with generation_mode(engine, max_gathered_bytes) as mode:
+        if mode == "full":
+            kwargs.setdefault("synced_gpus", False)  # nothing to synchronize: no collective until exit
+        return engine.module.generate(*args, **kwargs)
