@@ -67,8 +67,16 @@ def _generate(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) ->
                               min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
 
 
-def zero3_rank(settings: dict[str, Any], prefetch: bool) -> dict[str, Any]:
-    """One ZeRO-3 rank: warm-up, then timed ``generate`` calls; per-call seconds, ledger counts, rank 0's tokens."""
+def _hybrid_generate(engine: Any, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """The hybrid engine: the same greedy generation on parameters gathered once."""
+    with torch.no_grad():
+        return engine.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                               min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
+
+
+def zero3_rank(settings: dict[str, Any], prefetch: bool, hybrid: bool = False) -> dict[str, Any]:
+    """One ZeRO-3 rank: warm-up, then timed ``generate`` calls; per-call seconds, ledger counts, rank 0's tokens.
+    ``hybrid``: through ``engine.generate`` (hybrid engine) instead of ``engine.module.generate``."""
     import hybridzero
 
     hybridzero.init_distributed()
@@ -86,14 +94,20 @@ def zero3_rank(settings: dict[str, Any], prefetch: bool) -> dict[str, Any]:
         forwards[0] += 1
 
     handle = engine.module.register_forward_hook(count)
-    out = _generate(engine.module, prompts, settings["new_tokens"])  # warm-up
+
+    def run() -> torch.Tensor:
+        if hybrid:
+            return _hybrid_generate(engine, prompts, settings["new_tokens"])
+        return _generate(engine.module, prompts, settings["new_tokens"])
+
+    out = run()  # warm-up
     seconds = []
     for _ in range(settings["repeats"]):
         torch.distributed.barrier()
         forwards[0] = 0
         engine.comm_ledger().reset()
         start = time.perf_counter()
-        out = _generate(engine.module, prompts, settings["new_tokens"])
+        out = run()
         seconds.append(time.perf_counter() - start)
     handle.remove()
     engine.assert_quiescent()
@@ -129,11 +143,12 @@ def summarize(system: str, world: int, per_call: list[float], settings: dict[str
             "seconds": per_call, "tokens_per_s_per_rank": per_rank, "tokens_per_s_all_ranks": per_rank * world}
 
 
-def zero3_row(pool: WorldPool, settings: dict[str, Any], prefetch: bool, plain_tokens: torch.Tensor) -> dict[str, Any]:
+def zero3_row(pool: WorldPool, settings: dict[str, Any], prefetch: bool, plain_tokens: torch.Tensor,
+              hybrid: bool = False) -> dict[str, Any]:
     """Run the ZeRO-3 ranks and summarise them (rank 0's ledger; time per call = slowest rank)."""
-    ranks = pool.run(zero3_rank, settings, prefetch, timeout=settings["timeout"])
+    ranks = pool.run(zero3_rank, settings, prefetch, hybrid, timeout=settings["timeout"])
     per_call = [max(r["seconds"][i] for r in ranks) for i in range(settings["repeats"])]
-    name = "zero3 (prefetch on)" if prefetch else "zero3 (prefetch off)"
+    name = "hybrid engine" if hybrid else ("zero3 (prefetch on)" if prefetch else "zero3 (prefetch off)")
     row = summarize(name, pool.world_size, per_call, settings)
     row.update(forwards=ranks[0]["forwards"], all_gather_calls=ranks[0]["gather_calls"],
                all_gather_mb=ranks[0]["gather_bytes"] / MB,
@@ -217,6 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = [summarize("plain generate (unsharded)", 1, plain["seconds"], settings)]
     rows[0]["time_vs_plain"] = 1.0
     with WorldPool(args.world) as pool:
+        rows.append(zero3_row(pool, settings, True, plain["tokens"], hybrid=True))
         for prefetch in (True, False):
             rows.append(zero3_row(pool, settings, prefetch, plain["tokens"]))
     for row in rows[1:]:
