@@ -8,6 +8,33 @@ import torch
 from hybridzero.testing.parity import RunSpec, batches_for, build_model, ds_config
 
 
+def scalar_llama(seed: int = 0) -> torch.nn.Module:
+    """The tiny Llama with one extra parameter of a single element (smaller than any world size > 1): a learnable
+    logit scale, so generation also covers a parameter whose shard is mostly padding."""
+    from transformers import LlamaForCausalLM
+
+    from hybridzero.testing.models import tiny_llama
+
+    class ScalarLlama(LlamaForCausalLM):
+        def __init__(self, config: Any) -> None:
+            super().__init__(config)
+            self.logit_scale = torch.nn.Parameter(torch.tensor(1.25))
+
+        def forward(self, *args: Any, **kwargs: Any) -> Any:
+            out = super().forward(*args, **kwargs)
+            out.logits = out.logits * self.logit_scale
+            return out
+
+    base = tiny_llama(seed=seed)
+    model = ScalarLlama(base.config)
+    model.load_state_dict(base.state_dict(), strict=False)
+    return model.eval()
+
+
+def _model(name: str) -> torch.nn.Module:
+    return scalar_llama() if name == "llama_scalar" else build_model(RunSpec(model=name))
+
+
 class _Boom:
     """A logits processor that raises at a given decode step."""
 
@@ -35,9 +62,9 @@ def hybrid_checks(model_name: str) -> dict[str, Any]:
 
     hybridzero.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    spec = RunSpec(model=model_name, prefetch_bucket_size=10**9)
-    ref = build_model(spec).eval()
-    engine, *_ = hybridzero.initialize(model=build_model(spec), config=ds_config(spec, world))
+    spec = RunSpec(prefetch_bucket_size=10**9)
+    ref = _model(model_name).eval()
+    engine, *_ = hybridzero.initialize(model=_model(model_name), config=ds_config(spec, world))
     vocab = int(ref.config.vocab_size)
     ids = _prompts(rank, vocab)
     gen_kw: dict[str, Any] = {"max_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
@@ -62,12 +89,17 @@ def hybrid_checks(model_name: str) -> dict[str, Any]:
             raised = ""
         except RuntimeError as exc:
             raised = str(exc)
+        try:
+            engine.generate(ids, max_new_tokens=engine.config.hybrid_engine.max_out_tokens)
+            too_long = ""
+        except ValueError as exc:
+            too_long = str(exc)
     engine.assert_quiescent()
     return {"mode": mode, "tokens_equal": torch.equal(got, want) and torch.equal(api, want),
             "early_stop": got.shape[1] < ids.shape[1] + 6, "decode_collectives": decode_calls,
             "logits_gen_vs_zero3": float((gen_logits - zero3_logits).abs().max()),
             "logits_gen_vs_ref": float((gen_logits - ref_logits).abs().max()),
-            "memory_restored": mem0 == mem1 == engine.memory_report(), "raised": raised}
+            "memory_restored": mem0 == mem1 == engine.memory_report(), "raised": raised, "too_long": too_long}
 
 
 def train_generate_cycles(spec: RunSpec, generate: bool, budget: int | None = None) -> dict[str, Any]:

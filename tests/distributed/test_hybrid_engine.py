@@ -12,7 +12,7 @@ import torch
 from hybridzero.testing.hybrid import hybrid_checks, train_generate_cycles
 from hybridzero.testing.parity import RunSpec
 
-MODELS = ["opt", "opt_postln", "llama", "gpt2_tied"]
+MODELS = ["opt", "opt_postln", "llama", "gpt2_tied", "llama_scalar"]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
@@ -27,6 +27,7 @@ def test_generation_matches_unsharded(world, world_size: int, model: str) -> Non
         assert r["logits_gen_vs_zero3"] <= 1e-6 and r["logits_gen_vs_ref"] <= 1e-6, r
         assert r["memory_restored"]
         assert r["raised"] == "boom at decode step 3"
+        assert "hybrid_engine.max_out_tokens=512" in r["too_long"]
 
 
 @pytest.mark.parametrize("world_size", [2, 3])
