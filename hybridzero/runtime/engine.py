@@ -271,6 +271,21 @@ class Engine:
 
         return generation_mode(self, max_gathered_bytes)
 
+    def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict[str, Any] | None = None,
+                        save_latest: bool = True) -> Any:
+        """Write a sharded, atomic checkpoint (every rank calls it); see :mod:`hybridzero.checkpoint.engine_io`."""
+        from hybridzero.checkpoint.engine_io import save
+
+        with failure_guard(self.comm):
+            return save(self, save_dir, tag, client_state, save_latest)
+
+    def load_checkpoint(self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True,
+                        load_lr_scheduler_states: bool = True) -> tuple[Any, Any]:
+        """Restore from a checkpoint of any world size; returns ``(path, client_state)`` like DeepSpeed."""
+        from hybridzero.checkpoint.engine_io import load
+
+        return load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
+
     def memory_report(self) -> dict[str, int]:
         """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank."""
         from hybridzero.runtime.memory import memory_report

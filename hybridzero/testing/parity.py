@@ -171,12 +171,23 @@ def _rank_gradients(model: nn.Module, ids: torch.Tensor, gas: int) -> tuple[floa
     return loss.item(), grads
 
 
-def reference_run(spec: RunSpec, world_size: int) -> dict[str, Any]:
+def _restore(model: nn.Module, opt: torch.optim.Optimizer, start: dict[str, Any]) -> None:
+    """Continue from a consolidated checkpoint: parameters, per-element optimizer state and the step count."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(start["params"][name])
+            if name in start["state"]:
+                opt.state[p] = {k: v.clone() for k, v in start["state"][name].items()}
+                opt.state[p]["step"] = torch.tensor(float(start["step"]))
+
+
+def reference_run(spec: RunSpec, world_size: int, start: dict[str, Any] | None = None) -> dict[str, Any]:
     """The same training in this process, unsharded, fp32, plain torch optimizers.
 
     Gradients are combined exactly as the engine's order-deterministic reduction does: per micro-step the
     per-rank gradients of ``loss / accumulation`` are summed in rank order in fp32, divided by the world size, and
     accumulated over micro-steps; clipping uses the same fp64 norm. So fp32 runs agree bitwise where kernels allow.
+    ``start`` ({"params", "state", "step"}) continues a run from consolidated checkpoint state.
     """
     from hybridzero.optim.clip import clip_coefficient
     from hybridzero.optim.schedulers import build_scheduler
@@ -195,9 +206,15 @@ def reference_run(spec: RunSpec, world_size: int) -> dict[str, Any]:
         sched = None
         if spec.scheduler:
             sched = build_scheduler("WarmupDecayLR", ds_config(spec, world_size)["scheduler"]["params"], opt)
+        first = 0
+        if start is not None:
+            _restore(model, opt, start)
+            first = int(start["step"])
+            for _ in range(first if sched is not None else 0):
+                sched.step()
         named = {n: p for n, p in model.named_parameters() if p.requires_grad}
         losses = []
-        for s in range(spec.steps):
+        for s in range(first, spec.steps):
             acc = {n: torch.zeros_like(p) for n, p in named.items()}
             step_loss = []
             for m in range(spec.accumulation):

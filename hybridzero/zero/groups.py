@@ -28,7 +28,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hybridzero.checkpoint.hf_source import TensorSource, resolve_name
+from hybridzero.checkpoint.hf_source import TensorSource
+from hybridzero.checkpoint.ranges import read_range
 from hybridzero.comm.collectives import Comm, PendingCollective
 from hybridzero.zero.layout import FlatLayout, ParamSpec, build_layout, intersect
 
@@ -114,14 +115,7 @@ class ShardedGroup:
         """
         lo, hi = (0, self.layout.padded_numel) if whole else self.layout.shard_range(self.comm.rank)
         if source is not None:
-            out = torch.zeros(hi - lo, dtype=torch.float32, device=self.device)
-            for slot in self.slots:
-                hit = intersect((lo, hi), (slot.spec.offset, slot.spec.end))
-                if hit is not None:
-                    key = resolve_name(source, aliases.get(slot.spec.name, (slot.spec.name,)))
-                    piece = source.read_flat(key, hit[0] - slot.spec.offset, hit[1] - slot.spec.offset)
-                    out[hit[0] - lo:hit[1] - lo].copy_(piece)
-            return out
+            return read_range(self.layout.specs, lo, hi, source, aliases).to(self.device)
         flat = torch.zeros(self.layout.padded_numel, dtype=torch.float32, device=self.device)
         with torch.no_grad():
             for slot in self.slots:
