@@ -119,11 +119,13 @@ class Comm:
         return Comm(self.ledger, mine, name)
 
     # --- tensor collectives -------------------------------------------------------------------------------------
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, *, phase: str, async_op: bool = False) -> PendingCollective:
-        """Gather equal shards ``inp`` of every rank into ``out`` (rank-major, ``out.numel() == W * inp.numel()``)."""
+    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, *, phase: str, async_op: bool = False,
+                   label: str = "all_gather") -> PendingCollective:
+        """Gather equal shards ``inp`` of every rank into ``out`` (rank-major, ``out.numel() == W * inp.numel()``).
+        ``label`` names the use in the ledger when it is not a parameter gather (e.g. "grad_all_gather")."""
         w = self.world_size
         nbytes = out.numel() * out.element_size()
-        self.ledger.record("all_gather", self.name, phase, nbytes, nbytes * (w - 1) // w)
+        self.ledger.record(label, self.name, phase, nbytes, nbytes * (w - 1) // w)
         if w == 1:
             out.copy_(inp.view_as(out))
             return PendingCollective(self, None)

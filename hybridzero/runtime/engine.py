@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybridzero.comm import topology
 from hybridzero.comm.collectives import Comm, abort_process_group
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config
@@ -80,6 +81,7 @@ class Engine:
             rank=comm.rank, log=_LOG.warning if comm.rank == 0 else None)
         self.skipped_steps = 0
         self.overflow = False
+        self.hpz = self._hpz_comm()
         index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
         self.groups = self._build_groups(blocks, index_of, source)
         self._cast_buffers()
@@ -123,8 +125,17 @@ class Engine:
             group_mode = ShardMode.PERSISTENT if plan.replicated else mode
             groups.append(ShardedGroup(i, plan.name, plan.owner, named, self.comm, self.compute_dtype,
                                        self.reduce_dtype, self.device, mode=group_mode, source=source,
-                                       aliases={n: aliases[n] for n, _ in named}))
+                                       aliases={n: aliases[n] for n, _ in named}, hpz=self.hpz))
         return groups
+
+    def _hpz_comm(self) -> Comm | None:
+        """The node-local hpZ group (``zero_hpz_partition_size`` > 1 at stage 3), checked against the node size."""
+        h = self.config.zero.hpz_partition_size
+        if h <= 1 or self.config.zero.stage != 3:
+            return None
+        world = self.comm.world_size
+        groups = topology.hpz_groups(world, h, topology.local_world_size(world_size=world))
+        return self.comm.split(groups, name="hpz")
 
     def _cast_buffers(self) -> None:
         if self.compute_dtype == torch.float32:

@@ -176,6 +176,8 @@ class ZeroCoordinator:
             return
         if self._root is not None and output is not None:
             self._attach_pre_backward(self._root, output)
+            if torch.is_grad_enabled():
+                self._root.build_secondary()
         self.end_phase()
 
     def _block_pre_hook(self, group: ShardedGroup) -> Callable[[nn.Module, Any], None]:
@@ -193,6 +195,8 @@ class ZeroCoordinator:
             if self.bypass or self.phase is Phase.BACKWARD:
                 return
             self._attach_pre_backward(group, output)
+            if torch.is_grad_enabled():
+                group.build_secondary()  # hpZ: backward will gather this node-locally
             if not self.prefetcher.reused_soon(group.index, lambda gid: self.groups[gid].numel):
                 self.release(group)
         return hook
@@ -256,6 +260,8 @@ class ZeroCoordinator:
             if group.grad_full is not None:
                 self.reducer.submit(group, group.take_grad_full())
         self.reducer.drain()
+        for group in self.groups:
+            group.drop_secondary()  # consumed: the next forward builds fresh ones
         self.end_phase()
 
     # --- checks -------------------------------------------------------------------------------------------------

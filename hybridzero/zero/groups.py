@@ -66,7 +66,7 @@ class ShardedGroup:
     def __init__(self, index: int, name: str, owner: str | None, params: Sequence[tuple[str, nn.Parameter]],
                  comm: Comm, compute_dtype: torch.dtype, reduce_dtype: torch.dtype, device: torch.device,
                  mode: ShardMode = ShardMode.ZERO3, source: TensorSource | None = None,
-                 aliases: Mapping[str, Sequence[str]] | None = None) -> None:
+                 aliases: Mapping[str, Sequence[str]] | None = None, hpz: Comm | None = None) -> None:
         self.index = index
         self.name = name
         self.owner = owner if mode is ShardMode.ZERO3 else None
@@ -90,6 +90,11 @@ class ShardedGroup:
         self.grad_full: torch.Tensor | None = None
         self._grads_seen = 0
         self.pins = 0  # open GatheredParameters blocks holding this group gathered
+        # hpZ: a node-local secondary shard, a cache of the gathered buffer, valid only for `version`
+        self.hpz = hpz if mode is ShardMode.ZERO3 and hpz is not None and hpz.world_size > 1 else None
+        self.version = 0  # bumped by every write to the master (write_shard)
+        self.secondary: torch.Tensor | None = None
+        self.secondary_version = -1
         self._placeholder = torch.empty(0, dtype=compute_dtype, device=device)
         whole_master = self.master_is_whole
         self.master = self._init_master(source, aliases or {}, whole_master)
@@ -139,8 +144,13 @@ class ShardedGroup:
         if self.state is not GroupState.SHARDED:
             return
         self.full = torch.empty(self.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
-        self._send = self.compute_shard()
-        self.handle = self.comm.all_gather(self.full, self._send, phase=phase, async_op=True)
+        if self.secondary_valid():
+            assert self.hpz is not None
+            self._send = self.secondary  # node-local gather: never leaves the node
+            self.handle = self.hpz.all_gather(self.full, self._send, phase=phase, async_op=True)
+        else:
+            self._send = self.compute_shard()
+            self.handle = self.comm.all_gather(self.full, self._send, phase=phase, async_op=True)
         self.state = GroupState.GATHERING
 
     def wait(self, phase: str) -> None:
@@ -198,6 +208,25 @@ class ShardedGroup:
         return grad
 
     # --- the one write path (invariant 5) -----------------------------------------------------------------------
+    # --- hpZ secondary shard (invariant 5: a cache of the primary, never stale) -------------------------------------
+    def secondary_valid(self) -> bool:
+        """A secondary exists and was built from the current master version."""
+        return self.secondary is not None and self.secondary_version == self.version
+
+    def build_secondary(self) -> None:
+        """Keep this rank's 1/h of the exact buffer the forward used (h = hpZ group size)."""
+        if self.hpz is None or self.state is not GroupState.GATHERED or self.secondary_valid():
+            return
+        assert self.full is not None
+        part = self.layout.padded_numel // self.hpz.world_size
+        self.secondary = self.full[self.hpz.rank * part:(self.hpz.rank + 1) * part].clone()
+        self.secondary_version = self.version
+
+    def drop_secondary(self) -> None:
+        """Forget the secondary shard (end of backward, or the master changed)."""
+        self.secondary = None
+        self.secondary_version = -1
+
     def absorb_full(self, slots: Sequence[Slot]) -> None:
         """Take the values of ``slots`` from the gathered buffer into the master (``GatheredParameters`` with a
         modifier), then propagate through :meth:`write_shard`. Only the named slots are read, so the master of
@@ -213,7 +242,9 @@ class ShardedGroup:
     def write_shard(self) -> None:
         """Propagate the master into everything derived from it: for groups whose parameters stay whole, the
         bound full buffer (all-gathered from the updated shards, or copied from a whole master). ZeRO-3 compute
-        shards are cast from the master at each gather, so there is nothing else to refresh."""
+        shards are cast from the master at each gather; an hpZ secondary is invalidated (version bump) and dropped."""
+        self.version += 1
+        self.drop_secondary()
         if self.mode is ShardMode.PARAMS_WHOLE:
             assert self.full is not None
             self.comm.all_gather(self.full, self.compute_shard(), phase="step")

@@ -113,7 +113,7 @@ class GradReducer:
             self._complete(self._inflight.pop(0))
         for group, grad in self._replicated:
             recv = torch.empty(self.world * grad.numel(), dtype=grad.dtype, device=grad.device)
-            self.comm.all_gather(recv, grad, phase="backward")
+            self.comm.all_gather(recv, grad, phase="backward", label="grad_all_gather")
             group.grad_shard.add_(ordered_sum(recv.view(self.world, -1)).div_(self.world))
         self._replicated.clear()
 
