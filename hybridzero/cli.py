@@ -3,6 +3,10 @@
 Subcommands are registered by small ``_add_*`` functions listed in :func:`build_parser`, each setting a handler
 ``func(args) -> int``; later ones (sft, reward, ppo, export, plot) plug in the same way.
 
+``export CKPT_DIR OUT_DIR`` writes a Hugging Face directory (``config.json`` + safetensors) from an engine
+checkpoint, streaming one shard file at a time (:func:`hybridzero.checkpoint.export.export_hf`); errors (unknown tag,
+non-empty destination, no HF config) print one line to stderr and exit 1.
+
 ``train-demo`` trains the benchmark Llama (:mod:`hybridzero.bench_model`) with ZeRO-3. Started outside torchrun
 (no ``RANK`` in the environment) it relaunches itself as
 ``python -m torch.distributed.run --standalone --nproc_per_node N -m hybridzero train-demo …`` with
@@ -19,7 +23,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["build_parser", "format_step_line", "format_summary", "main"]
+__all__ = ["build_parser", "format_step_line", "format_summary", "main", "parse_size"]
 
 _MB = 1e6
 
@@ -39,11 +43,26 @@ def _add_train_demo(subparsers: Any) -> None:
     p.set_defaults(func=_train_demo)
 
 
+def _add_export(subparsers: Any) -> None:
+    """Register ``export``."""
+    p = subparsers.add_parser(
+        "export", help="write a Hugging Face directory (config.json + safetensors) from an engine checkpoint",
+        description="Export checkpoint TAG (default: the one 'latest' names) of CKPT_DIR to OUT_DIR, which "
+                    "AutoModelForCausalLM.from_pretrained loads. Streams one shard file at a time.")
+    p.add_argument("ckpt_dir", metavar="CKPT_DIR", help="checkpoint directory (holds 'latest' and tag folders)")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="destination; must not exist or be empty")
+    p.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
+    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="weight dtype (default fp32)")
+    p.add_argument("--max-shard-size", type=parse_size, default="5GiB",
+                   help="largest safetensors file, e.g. 20KB, 500MB, 5GB (powers of 10) or 5GiB (of 2); default 5GiB")
+    p.set_defaults(func=_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per subcommand."""
     parser = argparse.ArgumentParser(prog="hybridzero", description="hybridzero: ZeRO-3 sharded training tools.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_train_demo,):
+    for add in (_add_train_demo, _add_export):
         add(subparsers)
     return parser
 
@@ -56,6 +75,37 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     return int(args.func(args))
+
+
+# --- export -----------------------------------------------------------------------------------------------------
+def parse_size(text: str) -> int:
+    """Bytes of a size such as ``20KB``, ``5GB`` (10³ steps, like transformers), ``5GiB`` (2¹⁰ steps) or ``1024``."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    body = text.strip().upper()
+    number = body.rstrip("KMGTIB")
+    unit = body[len(number):]
+    try:
+        value = float(number) * units[unit]
+    except (ValueError, KeyError):
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: use e.g. 20KB, 500MB, 5GB or 5GiB") from None
+    if not 1 <= value < float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"size {text!r} must be a finite number of at least 1 byte")
+    return int(value)
+
+
+def _export(args: argparse.Namespace) -> int:
+    """Run :func:`hybridzero.checkpoint.export.export_hf`; one error line and status 1 on bad input."""
+    from hybridzero.checkpoint.export import export_hf
+
+    try:
+        out = export_hf(args.ckpt_dir, args.out_dir, args.tag, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
+    except (FileNotFoundError, FileExistsError, ValueError) as exc:
+        print(f"export: error: {exc}", file=sys.stderr)
+        return 1
+    files = sorted(p.name for p in out.iterdir())
+    print(f"export: wrote {len(files)} files to {out}: {', '.join(files)}")
+    return 0
 
 
 # --- train-demo -------------------------------------------------------------------------------------------------

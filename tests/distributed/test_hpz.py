@@ -50,3 +50,33 @@ def test_hpz_size_must_fit_world_and_node(world) -> None:
     with pytest.raises(RemoteError) as info:
         world(2).run(hpz_run, spec.replace(extra_zero={"zero_hpz_partition_size": 3}), "none")
     assert "zero_hpz_partition_size" in str(info.value) and "3" in str(info.value)
+
+
+@pytest.mark.slow
+def test_two_torchrun_nodes_on_loopback(tmp_path: Path) -> None:
+    """Two real ``torchrun --nnodes 2`` agents (2 ranks each): hpZ 2 is bitwise equal to hpZ off, and its backward
+    gathers never use the world (cross-node) group."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "result.pt"
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(i),
+                                "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
+                                "-m", "hybridzero.testing.two_node_main", str(out)],
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+              for i in range(2)]
+    logs = [a.communicate(timeout=400)[0] for a in agents]
+    assert all(a.returncode == 0 for a in agents), "\n".join(log[-3000:] for log in logs)
+    res = torch.load(out, weights_only=False)
+    assert res["env"]["LOCAL_WORLD_SIZE"] == "2" and res["env"]["WORLD_SIZE"] == "4"
+    off, on = res[1], res[2]
+    assert off["losses"] == on["losses"] and all(on["checks"])
+    for key in ("grads", "params"):
+        for name, value in off[key].items():
+            assert torch.equal(on[key][name], value), (key, name)
+    assert on["bwd_world_gather"] == 0 < on["bwd_hpz_gather"]
