@@ -106,28 +106,47 @@ def _dtype(dtype: str) -> torch.dtype:
     return EXPORT_DTYPES[dtype]
 
 
-def _tie_targets(meta: dict[str, Any]) -> list[str]:
-    """Name patterns the model class re-ties on load (empty when the config unties or the class is unknown)."""
-    config = meta.get("hf_config") or {}
-    if config.get("tie_word_embeddings") is False:
-        return []
+def _skeleton(meta: dict[str, Any]) -> torch.nn.Module | None:
+    """The saved model class built on the meta device from the saved config (no memory), or None if impossible."""
     import transformers
 
+    config = meta.get("hf_config") or {}
     cls = getattr(transformers, str(meta.get("model_class")), None)
-    keys = getattr(cls, "_tied_weights_keys", None)  # transformers 5: {target: source}; older: [target, ...]
+    mapping = transformers.CONFIG_MAPPING
+    if not isinstance(cls, type) or config.get("model_type") not in mapping:
+        return None
+    try:
+        with torch.device("meta"):
+            return cls(mapping[config["model_type"]].from_dict(config))
+    except (TypeError, ValueError, KeyError, AttributeError, RuntimeError):  # a custom class: fall back below
+        return None
+
+
+def _tie_targets(meta: dict[str, Any], skeleton: torch.nn.Module | None) -> list[str]:
+    """Name patterns the model re-ties on load (empty when the config unties them or the model is unknown)."""
+    if (meta.get("hf_config") or {}).get("tie_word_embeddings") is False:
+        return []
+    keys = getattr(skeleton, "_tied_weights_keys", None)  # transformers 5: {target: source}; older: [target, ...]
     return [str(k) for k in keys] if isinstance(keys, (dict, list, tuple)) else []
 
 
 def _entries(meta: dict[str, Any]) -> list[ShardEntry]:
-    """The tensors to write in parameter order: per parameter its non-target aliases (at least one name)."""
-    targets = _tie_targets(meta)
+    """The tensors to write: per parameter its aliases that are not tie targets (at least one name), in the
+    model's own parameter order (what ``save_pretrained`` shards by), else in checkpoint order.
+
+    Without a buildable model class every alias is written: loading then needs no re-tying to be complete.
+    """
+    skeleton = _skeleton(meta)
+    targets = _tie_targets(meta, skeleton)
     out: list[ShardEntry] = []
     for canonical, info in meta["params"].items():
         aliases = list(info["aliases"]) or [canonical]
         kept = [a for a in aliases if not any(re.search(p, a) for p in targets)] if len(aliases) > 1 else aliases
         for name in kept or [aliases[0]]:
             out.append(ShardEntry(name, canonical, int(info["numel"]), tuple(int(d) for d in info["shape"])))
-    return out
+    order = {} if skeleton is None else {
+        name: i for i, (name, _) in enumerate(skeleton.named_parameters(remove_duplicate=False))}
+    return sorted(out, key=lambda e: order.get(e.name, len(order)))  # stable: unknown names keep their order
 
 
 def plan_shards(entries: list[ShardEntry], itemsize: int, max_shard_bytes: int) -> ShardPlan:

@@ -125,6 +125,9 @@ class ZeroConfig:
     quantized_weights: bool = spec_field(Spec("zero_quantized_weights", "bool"), False)
     quantized_gradients: bool = spec_field(Spec("zero_quantized_gradients", "bool"), False)
     quantized_nontrainable_weights: bool = spec_field(Spec("zero_quantized_nontrainable_weights", "bool"), False)
+    # hybridzero extensions (not DeepSpeed keys): the qwZ/qgZ block size and the qgZ bit width (8, or 4)
+    quantization_block_size: int = spec_field(Spec("zero_quantization_block_size", "int", minimum=2), 2048)
+    quantized_gradients_bits: int = spec_field(Spec("zero_quantized_gradients_bits", "int", minimum=4, maximum=8), 8)
     offload_optimizer: OffloadConfig = OffloadConfig()
     offload_param: OffloadConfig = OffloadConfig()
     gather_16bit_weights_on_model_save: bool = spec_field(

@@ -34,6 +34,7 @@ from hybridzero.zero import materialize
 from hybridzero.zero.groups import ShardedGroup, ShardMode
 from hybridzero.zero.partition import plan_groups
 from hybridzero.zero.prefetch import Prefetcher
+from hybridzero.zero.qgz import HierarchicalQuantizedReduce
 from hybridzero.zero.reduce import GradReducer
 
 _LOG = logging.getLogger("hybridzero")
@@ -87,7 +88,7 @@ class Engine:
         self._cast_buffers()
         z = config.zero
         self.prefetcher = Prefetcher(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
-        self.reducer = GradReducer(comm, z.reduce_bucket_size, overlap=z.overlap_comm)
+        self.reducer = GradReducer(comm, z.reduce_bucket_size, overlap=z.overlap_comm, quantized=self._qgz())
         self.coordinator = ZeroCoordinator(self.module, self.groups, self.reducer, self.prefetcher, self.events)
         if comm.world_size > 1:
             # Hugging Face's protocol for sharded engines: generate() then keeps every rank stepping (synced_gpus)
@@ -125,8 +126,18 @@ class Engine:
             group_mode = ShardMode.PERSISTENT if plan.replicated else mode
             groups.append(ShardedGroup(i, plan.name, plan.owner, named, self.comm, self.compute_dtype,
                                        self.reduce_dtype, self.device, mode=group_mode, source=source,
-                                       aliases={n: aliases[n] for n, _ in named}, hpz=self.hpz))
+                                       aliases={n: aliases[n] for n, _ in named}, hpz=self.hpz,
+                                       quantize_block=self._qwz_block(plan.name, named)))
         return groups
+
+    def _qwz_block(self, name: str, named: list[tuple[str, nn.Parameter]]) -> int | None:
+        """qwZ block size for a group: all groups with ``zero_quantized_weights``, frozen-only groups with
+        ``zero_quantized_nontrainable_weights``."""
+        z = self.config.zero
+        frozen_only = not any(p.requires_grad for _, p in named)
+        if z.quantized_weights or (z.quantized_nontrainable_weights and frozen_only):
+            return z.quantization_block_size
+        return None
 
     def _hpz_comm(self) -> Comm | None:
         """The node-local hpZ group (``zero_hpz_partition_size`` > 1 at stage 3), checked against the node size."""
@@ -136,6 +147,20 @@ class Engine:
         world = self.comm.world_size
         groups = topology.hpz_groups(world, h, topology.local_world_size(world_size=world))
         return self.comm.split(groups, name="hpz")
+
+    def _qgz(self) -> HierarchicalQuantizedReduce | None:
+        """qgZ over the node layout (``LOCAL_WORLD_SIZE``): node groups and cross-node groups of equal local rank."""
+        z = self.config.zero
+        if not z.quantized_gradients:
+            return None
+        if z.stage != 3:
+            raise ValueError(f"zero_optimization.zero_quantized_gradients needs stage 3, got stage {z.stage}")
+        world = self.comm.world_size
+        local = topology.local_world_size(world_size=world)
+        nodes = topology.node_groups(world, local)
+        cross = [[node[j] for node in nodes] for j in range(local)]
+        return HierarchicalQuantizedReduce(self.comm.split(nodes, name="node"), self.comm.split(cross, name="cross"),
+                                           z.quantized_gradients_bits, z.quantization_block_size)
 
     def _cast_buffers(self) -> None:
         if self.compute_dtype == torch.float32:

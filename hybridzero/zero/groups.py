@@ -22,7 +22,7 @@ Invariants (each tested):
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +31,7 @@ from torch import nn
 from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.checkpoint.ranges import read_range
 from hybridzero.comm.collectives import Comm, PendingCollective
+from hybridzero.comm.quantize import dequantize_blockwise, from_wire, quantize_blockwise, to_wire
 from hybridzero.zero.layout import FlatLayout, ParamSpec, build_layout, intersect
 
 
@@ -66,7 +67,8 @@ class ShardedGroup:
     def __init__(self, index: int, name: str, owner: str | None, params: Sequence[tuple[str, nn.Parameter]],
                  comm: Comm, compute_dtype: torch.dtype, reduce_dtype: torch.dtype, device: torch.device,
                  mode: ShardMode = ShardMode.ZERO3, source: TensorSource | None = None,
-                 aliases: Mapping[str, Sequence[str]] | None = None, hpz: Comm | None = None) -> None:
+                 aliases: Mapping[str, Sequence[str]] | None = None, hpz: Comm | None = None,
+                 quantize_block: int | None = None) -> None:
         self.index = index
         self.name = name
         self.owner = owner if mode is ShardMode.ZERO3 else None
@@ -95,6 +97,9 @@ class ShardedGroup:
         self.version = 0  # bumped by every write to the master (write_shard)
         self.secondary: torch.Tensor | None = None
         self.secondary_version = -1
+        # qwZ: primary gathers move block-int8 weights (dequantized into the compute buffer on arrival)
+        self.quantize_block = quantize_block if mode is ShardMode.ZERO3 else None
+        self._decode: Callable[[], None] | None = None
         self._placeholder = torch.empty(0, dtype=compute_dtype, device=device)
         whole_master = self.master_is_whole
         self.master = self._init_master(source, aliases or {}, whole_master)
@@ -148,10 +153,29 @@ class ShardedGroup:
             assert self.hpz is not None
             self._send = self.secondary  # node-local gather: never leaves the node
             self.handle = self.hpz.all_gather(self.full, self._send, phase=phase, async_op=True)
+        elif self.quantize_block is not None:
+            self._start_quantized_gather(phase)
         else:
             self._send = self.compute_shard()
             self.handle = self.comm.all_gather(self.full, self._send, phase=phase, async_op=True)
         self.state = GroupState.GATHERING
+
+    def _start_quantized_gather(self, phase: str) -> None:
+        """qwZ: every rank sends its shard as block-int8 (+ fp32 scales); ``wait`` dequantizes each rank's part.
+        Deterministic: the forward and any re-gather of the same master see identical values."""
+        assert self.full is not None and self.quantize_block is not None
+        shard_numel, block, full = self.layout.shard_numel, self.quantize_block, self.full
+        wire = to_wire(quantize_blockwise(self.compute_shard(), bits=8, block=block))
+        recv = torch.empty(self.comm.world_size * wire.numel(), dtype=torch.uint8, device=self.device)
+        self._send = wire
+        self.handle = self.comm.all_gather(recv, wire, phase=phase, async_op=True)
+
+        def decode() -> None:
+            n = wire.numel()
+            for r in range(self.comm.world_size):
+                q = from_wire(recv[r * n:(r + 1) * n], shard_numel, 8, block)
+                dequantize_blockwise(q, out=full[r * shard_numel:(r + 1) * shard_numel])
+        self._decode = decode
 
     def wait(self, phase: str) -> None:
         """Make the full parameters available (any state → GATHERED)."""
@@ -162,6 +186,9 @@ class ShardedGroup:
             self.handle.wait()
             self.handle = None
             self._send = None
+            if self._decode is not None:
+                self._decode()
+                self._decode = None
             self._bind(self.full)
             self.state = GroupState.GATHERED
 
@@ -173,6 +200,7 @@ class ShardedGroup:
             self.handle.wait()
             self.handle = None
             self._send = None
+            self._decode = None
         self._unbind()
         self.full = None
         self.state = GroupState.SHARDED

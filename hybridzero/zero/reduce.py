@@ -27,6 +27,7 @@ import torch
 
 from hybridzero.comm.collectives import Comm, PendingCollective
 from hybridzero.zero.groups import ShardedGroup
+from hybridzero.zero.qgz import HierarchicalQuantizedReduce
 
 
 @dataclass
@@ -47,7 +48,8 @@ def ordered_sum(rows: torch.Tensor) -> torch.Tensor:
 class GradReducer:
     """Buckets group gradients and reduce-scatters them; owns every reduction it has in flight."""
 
-    def __init__(self, comm: Comm, bucket_elems: int, overlap: bool) -> None:
+    def __init__(self, comm: Comm, bucket_elems: int, overlap: bool,
+                 quantized: HierarchicalQuantizedReduce | None = None) -> None:
         self.comm = comm
         self.world = comm.world_size
         self.cap_cols = max(1, bucket_elems // self.world)
@@ -56,6 +58,7 @@ class GradReducer:
         self._pending_cols = 0
         self._inflight: list[tuple[PendingCollective, Callable[[], None]]] = []
         self._replicated: list[tuple[ShardedGroup, torch.Tensor]] = []
+        self.quantized = quantized  # qgZ: hierarchical quantized exchange instead of the flat one
 
     def submit(self, group: ShardedGroup, grad_full: torch.Tensor) -> None:
         """Queue one group's flat gradient (flushing full buckets)."""
@@ -81,17 +84,16 @@ class GradReducer:
             inp = pieces[0].cols.reshape(-1)
         else:
             inp = torch.cat([p.cols for p in pieces], dim=1).reshape(-1)
+        if self.quantized is not None:
+            summed = self.quantized.reduce(inp, inp.numel() // self.world)
+            self._distribute(pieces, summed.div_(self.world))
+            return
         recv = torch.empty_like(inp)
         handle = self.comm.exchange_for_reduce(recv, inp, phase="backward", async_op=self.overlap)
 
         def finish() -> None:
             assert inp.numel() == recv.numel()  # holds ``inp`` alive until the collective completed
-            reduced = ordered_sum(recv.view(self.world, -1)).div_(self.world)
-            start = 0
-            for p in pieces:
-                take = p.cols.shape[1]
-                p.group.grad_shard[p.col_offset:p.col_offset + take].add_(reduced[start:start + take])
-                start += take
+            self._distribute(pieces, ordered_sum(recv.view(self.world, -1)).div_(self.world))
 
         if self.overlap:
             self._inflight.append((handle, finish))
@@ -99,6 +101,15 @@ class GradReducer:
                 self._complete(self._inflight.pop(0))
         else:
             finish()
+
+    @staticmethod
+    def _distribute(pieces: list[_Piece], reduced: torch.Tensor) -> None:
+        """Add each piece's reduced columns into its group's fp32 gradient shard."""
+        start = 0
+        for p in pieces:
+            take = p.cols.shape[1]
+            p.group.grad_shard[p.col_offset:p.col_offset + take].add_(reduced[start:start + take])
+            start += take
 
     @staticmethod
     def _complete(item: tuple[PendingCollective, Callable[[], None]]) -> None:
