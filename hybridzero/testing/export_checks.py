@@ -85,7 +85,7 @@ def live_storages() -> dict[int, int]:
     seen: dict[int, int] = {}
     for obj in gc.get_objects():
         try:
-            if isinstance(obj, torch.Tensor) and not obj.is_meta and obj.numel() > 0:
+            if type(obj) in (torch.Tensor, nn.Parameter) and not obj.is_meta and obj.numel() > 0:
                 storage = obj.untyped_storage()
                 seen[storage.data_ptr()] = storage.nbytes()
         except (RuntimeError, ReferenceError):

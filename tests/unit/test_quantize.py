@@ -134,7 +134,8 @@ def test_deterministic(bits: int) -> None:
 
 def test_float32_extremes_stay_finite_and_bounded() -> None:
     tiny = torch.finfo(torch.float32).tiny
-    x = torch.tensor([F32_MAX, -F32_MAX, 1e-45, -3e-45, tiny, tiny / 3, 1e-40, 0.0])
+    ulp = 2.0**-149  # smallest subnormal: scales of a few ulps need rounding up to cover the block maximum
+    x = torch.tensor([F32_MAX, -F32_MAX, 1e-45, -3e-45, tiny, tiny / 3, 1e-40, 0.0, 190 * ulp, 0.0, 3 * ulp, 0.0])
     for bits, block in [(8, 1), (8, 2), (8, 8), (4, 2), (4, 8)]:
         q = quantize_blockwise(x, bits=bits, block=block)
         assert bool(torch.isfinite(dequantize_blockwise(q)).all())
