@@ -1,6 +1,7 @@
 """Per-rank ZeRO++ training runs (qwZ / qgZ / hpZ) with ledger totals per collective and group."""
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch
@@ -26,12 +27,14 @@ def zeropp_run(extra_zero: dict[str, Any], steps: int, bench_model: bool = False
     vocab = int(model.config.vocab_size)
     pool = batches_for(spec.replace(steps=4), world, vocab)  # a small fixed pool: the loss falls visibly
     mark = engine.comm_ledger().copy()
-    losses = []
+    losses, seconds = [], []
     for s in range(steps):
         ids = pool[s % 4, 0, rank]
+        start = time.perf_counter()
         loss = engine(input_ids=ids, labels=ids).loss
         engine.backward(loss)
         engine.step()
+        seconds.append(time.perf_counter() - start)
         losses.append(loss.item())
     totals: dict[str, int] = {}
     for key, entry in engine.comm_ledger().since(mark).items():
@@ -39,4 +42,19 @@ def zeropp_run(extra_zero: dict[str, Any], steps: int, bench_model: bool = False
         totals[name] = totals.get(name, 0) + entry.bytes // steps
     mean = torch.tensor(losses)
     engine.comm.all_reduce(mean, phase="test")
-    return {"losses": (mean / world).tolist(), "bytes_per_step": totals}
+    return {"losses": (mean / world).tolist(), "bytes_per_step": totals, "seconds": seconds}
+
+
+def zeropp_run_with_local_size(local: str, extra_zero: dict[str, Any]) -> dict[str, Any]:
+    """``zeropp_run`` for one step with ``LOCAL_WORLD_SIZE`` overridden in this worker (restored afterwards)."""
+    import os
+
+    old = os.environ.get("LOCAL_WORLD_SIZE")
+    os.environ["LOCAL_WORLD_SIZE"] = local
+    try:
+        return zeropp_run(extra_zero, 1)
+    finally:
+        if old is None:
+            del os.environ["LOCAL_WORLD_SIZE"]
+        else:
+            os.environ["LOCAL_WORLD_SIZE"] = old

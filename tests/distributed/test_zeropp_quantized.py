@@ -49,3 +49,16 @@ def test_quantized_collectives_benchmark_model_50_steps(world) -> None:
     """The issue's criterion: the benchmark Llama, 50 steps at world 4 as 2 nodes x 2 (lr 1e-3): the mean loss of
     the last 10 steps within 2% of the baseline's (measured: qwZ -1.9%, qgZ +0.5%, all three -1.2%)."""
     _check(_runs(world, 50, True, ["baseline", "qwz", "qgz", "all_three"]), tolerance=0.02, window=10)
+
+
+def test_qgz_needs_a_usable_node_layout(world) -> None:
+    from hybridzero.testing.spawn import RemoteError
+
+    from hybridzero.testing.zeropp import zeropp_run_with_local_size
+
+    with pytest.raises(RemoteError) as info:
+        world(4).run(zeropp_run_with_local_size, "3", {"zero_quantized_gradients": True})
+    assert "LOCAL_WORLD_SIZE=3" in str(info.value) and "world size 4" in str(info.value)
+    with pytest.raises(RemoteError) as info:
+        world(2).run(zeropp_run, {"zero_quantized_gradients": True, "zero_quantized_gradients_bits": 5}, 1)
+    assert "zero_quantized_gradients_bits=5" in str(info.value)
