@@ -105,6 +105,7 @@ class Comm:
         self.rank, self.world_size = _world_info(group)
         self._local = not (dist.is_available() and dist.is_initialized())
         self._poll = not self._local and dist.get_backend(group) == "gloo"
+        self.failure_key = _FAILURE_KEY  # scoped per engine by ``scope_failures`` so old failures never leak
 
     # --- sub-groups --------------------------------------------------------------------------------------------
     def split(self, rank_lists: list[list[int]], name: str) -> "Comm":
@@ -202,13 +203,17 @@ class Comm:
             self._finish(dist.barrier(group=self.group, async_op=True), False)
 
     # --- failure propagation ------------------------------------------------------------------------------------
+    def scope_failures(self, scope: str) -> None:
+        """Use a failure key of this engine's own (every rank passes the same ``scope``)."""
+        self.failure_key = f"{_FAILURE_KEY}/{scope}"
+
     def post_failure(self, message: str) -> None:
         """Tell every peer that this rank failed with ``message`` (best effort; never raises)."""
         if self._local:
             return
         try:
             store = dist.distributed_c10d._get_default_store()
-            store.set(_FAILURE_KEY, f"rank {dist.get_rank()}: {message}")
+            store.set(self.failure_key, f"rank {dist.get_rank()}: {message}")
         except Exception:  # noqa: BLE001 - reporting a failure must never mask it
             pass
 
@@ -218,8 +223,8 @@ class Comm:
             return None
         try:
             store = dist.distributed_c10d._get_default_store()
-            if store.check([_FAILURE_KEY]):
-                return store.get(_FAILURE_KEY).decode()
+            if store.check([self.failure_key]):
+                return store.get(self.failure_key).decode()
         except Exception:  # noqa: BLE001 - the store may be gone with the failed rank
             return None
         return None

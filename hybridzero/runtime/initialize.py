@@ -7,6 +7,7 @@ tears the process group down (see :func:`hybridzero.runtime.engine.failure_guard
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -74,6 +75,7 @@ def initialize(model: nn.Module, config: Mapping[str, Any] | str | os.PathLike[s
         error = exc
     agree(comm, error, "initialize")
     assert cfg is not None
+    comm.scope_failures(comm.all_gather_object(uuid.uuid4().hex if comm.rank == 0 else None, phase="init")[0])
     with failure_guard(comm):
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed)

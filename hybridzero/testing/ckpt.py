@@ -107,3 +107,16 @@ def try_load(spec: RunSpec, ckpt: str, tag: str | None) -> str:
         return "ok"
     except (ValueError, FileNotFoundError, KeyError) as exc:
         return f"{type(exc).__name__}: {exc}"
+
+
+def save_inside_accumulation_window(spec: RunSpec, ckpt: str) -> str:
+    """One micro-step into an accumulation window, then try to save: the error text (and nothing written)."""
+    engine, batches, rank = _engine(spec)
+    ids = batches[0, 0, rank]
+    engine.backward(engine(input_ids=ids, labels=ids).loss)
+    engine.step()
+    try:
+        engine.save_checkpoint(ckpt)
+        return "saved"
+    except ValueError as exc:
+        return str(exc)

@@ -97,3 +97,11 @@ def test_bad_checkpoints_fail_clearly_and_change_nothing(world, tmp_path: Path) 
     shard.unlink()
     missing = pool.run(try_load, spec, str(tmp_path), None)[0]
     assert "rank_00001.pt" in missing and "missing" in missing
+
+
+def test_save_inside_accumulation_window_is_refused(world, tmp_path: Path) -> None:
+    from hybridzero.testing.ckpt import save_inside_accumulation_window
+
+    out = world(2).run(save_inside_accumulation_window, RunSpec(model="opt", accumulation=3), str(tmp_path / "c"))
+    assert all("inside a gradient-accumulation window of 3" in text for text in out), out
+    assert not (tmp_path / "c").exists()
