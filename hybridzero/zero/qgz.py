@@ -19,6 +19,7 @@ import torch
 
 from hybridzero.comm.collectives import Comm
 from hybridzero.comm.quantize import dequantize_blockwise, from_wire, quantize_blockwise, to_wire
+from hybridzero.zero.ordered import ordered_sum
 
 
 def _exchange(comm: Comm, rows: torch.Tensor, bits: int, block: int) -> torch.Tensor:
@@ -34,13 +35,6 @@ def _exchange(comm: Comm, rows: torch.Tensor, bits: int, block: int) -> torch.Te
                         for p in range(peers)])
 
 
-def _ordered_sum(rows: torch.Tensor) -> torch.Tensor:
-    total = rows[0].clone()
-    for r in range(1, rows.shape[0]):
-        total.add_(rows[r])
-    return total
-
-
 class HierarchicalQuantizedReduce:
     """Two-stage quantized reduce-scatter over a node group (``intra``) and a cross-node group (``cross``)."""
 
@@ -54,7 +48,7 @@ class HierarchicalQuantizedReduce:
         local, nodes = self.intra.world_size, self.cross.world_size
         grid = inp.float().view(nodes, local, cols)  # [m, j', c]: the columns rank (m, j') owns
         stage1 = grid.permute(1, 0, 2).reshape(local, nodes * cols)  # row j': everything destined for local j'
-        partial = _ordered_sum(_exchange(self.intra, stage1, self.bits, self.block)).view(nodes, cols)
+        partial = ordered_sum(_exchange(self.intra, stage1, self.bits, self.block)).view(nodes, cols)
         if nodes == 1:
             return partial[0]
-        return _ordered_sum(_exchange(self.cross, partial, self.bits, self.block))
+        return ordered_sum(_exchange(self.cross, partial, self.bits, self.block))

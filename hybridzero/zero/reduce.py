@@ -27,6 +27,7 @@ import torch
 
 from hybridzero.comm.collectives import Comm, PendingCollective
 from hybridzero.zero.groups import ShardedGroup
+from hybridzero.zero.ordered import ordered_sum
 from hybridzero.zero.qgz import HierarchicalQuantizedReduce
 
 
@@ -35,14 +36,6 @@ class _Piece:
     group: ShardedGroup
     cols: torch.Tensor  # [W, take] view of the group's flat gradient
     col_offset: int
-
-
-def ordered_sum(rows: torch.Tensor) -> torch.Tensor:
-    """fp32 sum of the rows of ``rows`` ``[W, n]`` strictly in row (rank) order: ``((r0 + r1) + r2) + …``."""
-    total = rows[0].float().clone()
-    for r in range(1, rows.shape[0]):
-        total.add_(rows[r].float())
-    return total
 
 
 class GradReducer:
@@ -88,7 +81,7 @@ class GradReducer:
             summed = self.quantized.reduce(inp, inp.numel() // self.world)
             self._distribute(pieces, summed.div_(self.world))
             return
-        recv = torch.empty_like(inp)
+        recv = inp if self.world == 1 else torch.empty_like(inp)  # one rank: nothing to exchange, no copy
         handle = self.comm.exchange_for_reduce(recv, inp, phase="backward", async_op=self.overlap)
 
         def finish() -> None:
