@@ -69,8 +69,9 @@ def _rank_payload(engine: "Engine") -> tuple[dict[str, Any], dict[int, dict[str,
         part = groups[g.name]
         for key, t in state.get(leaf, {}).items():
             if isinstance(t, torch.Tensor) and t.dim() == 1 and t.numel() == leaf.numel():
-                buf = part["tensors"].setdefault(key, torch.zeros(part["hi"] - part["lo"]))
-                buf[a:b].copy_(t)
+                if key not in part["tensors"]:
+                    part["tensors"][key] = torch.zeros(part["hi"] - part["lo"])
+                part["tensors"][key][a:b].copy_(t)
             else:
                 scalars.setdefault(k, {})[key] = t.item() if isinstance(t, torch.Tensor) else t
     rng = {"torch": torch.get_rng_state(), "python": random.getstate(),
@@ -120,9 +121,11 @@ def save(engine: "Engine", save_dir: str | os.PathLike[str], tag: str | None = N
         torch.save(extra, partial / EXTRA)
         (partial / META).write_text(json.dumps(_meta(engine, tag), indent=1))
         final = root / tag
+        old = root / f"{tag}{PARTIAL}old-{nonce}"
         if final.exists():
-            shutil.rmtree(final)
+            os.replace(final, old)  # never a moment without a complete tag under some name
         os.replace(partial, final)
+        shutil.rmtree(old, ignore_errors=True)
         if save_latest:
             tmp = root / f"{LATEST}.tmp-{nonce}"
             tmp.write_text(tag)

@@ -3,8 +3,9 @@
 Layout of ``DIR/TAG/`` (a tag becomes visible only when complete, see :mod:`hybridzero.checkpoint.engine_io`)::
 
     meta.json         world size, stage, steps, every parameter's (group, offset, numel, shape, aliases), every
-                      group's padded size, optimizer class and hyperparameters, per-group scalar optimizer state
-    extra.pt          scheduler state, loss scaler state, client state (rank 0)
+                      group's padded size, the optimizer class name, the HF config
+    extra.pt          optimizer hyperparameters and per-group scalar state, scheduler and loss scaler state,
+                      client state (rank 0)
     rank_00000.pt     per rank: for each group its flat range [lo, hi) and the tensors over it
                       ("master", and each per-element optimizer state such as "exp_avg"), plus RNG states
 

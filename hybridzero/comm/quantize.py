@@ -31,12 +31,15 @@ All functions are pure: no module-level mutable state, inputs are never modified
 """
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
+
 import math
 from dataclasses import dataclass
 
 import torch
 
-_QMAX: dict[int, int] = {8: 127, 4: 7}
+_QMAX: Mapping[int, int] = MappingProxyType({8: 127, 4: 7})
 _SCALE_BYTES = 4  # float32 scales
 
 

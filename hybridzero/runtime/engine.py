@@ -90,7 +90,7 @@ class Engine:
         self.prefetcher = Prefetcher(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
         self.reducer = GradReducer(comm, z.reduce_bucket_size, overlap=z.overlap_comm, quantized=self._qgz())
         self.coordinator = ZeroCoordinator(self.module, self.groups, self.reducer, self.prefetcher, self.events)
-        if comm.world_size > 1:
+        if comm.world_size > 1 and config.zero.stage == 3:
             # Hugging Face's protocol for sharded engines: generate() then keeps every rank stepping (synced_gpus)
             # until all ranks are done, so a rank that finished early still joins the gathers. No other state of
             # ours lives on the module.
@@ -213,7 +213,11 @@ class Engine:
             gas = self.gradient_accumulation_steps
             if self.config.fp16.enabled:
                 loss = loss.float() * self.loss_scaler.scale
-            (loss / gas if gas > 1 else loss).backward()
+            try:
+                (loss / gas if gas > 1 else loss).backward()
+            except BaseException:
+                self.coordinator.abort()  # autograd skips queued callbacks when backward raises
+                raise
 
     def step(self) -> None:
         """At the accumulation boundary: clip, update master shards, propagate, zero gradients."""
@@ -226,18 +230,20 @@ class Engine:
     def _apply_update(self) -> None:
         if self.optimizer is None:
             raise RuntimeError("engine.step() needs an optimizer: pass optimizer= or an 'optimizer' config block")
+        self.release_held()
         self.assert_quiescent()
         if self.config.fp16.enabled and not self._unscale_or_skip():
             return
         if self.config.gradient_clipping > 0:
             self.last_grad_norm = float(sharded.clip_grad_shards(self.groups, self.comm, self.config.gradient_clipping))
-        for group in self.groups:
+        trained = [g for g in self.groups if g.n_trainable > 0]  # frozen groups never change: nothing to move
+        for group in trained:
             group.assemble_grad()
         sharded.bind_grads(self._leaves)
         self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
-        for group in self.groups:
+        for group in trained:
             group.write_shard()
         self.zero_grad()
 
@@ -255,6 +261,11 @@ class Engine:
         for group in self.groups:
             group.grad_shard.div_(used)
         return True
+
+    def release_held(self) -> None:
+        """Release groups a grad-enabled forward kept gathered for a backward that has not come (no-op otherwise)."""
+        if self.coordinator.phase.value == "idle":
+            self.coordinator.end_phase()
 
     def was_step_applied(self) -> bool:
         """False if the last optimizer step was skipped (fp16 overflow on any rank), as in DeepSpeed."""
@@ -312,6 +323,7 @@ class Engine:
         """Write a sharded, atomic checkpoint (every rank calls it); see :mod:`hybridzero.checkpoint.engine_io`."""
         from hybridzero.checkpoint.engine_io import save
 
+        self.release_held()
         with failure_guard(self.comm):
             return save(self, save_dir, tag, client_state, save_latest)
 
@@ -320,7 +332,9 @@ class Engine:
         """Restore from a checkpoint of any world size; returns ``(path, client_state)`` like DeepSpeed."""
         from hybridzero.checkpoint.engine_io import load
 
-        return load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
+        self.release_held()
+        with failure_guard(self.comm):
+            return load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank."""

@@ -30,6 +30,7 @@ def gathered_bytes(engine: "Engine") -> int:
 @contextmanager
 def generation_mode(engine: "Engine", max_gathered_bytes: int | None = None) -> Iterator[str]:
     """Full-parameter generation inside the block; yields ``"full"`` or ``"bucketed"`` (see module docstring)."""
+    engine.release_held()
     engine.assert_quiescent()
     was_training = engine.module.training
     engine.module.eval()
@@ -41,15 +42,21 @@ def generation_mode(engine: "Engine", max_gathered_bytes: int | None = None) -> 
         return
     groups = [g for g in engine.groups if not g.always_full]
     coordinator = engine.coordinator
+    synced_flag = getattr(engine.module, "_is_fsdp_managed_module", None)
+    for g in groups:
+        g.pins += 1  # pinned before any gather: the finally unpins exactly these
     try:
         for g in groups:
-            g.pins += 1
             g.start_gather("generate")
         for g in groups:
             g.wait("generate")
         coordinator.bypass = True
+        if synced_flag is not None:
+            engine.module._is_fsdp_managed_module = False  # nothing to synchronize: HF generate need not sync
         yield "full"
     finally:
+        if synced_flag is not None:
+            engine.module._is_fsdp_managed_module = synced_flag
         coordinator.bypass = False
         for g in groups:
             g.pins -= 1

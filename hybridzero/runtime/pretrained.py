@@ -33,5 +33,5 @@ def from_pretrained(path: str | os.PathLike[str], config: Mapping[str, Any] | st
                     **initialize_kwargs: Any) -> tuple[Any, Any, Any, Any]:
     """``initialize`` on the checkpoint at ``path``: returns ``(engine, optimizer, dataloader, lr_scheduler)``."""
     model = meta_model(path, model_cls, **dict(config_overrides or {}))
-    source = HFCheckpointSource(path)
-    return initialize(model=model, config=config, checkpoint_source=source, **initialize_kwargs)
+    with HFCheckpointSource(path) as source:  # every shard is read during initialize; then the files close
+        return initialize(model=model, config=config, checkpoint_source=source, **initialize_kwargs)

@@ -59,7 +59,7 @@ def _large_allocations_return_to_os() -> None:
         pass
 
 
-def train_meta_model(layers: int, dtype: str = "fp32") -> dict[str, Any]:
+def train_meta_model(layers: int, dtype: str = "fp32", live_fraction: float | None = None) -> dict[str, Any]:
     """Build on meta, materialize group by group, train 2 steps; report RSS growth and the engine's accounting."""
     import hybridzero
 
@@ -70,7 +70,8 @@ def train_meta_model(layers: int, dtype: str = "fp32") -> dict[str, Any]:
     numel = sum(p.numel() for p in model.parameters())
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     live0 = live_tensor_bytes()
-    spec = RunSpec(model="llama", dtype=dtype, lr=1e-3)
+    live = {} if live_fraction is None else {"stage3_max_live_parameters": int(live_fraction * numel)}
+    spec = RunSpec(model="llama", dtype=dtype, lr=1e-3, extra_zero=live)
     engine, *_ = hybridzero.initialize(model=model, config=ds_config(spec, world))
     rss_init = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss0
     losses = []

@@ -57,11 +57,13 @@ def repeat_block_opt(seed: int = 0) -> RepeatBlockOPT:
     return model
 
 
-def _config(bucket: int, world_size: int, lr: float = 1e-2, optimizer: str = "AdamW") -> dict[str, Any]:
-    """ZeRO-3, micro-batch 2, no accumulation, nothing persistent, prefetch ``bucket``, no weight decay."""
+def _config(bucket: int, world_size: int, lr: float = 1e-2, optimizer: str = "AdamW",
+            reuse: int = 1_000_000_000) -> dict[str, Any]:
+    """ZeRO-3, micro-batch 2, no accumulation, nothing persistent, prefetch ``bucket``, no weight decay;
+    ``reuse`` is ``stage3_max_reuse_distance`` (0: every group released after its forward)."""
     return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2 * world_size,
             "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": bucket,
-                                  "stage3_param_persistence_threshold": 0},
+                                  "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": reuse},
             "optimizer": {"type": optimizer, "params": {"lr": lr, "weight_decay": 0.0}}}
 
 
@@ -172,8 +174,9 @@ def phase_sequence_pair(phases: Sequence[Phase]) -> dict[int, dict[str, Any]]:
 
 # --- probes -------------------------------------------------------------------------------------------------------
 def event_probe(bucket: int, mixed: Sequence[Phase]) -> dict[str, Any]:
-    """Events of two train forward/backward/step iterations, then the invalidations over the ``mixed`` phases."""
-    engine = _engine(bucket)
+    """Events of two train forward/backward/step iterations (reuse distance 0: the classic release-after-forward
+    order), then the invalidations over the ``mixed`` phases."""
+    engine = _engine(bucket, reuse=0)
     ids = phase_data(0, torch.distributed.get_rank())
     iterations = []
     for _ in range(2):

@@ -22,7 +22,8 @@ def zeropp_run(extra_zero: dict[str, Any], steps: int, bench_model: bool = False
     else:
         model = build_model(spec)
     cfg = ds_config(spec, world)
-    cfg["zero_optimization"].update(extra_zero)
+    # reuse distance 0: every group is gathered again for backward, so each collective's ZeRO++ effect shows
+    cfg["zero_optimization"].update({"stage3_max_reuse_distance": 0, **extra_zero})
     engine, *_ = hybridzero.initialize(model=model, config=cfg)
     vocab = int(model.config.vocab_size)
     pool = batches_for(spec.replace(steps=4), world, vocab)  # a small fixed pool: the loss falls visibly

@@ -9,7 +9,10 @@ Phases come from the engine's own root-level events (DESIGN invariant 3)::
   its post-forward hook (unless the trace says it is reused soon); the root group stays gathered for the whole root
   forward. With grad enabled, hooks on the outputs re-gather the group when its gradients start flowing back.
 * End of FORWARD (``no_grad`` or not, train or eval): every group except the persistent one is drained and
-  released; prefetch never crosses a phase end. Backward re-gathers what it needs.
+  released; prefetch never crosses a phase end. Backward re-gathers what it needs — except groups the valid
+  forward trace says are reused within ``stage3_max_reuse_distance`` (and fit ``stage3_max_live_parameters``):
+  with grad enabled those stay gathered for the backward (DeepSpeed's reuse rule), and the next phase end that is
+  not a grad-enabled forward (the end of backward, a ``no_grad`` forward, a step) releases them.
 * Outside a root forward (IDLE), a block or a root-group module called directly (``generate`` helpers, a critic's
   value method, ``get_input_embeddings()(ids)``) gathers its group for that call and releases it after; with grad
   enabled its outputs get the same pre-backward hooks, so such calls train correctly too.
@@ -74,6 +77,7 @@ class ZeroCoordinator:
         self._implicit = 0  # nesting depth of root-group modules called outside a root forward
         self.peak_gathered_bytes = 0  # high-water mark of gathered (ZeRO-3) parameter buffers
         self.bypass = False  # hybrid generation: everything is gathered and pinned; hooks do nothing
+        self._kept: set[int] = set()  # groups held gathered from a forward for its backward
         self._handles: list[RemovableHandle] = []
         self._root = next((g for g in groups if g.owner == ""), None)
         self._install(module)
@@ -144,12 +148,37 @@ class ZeroCoordinator:
             self._event("release", group)
             group.release()
 
-    def end_phase(self) -> None:
-        """Drain and release everything; close the prefetch trace. Safe to call at any time."""
+    def end_phase(self, keep: set[int] | None = None) -> None:
+        """Drain and release everything (but the groups in ``keep``, held for the backward that follows); close the
+        prefetch trace. Safe to call at any time."""
+        self._kept = set(keep or ())
         for group in self.groups:
-            self.release(group)
+            if group.index not in self._kept:
+                self.release(group)
         self.prefetcher.end()
         self.phase = Phase.IDLE
+
+    def abort(self) -> None:
+        """After an exception inside backward: complete and drop every reduction and partial gradient, drop the
+        hpZ secondaries, release everything. The engine is quiescent again (the failed micro-step contributes
+        nothing beyond what was already reduced)."""
+        self.reducer.abort()
+        for group in self.groups:
+            group.take_grad_full()
+            group.drop_secondary()
+        self.end_phase()
+
+    def _keep_for_backward(self, group: ShardedGroup) -> bool:
+        """DeepSpeed's reuse rule across the forward→backward boundary: keep a group gathered if (by the valid
+        forward trace) its backward use comes within ``stage3_max_reuse_distance`` elements of other groups and
+        the live total stays within ``stage3_max_live_parameters``. A hint like prefetch: values are identical."""
+        if not torch.is_grad_enabled() or group.always_full:
+            return False
+        distance = self.prefetcher.distance_to_end(lambda gid: self.groups[gid].numel)
+        if distance is None or distance >= self.prefetcher.max_reuse_distance:  # 0 turns the rule off
+            return False
+        live = sum(g.numel for g in self.groups if not g.always_full and g.state is not GroupState.SHARDED)
+        return live <= self.prefetcher.max_live_elems
 
     # --- forward hooks ------------------------------------------------------------------------------------------
     def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
@@ -174,11 +203,14 @@ class ZeroCoordinator:
         self._depth = max(0, self._depth - 1)
         if self._depth > 0:
             return
+        keep = set(self._kept)
         if self._root is not None and output is not None:
             self._attach_pre_backward(self._root, output)
-            if torch.is_grad_enabled():
+            if self._keep_for_backward(self._root):
+                keep.add(self._root.index)
+            elif torch.is_grad_enabled():
                 self._root.build_secondary()
-        self.end_phase()
+        self.end_phase(keep if torch.is_grad_enabled() else None)
 
     def _block_pre_hook(self, group: ShardedGroup) -> Callable[[nn.Module, Any], None]:
         def hook(module: nn.Module, args: Any) -> None:
@@ -195,6 +227,9 @@ class ZeroCoordinator:
             if self.bypass or self.phase is Phase.BACKWARD:
                 return
             self._attach_pre_backward(group, output)
+            if self._keep_for_backward(group):
+                self._kept.add(group.index)  # backward reuses it within the reuse distance: no re-gather
+                return
             if torch.is_grad_enabled():
                 group.build_secondary()  # hpZ: backward will gather this node-locally
             if not self.prefetcher.reused_soon(group.index, lambda gid: self.groups[gid].numel):

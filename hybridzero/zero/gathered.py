@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 
+from hybridzero.zero.groups import GroupState
+
 if TYPE_CHECKING:
     from hybridzero.runtime.engine import Engine
 
@@ -41,10 +43,12 @@ def GatheredParameters(params: nn.Parameter | Iterable[nn.Parameter], modifier_r
         raise ValueError(f"GatheredParameters: parameters at positions {missing} do not belong to this engine's module")
     if modifier_rank is not None and not 0 <= modifier_rank < engine.comm.world_size:
         raise ValueError(f"modifier_rank={modifier_rank} is not a rank of a world of size {engine.comm.world_size}")
+    was_gathered = {g.index for g, _ in touched if g.state is GroupState.GATHERED}
     for group, _ in touched:
-        group.pins += 1
-        group.wait("gathered_parameters")
+        group.pins += 1  # all pinned before any gather, so the finally below never unpins what it did not pin
     try:
+        for group, _ in touched:
+            group.wait("gathered_parameters")
         yield
     finally:
         with torch.no_grad():
@@ -54,4 +58,7 @@ def GatheredParameters(params: nn.Parameter | Iterable[nn.Parameter], modifier_r
                     assert group.full is not None
                     engine.comm.broadcast(group.full, modifier_rank, phase="gathered_parameters")
                     group.absorb_full(slots)
-                engine.coordinator.release(group)
+                else:
+                    group.drop_secondary()  # a forward inside the block may have cached discarded edits
+                if group.index not in was_gathered:
+                    engine.coordinator.release(group)

@@ -90,7 +90,7 @@ class ShardedGroup:
         self.handle: PendingCollective | None = None
         self.full: torch.Tensor | None = None
         self.grad_full: torch.Tensor | None = None
-        self._grads_seen = 0
+        self._grads_seen: set[int] = set()
         self.pins = 0  # open GatheredParameters blocks holding this group gathered
         # hpZ: a node-local secondary shard, a cache of the gathered buffer, valid only for `version`
         self.hpz = hpz if mode is ShardMode.ZERO3 and hpz is not None and hpz.world_size > 1 else None
@@ -223,16 +223,16 @@ class ShardedGroup:
         """Copy one parameter's gradient into the flat gradient buffer; True once every trainable one arrived."""
         if self.grad_full is None:
             self.grad_full = torch.zeros(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.device)
-            self._grads_seen = 0
+            self._grads_seen = set()
         spec = self.slots[slot_index].spec
-        self.grad_full[spec.offset:spec.end].copy_(grad.reshape(-1))
-        self._grads_seen += 1
-        return self._grads_seen == self.n_trainable
+        self.grad_full[spec.offset:spec.end].add_(grad.reshape(-1))  # add: a parameter may deliver twice
+        self._grads_seen.add(slot_index)
+        return len(self._grads_seen) == self.n_trainable
 
     def take_grad_full(self) -> torch.Tensor | None:
         """Hand the flat gradient buffer to the reducer (the group forgets it)."""
         grad, self.grad_full = self.grad_full, None
-        self._grads_seen = 0
+        self._grads_seen = set()
         return grad
 
     # --- the one write path (invariant 5) -----------------------------------------------------------------------

@@ -64,21 +64,31 @@ def materialize_group(model: nn.Module, aliases: Sequence[Sequence[str]], device
                       init_fn: InitFn | None) -> list[nn.Parameter]:
     """Real parameters for one group (given as the alias lists of its parameters), in order; initialized by
     ``init_fn``, or left uninitialized (``torch.empty``: no pages touched) when values come from a checkpoint."""
-    out: list[nn.Parameter] = []
     touched: dict[int, nn.Module] = {}
     for names in aliases:
-        old = model.get_parameter(names[0])
-        if not old.is_meta:
-            out.append(old)
-            continue
-        new = nn.Parameter(torch.empty(old.shape, dtype=old.dtype, device=device), requires_grad=old.requires_grad)
         for name in names:
-            owner, attr = _owner_and_attr(model, name)
-            owner._parameters[attr] = new
+            owner, _ = _owner_and_attr(model, name)
             touched[id(owner)] = owner
-        out.append(new)
+    # every meta parameter of every owner module, also those of later groups (a Linear whose bias is persisted
+    # while its weight is sharded): the module's init then runs once, on real tensors, before anything is sharded
+    fresh = []
+    for owner in touched.values():
+        metas = [p for p in owner._parameters.values() if p is not None and p.is_meta]
+        for old in metas:
+            _install(model, old, torch.empty(old.shape, dtype=old.dtype, device=device))
+        if metas:
+            fresh.append(owner)  # initialized exactly once, when its parameters become real
     if init_fn is not None:
         with torch.no_grad():
-            for owner in touched.values():
+            for owner in fresh:
                 init_fn(owner)
-    return out
+    return [model.get_parameter(names[0]) for names in aliases]
+
+
+def _install(model: nn.Module, old: nn.Parameter, data: torch.Tensor) -> None:
+    """Replace ``old`` by a new Parameter on ``data`` under every name it has in ``model`` (ties survive)."""
+    new = nn.Parameter(data, requires_grad=old.requires_grad)
+    for mod in model.modules():
+        for attr, p in list(mod._parameters.items()):
+            if p is old:
+                mod._parameters[attr] = new

@@ -73,6 +73,14 @@ class Prefetcher:
                 return False
         return False
 
+    def distance_to_end(self, numel_of: Callable[[int], int]) -> int | None:
+        """Elements of the distinct groups the valid trace still uses after the current position (None without a
+        valid trace): how far away, in the backward that mirrors this forward, the current group's reuse is."""
+        if not self._valid or self._kind is None:
+            return None
+        rest = set(self.traces[self._kind][len(self._observed):])
+        return sum(numel_of(gid) for gid in rest)
+
     def end(self) -> None:
         """Close the phase; a phase that deviated (or ended early) becomes the new trace."""
         if self._kind is None:

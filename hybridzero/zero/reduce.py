@@ -121,6 +121,13 @@ class GradReducer:
             group.grad_shard.add_(ordered_sum(recv.view(self.world, -1)).div_(self.world))
         self._replicated.clear()
 
+    def abort(self) -> None:
+        """Complete what is in flight (a collective must not be stranded), then forget everything queued."""
+        while self._inflight:
+            self._complete(self._inflight.pop(0))
+        self._pieces, self._pending_cols = [], 0
+        self._replicated.clear()
+
     def is_quiescent(self) -> bool:
         """Nothing queued, nothing in flight."""
         return not self._pieces and not self._inflight and not self._replicated

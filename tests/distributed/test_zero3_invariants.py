@@ -66,3 +66,25 @@ def test_bf16_tracks_fp32_reference(world, world_size: int, model: str) -> None:
     for name, value in ref["params"].items():
         diff = (results[0]["params"][name] - value).abs().max().item()
         assert diff <= 5e-3, f"{name}: {diff}"
+
+
+def test_reuse_rule_gathers_once_per_step_with_identical_results(world) -> None:
+    """DeepSpeed's default reuse distance keeps groups gathered from forward into backward once the trace is known:
+    after the first step no backward gathers; with ``stage3_max_reuse_distance: 0`` every group is gathered again;
+    a ``stage3_max_live_parameters`` budget limits what is kept; results are bitwise identical in all three."""
+    base = RunSpec(model="llama", steps=3, accumulation=2, clipping=0.5)
+    pool = world(2)
+    runs = {name: pool.run(engine_run, base.replace(extra_zero=extra)) for name, extra in {
+        "keep": {}, "release": {"stage3_max_reuse_distance": 0},
+        "budget": {"stage3_max_live_parameters": 12_000}}.items()}
+    _same(runs["keep"], runs["release"])
+    _same(runs["keep"], runs["budget"])
+
+    def backward_gathers(res: list[dict]) -> int:
+        return sum(row["calls"] for row in res[0]["ledger"]
+                   if row["collective"] == "all_gather" and row["phase"] == "backward")
+
+    groups = len(runs["keep"][0]["group_numels"])
+    assert backward_gathers(runs["release"]) == 6 * groups  # 3 steps x 2 micro-steps, every group again
+    assert backward_gathers(runs["keep"]) == groups  # only the first micro-step (no trace yet)
+    assert groups < backward_gathers(runs["budget"]) < 6 * groups
