@@ -161,8 +161,11 @@ def _load_optimizer(engine: "Engine", path: Path, meta: dict[str, Any], shards: 
         lo = 0 if g.master_is_whole else g.layout.shard_range(engine.comm.rank)[0]
         state: dict[str, Any] = {key: read_range(g.layout.specs, lo + a, lo + b, src, aliases).to(leaf.device)
                                  for key, src in sources.items()}
+        on_device = any(opt.param_groups[k].get(flag) for flag in ("capturable", "fused"))
         for key, value in extra["scalars"].get(k, {}).items():
-            state[key] = torch.tensor(value, dtype=torch.float32) if isinstance(value, float) else value
+            if isinstance(value, float):  # e.g. Adam's step: a tensor, on the parameter's device when captured/fused
+                value = torch.tensor(value, dtype=torch.float32, device=leaf.device if on_device else "cpu")
+            state[key] = value
         if state:
             opt.state[leaf] = state
     for group, saved in zip(opt.param_groups, extra["param_groups"]):
