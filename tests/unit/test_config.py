@@ -1,4 +1,8 @@
-"""Unit tests for hybridzero.config: DeepSpeed JSON -> one typed, frozen Config."""
+"""Unit tests for hybridzero.config: DeepSpeed JSON -> one typed, frozen Config.
+
+Kept as one file (~420 lines): every test here checks one function, ``load_config``, key by key;
+optimizer/scheduler blocks and file handling live in ``test_config_sources.py``.
+"""
 
 from __future__ import annotations
 

@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import torch
 import transformers
+
+from hybridzero.testing.models import tiny_llama
 from safetensors.torch import save_file
 
 from hybridzero.checkpoint import hf_source
@@ -26,17 +28,7 @@ from hybridzero.checkpoint.hf_source import (
 
 # --- helpers
 def _llama() -> transformers.PreTrainedModel:
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=113,
-        hidden_size=35,
-        intermediate_size=67,
-        num_hidden_layers=2,
-        num_attention_heads=5,
-        num_key_value_heads=1,
-        head_dim=8,
-    )
-    return transformers.LlamaForCausalLM(config).eval()
+    return tiny_llama(seed=0).eval()  # the project's tiny GQA Llama (no second copy of its dims here)
 
 
 def _gpt2() -> transformers.PreTrainedModel:

@@ -5,6 +5,9 @@ deepspeedai/DeepSpeed master (commits 18fd4c97 / 68ee9f83, 2025-2026: ``stable_i
 cur_iter - last_overflow_iter - 1``). ``_DeepSpeedOracle`` restates that rule in DeepSpeed's own
 terms (iteration indices, not a good-step counter) and is compared against ``update_scale`` on
 generated flag sequences.
+
+Kept as one file (~430 lines): it tests one pure rule, and the DeepSpeed oracle it compares against is
+shared by every test in it.
 """
 
 from __future__ import annotations
