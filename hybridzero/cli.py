@@ -1,7 +1,7 @@
 """The ``hybridzero`` command line (``python -m hybridzero …`` or the ``hybridzero`` console script).
 
 Subcommands are registered by small ``_add_*`` functions listed in :func:`build_parser`, each setting a handler
-``func(args) -> int``; later ones (sft, reward, ppo, export, plot) plug in the same way.
+``func(args) -> int``; the RLHF commands (sft, reward, ppo, grpo, plot, demo) come from :mod:`hybridzero.rlhf.cli`.
 
 ``export CKPT_DIR OUT_DIR`` writes a Hugging Face directory (``config.json`` + safetensors) from an engine
 checkpoint, streaming one shard file at a time (:func:`hybridzero.checkpoint.export.export_hf`); errors (unknown tag,
@@ -62,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per subcommand."""
     parser = argparse.ArgumentParser(prog="hybridzero", description="hybridzero: ZeRO-3 sharded training tools.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_train_demo, _add_export):
+    from hybridzero.rlhf.cli import add_rlhf_commands
+
+    for add in (_add_train_demo, _add_export, add_rlhf_commands):
         add(subparsers)
     return parser
 

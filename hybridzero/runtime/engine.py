@@ -232,6 +232,7 @@ class Engine:
             raise RuntimeError("engine.step() needs an optimizer: pass optimizer= or an 'optimizer' config block")
         self.release_held()
         self.assert_quiescent()
+        self.overflow = False
         if self.config.fp16.enabled and not self._unscale_or_skip():
             return
         if self.config.gradient_clipping > 0:
@@ -261,6 +262,28 @@ class Engine:
         for group in self.groups:
             group.grad_shard.div_(used)
         return True
+
+    def check_overflow(self) -> bool:
+        """fp16: True if any rank's gradient shards hold inf/nan (a counted MAX all-reduce; every rank calls it,
+        before ``step``). Without fp16 it is False and exchanges nothing. Leaves the loss scale alone."""
+        if not self.config.fp16.enabled:
+            return False
+        flag = overflow_flag([g.grad_shard for g in self.groups], device=self.device)
+        self.comm.all_reduce(flag, op="max", phase="step")
+        return bool(flag.item() > 0)
+
+    def skip_step(self) -> None:
+        """``step()`` without an update: at the boundary the gradients are dropped, the loss scale, optimizer and
+        scheduler are untouched, ``was_step_applied()`` is False and the step still counts (as a DeepSpeed skipped
+        step). For updates that must skip together (DeepSpeed-Chat's ``align_overflow``)."""
+        with failure_guard(self.comm):
+            if self.is_gradient_accumulation_boundary():
+                self.release_held()
+                self.zero_grad()
+                self.overflow = True
+                self.skipped_steps += 1
+                self.global_steps += 1
+            self.micro_steps += 1
 
     def release_held(self) -> None:
         """Release groups a grad-enabled forward kept gathered for a backward that has not come (no-op otherwise)."""

@@ -1,0 +1,189 @@
+"""The RLHF models: causal-LM actors and value models (reward model, critic), and their on-disk form.
+
+A **value model** is a causal LM's trunk (``AutoModel``: embeddings, blocks, final norm; no LM head) plus a value
+head of ``hidden_size`` weights: ``value[b, t] = <hidden[b, t], v_head>``. The reward model's score of a sequence
+is its value at the sequence's last real token (:func:`last_token_index`); the critic's values are read at every
+position. The head is an elementwise product and a sum rather than ``nn.Linear(h, 1)``: a one-output linear takes
+a matrix-vector path on CPU whose rounding depends on the weight's address alignment, and a sharded engine binds
+parameters as views at arbitrary offsets; elementwise ops round the same everywhere, so sharded runs stay
+comparable with unsharded ones.
+
+On disk a value model is a Hugging Face directory: ``config.json`` of the causal LM it came from,
+``value_model.safetensors`` (keys ``transformer.*`` and ``v_head``), the tokenizer files, and ``value_model.json``
+naming the format. A causal LM is a plain HF directory (``config.json`` + ``model.safetensors``). Every rank calls
+the savers (they gather), rank 0 writes; files are written in ``DIR.partial`` and moved in one by one (a run's
+logs in the same directory stay).
+
+Positions always come from the attention mask (:func:`position_ids`): left-padded prompts get the positions a
+right-padded copy would have, in generation and in every scoring pass alike (HF's Llama uses ``arange`` when a
+forward gets no ``position_ids``, which would score left-padded rows at shifted positions).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["VALUE_MODEL_FILE", "ValueHeadModel", "is_value_model_dir", "last_token_index", "load_value_model",
+           "position_ids", "save_causal_lm", "save_value_model", "write_value_model"]
+
+VALUE_MODEL_FILE = "value_model.safetensors"
+_MARKER = "value_model.json"
+_FORMAT = "hybridzero-value-model-v1"
+
+
+def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T]`` int64: ``cumsum(mask) - 1`` clamped at 0 (the first real token is position 0; pads get 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B]`` int64: the index of each row's last real token (``attention_mask`` 1); 0 for an all-pad row."""
+    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device).expand_as(attention_mask)
+    return torch.where(attention_mask.bool(), positions, torch.zeros_like(positions)).max(dim=-1).values
+
+
+class ValueHeadModel(nn.Module):
+    """``transformer`` (an HF ``AutoModel`` trunk) and ``v_head`` (``hidden_size`` weights); see module docstring."""
+
+    def __init__(self, hf_config: Any, *, transformer: nn.Module | None = None, head_seed: int = 0) -> None:
+        """Build the trunk from ``hf_config`` (or take ``transformer``); head ``N(0, 1/h)`` from ``head_seed``."""
+        super().__init__()
+        import transformers
+
+        self.config = hf_config
+        self.transformer = transformer if transformer is not None else transformers.AutoModel.from_config(hf_config)
+        width = _head_width(hf_config)
+        device = next(self.transformer.parameters()).device
+        if device.type == "meta":
+            self.v_head = nn.Parameter(torch.empty(width, device="meta"))
+        else:
+            generator = torch.Generator().manual_seed(head_seed)
+            self.v_head = nn.Parameter(torch.randn(width, generator=generator) * width ** -0.5)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Values ``[B, T]`` in fp32 at every position (positions from the mask, no KV cache)."""
+        mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        hidden = self.transformer(input_ids=input_ids, attention_mask=mask, position_ids=position_ids(mask),
+                                  use_cache=False).last_hidden_state
+        return (hidden.float() * self.v_head.float()).sum(-1)
+
+    def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """``[B]`` fp32: the value at each row's last real token (the reward model's score)."""
+        values = self.forward(input_ids, attention_mask)
+        index = last_token_index(attention_mask)
+        return values.gather(1, index[:, None]).squeeze(1)
+
+    def gradient_checkpointing_enable(self) -> None:
+        """Activation checkpointing in the trunk (HF's own, non-reentrant)."""
+        self.transformer.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def _head_width(hf_config: Any) -> int:
+    """The trunk's output width: OPT projects to ``word_embed_proj_dim``; others end at ``hidden_size``."""
+    return int(getattr(hf_config, "word_embed_proj_dim", None) or hf_config.hidden_size)
+
+
+def is_value_model_dir(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` holds a value model written by :func:`save_value_model`."""
+    return (Path(path) / _MARKER).is_file()
+
+
+def load_value_model(path: str | os.PathLike[str], *, head_seed: int = 0) -> ValueHeadModel:
+    """A value model from ``path``: a saved value model (trunk and head), or a causal-LM directory (its trunk; the
+    head is freshly initialised from ``head_seed``, as DeepSpeed-Chat's step 2 starts from a pretrained LM)."""
+    import transformers
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(f"{path}: no config.json; expected a Hugging Face model directory")
+    hf_config = transformers.AutoConfig.from_pretrained(path)
+    if is_value_model_dir(path):
+        model = ValueHeadModel(hf_config, head_seed=head_seed)
+        state = load_file(str(path / VALUE_MODEL_FILE))
+        missing, unexpected = model.load_state_dict(state, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"{path / VALUE_MODEL_FILE}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
+        return model
+    lm = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return ValueHeadModel(hf_config, transformer=lm.base_model, head_seed=head_seed)
+
+
+def _gather_state(engine: Any) -> dict[str, torch.Tensor]:
+    """Every parameter in full, tied weights once (collective: every rank calls it)."""
+    return engine.full_parameters()
+
+
+def _commit_dir(tmp: Path, out: Path) -> None:
+    """Move every file of ``tmp`` into ``out`` (replacing same-named files; a run's logs beside the model stay)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for item in tmp.iterdir():
+        target = out / item.name
+        if target.is_dir():
+            shutil.rmtree(target)
+        os.replace(item, target)
+    tmp.rmdir()
+
+
+def _write_dir(out: Path, files: dict[str, dict[str, torch.Tensor]], hf_config: Any, tokenizer: Any,
+               extra_json: dict[str, Any] | None, dtype: torch.dtype) -> None:
+    """Write safetensors ``files``, ``config.json``, tokenizer and ``extra_json`` into ``out`` atomically."""
+    from safetensors.torch import save_file
+
+    tmp = out.with_name(out.name + ".partial")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    for name, state in files.items():
+        save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(tmp / name),
+                  metadata={"format": "pt"})
+    hf_config.save_pretrained(tmp)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(tmp)
+    if extra_json is not None:
+        (tmp / _MARKER).write_text(json.dumps(extra_json, indent=2) + "\n")
+    _commit_dir(tmp, out)
+
+
+def save_causal_lm(engine: Any, out_dir: str | os.PathLike[str], hf_config: Any, tokenizer: Any = None,
+                   dtype: torch.dtype = torch.float32) -> Path:
+    """Write the engine's causal LM as a Hugging Face directory (every rank calls; rank 0 writes)."""
+    state = _gather_state(engine)
+    out = Path(out_dir)
+    if engine.comm.rank == 0:
+        _write_dir(out, {"model.safetensors": state}, hf_config, tokenizer, None, dtype)
+    engine.comm.barrier(phase="save")
+    return out
+
+
+_MARKER_JSON = {"format": _FORMAT, "weights": VALUE_MODEL_FILE, "trunk_prefix": "transformer.", "head": "v_head",
+                "score": "value at the last token whose attention_mask is 1"}
+
+
+def write_value_model(model: ValueHeadModel, out_dir: str | os.PathLike[str], tokenizer: Any = None,
+                      dtype: torch.dtype = torch.float32) -> Path:
+    """Write an unsharded :class:`ValueHeadModel` (one process; e.g. a freshly initialised reward model)."""
+    state = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
+    out = Path(out_dir)
+    _write_dir(out, {VALUE_MODEL_FILE: state}, model.config, tokenizer, _MARKER_JSON, dtype)
+    return out
+
+
+def save_value_model(engine: Any, out_dir: str | os.PathLike[str], tokenizer: Any = None,
+                     dtype: torch.dtype = torch.float32) -> Path:
+    """Write the engine's :class:`ValueHeadModel` (every rank calls; rank 0 writes); see module docstring."""
+    module = engine.module
+    if not isinstance(module, ValueHeadModel):
+        raise TypeError(f"save_value_model needs an engine wrapping a ValueHeadModel, got {type(module).__name__}")
+    state = _gather_state(engine)
+    out = Path(out_dir)
+    if engine.comm.rank == 0:
+        _write_dir(out, {VALUE_MODEL_FILE: state}, module.config, tokenizer, _MARKER_JSON, dtype)
+    engine.comm.barrier(phase="save")
+    return out

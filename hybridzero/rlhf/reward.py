@@ -1,0 +1,145 @@
+"""Step 2: the reward model (a causal-LM trunk with a scalar value head scoring the last real token).
+
+Each micro-batch stacks its chosen and rejected sequences (right-padded) into one forward; the loss is DeepSpeed-
+Chat's pairwise ``-log sigmoid(score(chosen) - score(rejected))``, averaged over pairs. Reported per step and on the
+held-out ``eval_fraction``: loss, accuracy (share of pairs with ``chosen > rejected``; ties count as wrong) and the
+mean chosen / rejected scores, summed over ranks. The trunk starts from ``model_name_or_path`` (a causal-LM
+directory, e.g. step 1's output; ``"demo"`` builds the demo model from scratch) and the head from a seeded draw.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from hybridzero.rlhf.common import (
+    global_sum,
+    open_runlog,
+    phase_records,
+)
+from hybridzero.rlhf.data import (
+    PAIRWISE_COLUMNS,
+    pad_sequences,
+    pad_token_id,
+    pairwise_example,
+    train_eval_split,
+)
+from hybridzero.rlhf.engines import load_tokenizer
+from hybridzero.rlhf.models import (
+    ValueHeadModel,
+    last_token_index,
+    load_value_model,
+    save_value_model,
+)
+from hybridzero.rlhf.settings import RewardSettings
+from hybridzero.rlhf.supervised import LoopSpec, run_loop, supervised_engine
+
+__all__ = ["pair_batch", "pair_stats", "train_reward"]
+
+Pair = tuple[list[int], list[int]]
+
+
+def pair_batch(pairs: list[Pair], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` ``[2n, T]``: the n chosen rows, then the n rejected rows (right-padded)."""
+    rows = [p[0] for p in pairs] + [p[1] for p in pairs]
+    return pad_sequences(rows, pad_id), pad_sequences([[1] * len(r) for r in rows], 0)
+
+
+def pair_stats(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """``(mean pairwise loss, sums)``: sums of loss, correct, chosen and rejected scores, and the pair count."""
+    losses = -F.logsigmoid(chosen - rejected)
+    sums = {"loss": float(losses.sum()), "correct": float((chosen > rejected).sum()),
+            "chosen": float(chosen.sum()), "rejected": float(rejected.sum()), "pairs": float(chosen.numel())}
+    return losses.mean(), sums
+
+
+def _scores(engine: Any, pairs: list[Pair], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(chosen, rejected)`` ``[n]`` scores: values at each row's last real token, one forward for both."""
+    ids, mask = (t.to(engine.device) for t in pair_batch(pairs, pad_id))
+    values = engine(input_ids=ids, attention_mask=mask)
+    scores = values.gather(1, last_token_index(mask)[:, None]).squeeze(1)
+    return scores[:len(pairs)], scores[len(pairs):]
+
+
+def _reduce(engine: Any, sums: dict[str, float], prefix: str = "") -> dict[str, float]:
+    """Global means of the per-pair sums."""
+    keys = ("loss", "correct", "chosen", "rejected", "pairs")
+    total = dict(zip(keys, global_sum(engine, [sums[k] for k in keys])))
+    n = max(total["pairs"], 1.0)
+    return {f"{prefix}loss": total["loss"] / n, f"{prefix}accuracy": total["correct"] / n,
+            f"{prefix}chosen_score": total["chosen"] / n, f"{prefix}rejected_score": total["rejected"] / n}
+
+
+def _evaluate(engine: Any, pairs: list[Pair], pad_id: int, batch: int) -> dict[str, float]:
+    """Held-out metrics; every rank runs the same number of forwards (a finished rank scores weight-0 stand-ins)."""
+    rank, world = engine.comm.rank, engine.comm.world_size
+    mine = pairs[rank::world]
+    rounds = math.ceil(math.ceil(len(pairs) / world) / batch)
+    sums = dict.fromkeys(("loss", "correct", "chosen", "rejected", "pairs"), 0.0)
+    engine.eval()
+    with torch.no_grad():
+        for i in range(rounds):
+            chunk = mine[i * batch:(i + 1) * batch]
+            chosen, rejected = _scores(engine, chunk or pairs[:1], pad_id)
+            if chunk:
+                for k, v in pair_stats(chosen, rejected)[1].items():
+                    sums[k] += v
+    engine.train()
+    return _reduce(engine, sums, "eval_")
+
+
+def _build_model(s: RewardSettings, tok: Any) -> ValueHeadModel:
+    """The value model: from a model directory, or the demo config from scratch (seeded)."""
+    if s.model_name_or_path == "demo":
+        from hybridzero.rlhf.demo_task import demo_model_config
+
+        torch.manual_seed(s.seed)
+        return ValueHeadModel(demo_model_config(tok), head_seed=s.seed)
+    return load_value_model(s.model_name_or_path, head_seed=s.seed)
+
+
+def train_reward(s: RewardSettings) -> dict[str, Any]:
+    """Run step 2; returns the final metrics (every rank) and writes the value model to ``s.output_dir``."""
+    import hybridzero
+
+    hybridzero.init_distributed()
+    tok = load_tokenizer(s.model_name_or_path)
+    pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
+    model = _build_model(s, tok).float()
+    records = phase_records(s.data_path, s.data_split, 2, PAIRWISE_COLUMNS, s.seed)
+    train_recs, eval_recs = train_eval_split(records, s.eval_fraction, s.seed)
+    engine, total, global_batch = supervised_engine(model, s, len(train_recs), "reward-model training pairs")
+    encode = [pairwise_example(tok, r["prompt"], r["chosen"], r["rejected"], s.max_seq_len)
+              for r in train_recs + eval_recs]
+    pairs: list[Pair] = [(e.chosen_ids, e.rejected_ids) for e in encode]
+    train_pairs, eval_pairs = pairs[:len(train_recs)], pairs[len(train_recs):]
+    log = open_runlog(s.output_dir, engine.comm.rank, s.enable_tensorboard, s.progress)
+    cut = sum(e.n_truncated > 0 for e in encode)
+    log.print(f"reward: {len(train_pairs)} train / {len(eval_pairs)} eval pairs ({cut} truncated to "
+              f"{s.max_seq_len} tokens), {total} steps of {global_batch} pairs at world {engine.comm.world_size}")
+
+    def micro_step(indices: list[int]) -> dict[str, float]:
+        chosen, rejected = _scores(engine, [train_pairs[i] for i in indices], pad_id)
+        loss, sums = pair_stats(chosen, rejected)
+        engine.backward(loss)
+        engine.step()
+        return sums
+
+    spec = LoopSpec(phase="reward", n_items=len(train_pairs), micro=s.per_device_train_batch_size,
+                    accumulation=s.gradient_accumulation_steps, epochs=s.num_train_epochs, total_steps=total,
+                    seed=s.seed, eval_interval=s.eval_interval, print_every=s.print_every, progress=s.progress,
+                    micro_step=micro_step, reduce=lambda sums: _reduce(engine, sums),
+                    evaluate=lambda: _evaluate(engine, eval_pairs, pad_id, s.per_device_eval_batch_size),
+                    step_line=lambda step, n, epoch, m: f"reward step {step}/{n} loss {m['loss']:.4f} "
+                                                        f"acc {m['accuracy']:.3f} chosen {m['chosen_score']:.3f} "
+                                                        f"rejected {m['rejected_score']:.3f}",
+                    eval_line=lambda epoch, ev: f"reward epoch {epoch}: held-out accuracy {ev['eval_accuracy']:.3f} "
+                                                f"loss {ev['eval_loss']:.4f} chosen {ev['eval_chosen_score']:.3f} "
+                                                f"rejected {ev['eval_rejected_score']:.3f}")
+    metrics = run_loop(engine, spec, log)
+    save_value_model(engine, s.output_dir, tok)
+    log.print(f"reward: model saved to {s.output_dir}")
+    log.close()
+    return metrics

@@ -1,0 +1,126 @@
+"""Rollout generation with sampling seeded per sample, not per rank.
+
+Each sequence ``i`` of a rollout owns a ``torch.Generator`` seeded from ``(run seed, sample id)``; at every decoding
+step it draws ``V`` uniforms from its own generator and picks ``argmax(logits / T + Gumbel)``, which is an exact
+sample of ``softmax(logits / T)`` (the Gumbel-max trick) and depends on nothing but the sample's own logits and
+draws. So the same sample id gets the same answer on any rank, at any world size, in any batch composition (up to
+fp32 rounding of its logits), and a resumed run repeats the samples of the run it resumes.
+
+:func:`rollout` pads prompts to a fixed width ``P`` (left) and answers to ``A`` (right), so every sequence is
+``[P + A]`` whatever the batch: the experience layout of :mod:`hybridzero.rlhf.experience`. The answer is the
+generated tokens up to and including the first EOS; later positions are pad and 0 in the masks.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybridzero.rlhf.models import position_ids
+
+__all__ = ["Rollout", "SampleNoise", "answer_masks", "rollout", "sample_seed"]
+
+_MIX = 0x9E3779B97F4A7C15
+_MASK64 = (1 << 63) - 1
+
+
+def sample_seed(run_seed: int, sample_id: int) -> int:
+    """A 63-bit generator seed from ``(run_seed, sample_id)`` (splitmix-style mixing; pure)."""
+    z = (run_seed * _MIX + sample_id + 1) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    return (z ^ (z >> 31)) & _MASK64
+
+
+class SampleNoise:
+    """A Hugging Face logits processor: temperature, optional top-k, and per-row Gumbel noise (see module doc).
+
+    Used with greedy decoding (``do_sample=False``): the argmax of the returned scores is the sample.
+    """
+
+    def __init__(self, seeds: Sequence[int], temperature: float = 1.0, top_k: int = 0) -> None:
+        self.generators = [torch.Generator().manual_seed(int(s)) for s in seeds]
+        self.temperature = float(temperature)
+        self.top_k = int(top_k)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        """``[B, V]`` scores -> noisy scores; row ``b`` draws ``V`` uniforms from its own generator."""
+        scores = scores.float() / self.temperature
+        if 0 < self.top_k < scores.shape[-1]:
+            kth = scores.topk(self.top_k, dim=-1).values[:, -1:]
+            scores = scores.masked_fill(scores < kth, float("-inf"))
+        vocab = scores.shape[-1]
+        tiny = torch.finfo(torch.float32).tiny
+        uniforms = torch.stack([torch.rand(vocab, generator=g) for g in self.generators]).clamp_(tiny, 1.0 - 1e-7)
+        gumbel = -torch.log(-torch.log(uniforms))
+        return scores + gumbel.to(scores.device)
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """``sequences [B, P+A]`` (left-padded prompt, right-padded answer), ``attention_mask [B, P+A]``,
+    ``action_mask [B, P+A-1]`` (shifted space: 1 where token t+1 is an answer token) and ``prompt_width`` P."""
+
+    sequences: torch.Tensor
+    attention_mask: torch.Tensor
+    action_mask: torch.Tensor
+    prompt_width: int
+
+
+def answer_masks(answers: torch.Tensor, eos_id: int | None) -> torch.Tensor:
+    """``[B, A]`` int64: 1 on answer tokens up to and including the first ``eos_id`` (all 1 without an EOS)."""
+    if eos_id is None:
+        return torch.ones_like(answers)
+    is_eos = (answers == eos_id).long()
+    before_or_at = (is_eos.cumsum(-1) - is_eos) == 0  # no EOS strictly before this position
+    return before_or_at.long()
+
+
+def _fit(tokens: torch.Tensor, width: int, pad_id: int, left: bool) -> torch.Tensor:
+    """Pad (or cut) ``[B, n]`` to ``[B, width]`` on the left or right."""
+    n = tokens.shape[1]
+    if n >= width:
+        return tokens[:, n - width:] if left else tokens[:, :width]
+    pad = torch.full((tokens.shape[0], width - n), pad_id, dtype=tokens.dtype, device=tokens.device)
+    return torch.cat([pad, tokens] if left else [tokens, pad], dim=1)
+
+
+def rollout(generate: Callable[..., torch.Tensor], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
+            sample_ids: Sequence[int], run_seed: int, prompt_width: int, answer_len: int, pad_id: int,
+            eos_id: int | None, do_sample: bool = True, temperature: float = 1.0, top_k: int = 0,
+            extra: dict[str, Any] | None = None) -> Rollout:
+    """Generate ``answer_len`` tokens at most for each (left-padded) prompt and lay them out at fixed width.
+
+    ``generate`` is ``engine.generate`` (hybrid engine) or ``module.generate`` (ZeRO-3 gathers per step); it gets
+    HF ``generate`` keyword arguments. With ``do_sample`` each row samples with its own seed
+    ``sample_seed(run_seed, sample_ids[row])``; otherwise decoding is greedy.
+    """
+    ids = _fit(prompt_ids, prompt_width, pad_id, left=True)
+    mask = _fit(prompt_mask, prompt_width, 0, left=True)
+    kwargs: dict[str, Any] = {"attention_mask": mask, "max_new_tokens": answer_len, "do_sample": False,
+                              "pad_token_id": pad_id, "use_cache": True, **(extra or {})}
+    if eos_id is not None:
+        kwargs["eos_token_id"] = eos_id
+    if do_sample:
+        from transformers import LogitsProcessorList
+
+        seeds = [sample_seed(run_seed, int(s)) for s in sample_ids]
+        kwargs["logits_processor"] = LogitsProcessorList([SampleNoise(seeds, temperature, top_k)])
+    with torch.no_grad():
+        out = generate(ids, **kwargs)
+    answers = _fit(out[:, prompt_width:], answer_len, pad_id, left=False)
+    valid = answer_masks(answers, eos_id)
+    answers = torch.where(valid.bool(), answers, torch.full_like(answers, pad_id))
+    sequences = torch.cat([ids, answers], dim=1)
+    attention = torch.cat([mask, valid], dim=1)
+    action = torch.zeros_like(attention[:, 1:])
+    action[:, prompt_width - 1:] = valid
+    return Rollout(sequences=sequences, attention_mask=attention, action_mask=action, prompt_width=prompt_width)
+
+
+def causal_kwargs(sequences: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Forward keyword arguments for a causal LM scoring a rollout: ids, mask and mask-derived positions."""
+    return {"input_ids": sequences, "attention_mask": attention_mask,
+            "position_ids": position_ids(attention_mask), "use_cache": False}

@@ -1,0 +1,141 @@
+"""Typed, frozen settings of the three RLHF steps (and GRPO), with DeepSpeed-Chat's argument names.
+
+Field names are DeepSpeed-Chat's (``per_device_generation_batch_size``, ``generation_batches``, ``ppo_epochs``,
+``actor_zero_stage``, ``enable_hybrid_engine``, ``unsup_coef``, ``enable_ema``, …) so its training scripts' flags
+map one to one; the command line (:mod:`hybridzero.rlhf.cli`) is generated from these models. Unknown keys are
+errors (``extra="forbid"``); every cross-field rule is checked here, before any process group or model exists, and
+the error names the key, the value and what would be valid.
+
+Special values: ``data_path`` entry ``"demo"`` is the dataset that ships with the project
+(:mod:`hybridzero.rlhf.demo_task`); ``model_name_or_path`` ``"demo"`` builds the demo's tiny Llama from its config
+and trains it from scratch (with the demo tokenizer).
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = ["GRPOSettings", "PPOSettings", "RewardSettings", "SFTSettings", "StepSettings"]
+
+Dtype = Literal["fp32", "bf16", "fp16"]
+Schedule = Literal["cosine", "linear", "constant"]
+Stage = Literal[0, 1, 2, 3]
+
+
+class StepSettings(BaseModel):
+    """Keys every step shares."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    data_path: list[str] = Field(default_factory=lambda: ["demo"], min_length=1)
+    data_split: str = "2,4,4"
+    output_dir: str = "runs/step"
+    seed: int = 1234
+    dtype: Dtype = "fp32"
+    num_train_epochs: int = Field(1, ge=1)
+    lr_scheduler_type: Schedule = "cosine"
+    num_warmup_steps: int = Field(0, ge=0)
+    gradient_clipping: float = Field(1.0, ge=0.0)
+    enable_tensorboard: bool = True
+    print_every: int = Field(1, ge=1)
+    max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (all epochs)")
+    progress: bool = True
+
+
+class _SupervisedSettings(StepSettings):
+    """SFT and reward-model keys."""
+
+    model_name_or_path: str = "demo"
+    per_device_train_batch_size: int = Field(16, ge=1)
+    per_device_eval_batch_size: int = Field(16, ge=1)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    max_seq_len: int = Field(512, ge=2)
+    learning_rate: float = Field(1e-3, gt=0.0)
+    weight_decay: float = Field(0.0, ge=0.0)
+    zero_stage: Stage = 3
+    gradient_checkpointing: bool = False
+    eval_fraction: float = Field(0.05, gt=0.0, lt=1.0)
+    eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0: at the end of each epoch only)")
+
+
+class SFTSettings(_SupervisedSettings):
+    """Step 1: causal-LM loss on prompt + response, masked to the response."""
+
+    output_dir: str = "runs/step1_sft"
+
+
+class RewardSettings(_SupervisedSettings):
+    """Step 2: value-head model, pairwise loss ``-log sigmoid(chosen - rejected)`` on last-token scores."""
+
+    output_dir: str = "runs/step2_reward"
+
+
+class PPOSettings(StepSettings):
+    """Step 3 (DeepSpeed-Chat names; hyperparameters DeepSpeed-Chat hard-codes are keys here)."""
+
+    output_dir: str = "runs/step3_ppo"
+    actor_model_name_or_path: str = "runs/step1_sft"
+    critic_model_name_or_path: str = "runs/step2_reward"
+    per_device_generation_batch_size: int = Field(16, ge=1)
+    per_device_training_batch_size: int = Field(16, ge=1)
+    generation_batches: int = Field(1, ge=1)
+    ppo_epochs: int = Field(1, ge=1)
+    max_prompt_seq_len: int = Field(256, ge=1)
+    max_answer_seq_len: int = Field(256, ge=1)
+    prompt_policy: Literal["truncate", "drop"] = "drop"
+    actor_learning_rate: float = Field(9.65e-6, gt=0.0)
+    critic_learning_rate: float = Field(5e-6, gt=0.0)
+    actor_weight_decay: float = Field(0.0, ge=0.0)
+    critic_weight_decay: float = Field(0.0, ge=0.0)
+    gradient_accumulation_steps: int = Field(1, ge=1)
+    actor_zero_stage: Stage = 3
+    critic_zero_stage: Stage = 3
+    reference_zero_stage: Stage = 3
+    reward_zero_stage: Stage = 3
+    actor_gradient_checkpointing: bool = False
+    critic_gradient_checkpointing: bool = False
+    enable_hybrid_engine: bool = False
+    enable_ema: bool = False
+    ema_beta: float = Field(0.992, gt=0.0, lt=1.0)
+    unsupervised_dataset_name: str | None = None
+    unsup_coef: float = Field(27.8, ge=0.0)
+    kl_ctl: float = Field(0.1, ge=0.0)
+    clip_reward_value: float = Field(5.0, gt=0.0)
+    cliprange: float = Field(0.2, gt=0.0)
+    cliprange_value: float = Field(0.2, gt=0.0)
+    gamma: float = Field(1.0, ge=0.0, le=1.0)
+    lambd: float = Field(0.95, ge=0.0, le=1.0)
+    do_sample: bool = True
+    temperature: float = Field(1.0, gt=0.0)
+    top_k: int = Field(0, ge=0)
+    save_interval: int = Field(0, ge=0, description="checkpoint every N PPO steps (0: only at the end)")
+    resume: bool = True
+    monitor: Literal["none", "demo"] = "none"
+    print_answers: bool = False
+
+    @model_validator(mode="after")
+    def _check_batches(self) -> PPOSettings:
+        """The generation batch must split into whole training mini-batches."""
+        gen, train = self.per_device_generation_batch_size, self.per_device_training_batch_size
+        if gen % train:
+            raise ValueError(f"per_device_generation_batch_size = {gen} is not a multiple of "
+                             f"per_device_training_batch_size = {train}; use a divisor of {gen}")
+        return self
+
+
+class GRPOSettings(PPOSettings):
+    """GRPO: ``group_size`` samples per prompt, group-relative advantages, no critic (the reward model scores)."""
+
+    output_dir: str = "runs/step3_grpo"
+    group_size: int = Field(4, ge=2)
+    grpo_kl_coef: float = Field(0.04, ge=0.0)
+
+    @model_validator(mode="after")
+    def _check_groups(self) -> GRPOSettings:
+        """Every prompt's group lives on one rank and in one training mini-batch."""
+        gen, train, k = self.per_device_generation_batch_size, self.per_device_training_batch_size, self.group_size
+        if gen % k or train % k:
+            raise ValueError(f"group_size = {k} must divide per_device_generation_batch_size = {gen} and "
+                             f"per_device_training_batch_size = {train}")
+        return self

@@ -1,0 +1,125 @@
+"""Step 1: supervised fine-tuning (causal-LM loss on prompt + response, masked to the response).
+
+Runs on the current process group (``hybridzero.init_distributed()`` first; a plain process is a world of 1).
+Each optimizer step consumes one global batch (``per_device_train_batch_size x world x accumulation``) of a seeded
+per-epoch order; the loss of a micro-batch is the token mean over its response tokens (HF's ``labels`` loss).
+Evaluation reports the token-mean loss and perplexity over the held-out ``eval_fraction`` of the phase's data,
+summed over ranks. The result is a Hugging Face directory in ``output_dir`` (weights, config, tokenizer) plus
+``metrics.jsonl`` and TensorBoard scalars.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from hybridzero.rlhf.common import (
+    global_sum,
+    open_runlog,
+    phase_records,
+)
+from hybridzero.rlhf.data import (
+    IGNORE_INDEX,
+    pad_sequences,
+    pad_token_id,
+    sft_example,
+    train_eval_split,
+)
+from hybridzero.rlhf.engines import (
+    load_causal_lm,
+    load_tokenizer,
+)
+from hybridzero.rlhf.models import save_causal_lm
+from hybridzero.rlhf.settings import SFTSettings
+from hybridzero.rlhf.supervised import LoopSpec, run_loop, supervised_engine
+
+__all__ = ["sft_batch", "train_sft"]
+
+
+def sft_batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded ``input_ids`` / ``attention_mask`` / ``labels`` (-100 on prompt and padding)."""
+    ids = pad_sequences([e[0] for e in examples], pad_id)
+    labels = pad_sequences([e[1] for e in examples], IGNORE_INDEX)
+    mask = pad_sequences([[1] * len(e[0]) for e in examples], 0)
+    return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+
+def _tokenize(records: list[dict[str, str]], tok: Any, max_len: int) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """``(examples, truncated)``: SFT examples (``response``, or ``chosen`` of pairwise records)."""
+    out, truncated = [], 0
+    for r in records:
+        ex = sft_example(tok, r["prompt"], r.get("response", r.get("chosen", "")), max_len)
+        truncated += ex.n_truncated > 0
+        out.append((ex.input_ids, ex.labels))
+    return out, truncated
+
+
+def _evaluate(engine: Any, examples: list[tuple[list[int], list[int]]], pad_id: int, batch: int) -> dict[str, float]:
+    """Token-mean loss and perplexity over ``examples`` (this rank's strided share, summed over ranks).
+
+    Every rank runs the same number of forwards (ZeRO-3 forwards are collective): a rank whose share ran out
+    scores a stand-in batch with weight 0.
+    """
+    rank, world = engine.comm.rank, engine.comm.world_size
+    mine = examples[rank::world]
+    rounds = math.ceil(math.ceil(len(examples) / world) / batch)
+    nll, tokens = 0.0, 0
+    engine.eval()
+    with torch.no_grad():
+        for i in range(rounds):
+            chunk = mine[i * batch:(i + 1) * batch]
+            weight = 1 if chunk else 0
+            b = sft_batch(chunk or examples[:1], pad_id)
+            logits = engine(input_ids=b["input_ids"].to(engine.device),
+                            attention_mask=b["attention_mask"].to(engine.device)).logits.float()
+            labels = b["labels"][:, 1:].to(engine.device)
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
+                                                     labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+            nll += weight * float(loss)
+            tokens += weight * int((labels != IGNORE_INDEX).sum())
+    engine.train()
+    total_nll, total_tokens = global_sum(engine, [nll, tokens])
+    mean = total_nll / max(total_tokens, 1.0)
+    return {"eval_loss": mean, "perplexity": math.exp(min(mean, 50.0))}
+
+
+def train_sft(s: SFTSettings) -> dict[str, Any]:
+    """Run step 1; returns the final metrics (on every rank) and writes ``s.output_dir``."""
+    import hybridzero
+
+    hybridzero.init_distributed()
+    tok = load_tokenizer(s.model_name_or_path)
+    pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
+    model, hf_config = load_causal_lm(s.model_name_or_path, tok, s.seed)
+    records = phase_records(s.data_path, s.data_split, 1, None, s.seed)
+    train_recs, eval_recs = train_eval_split(records, s.eval_fraction, s.seed)
+    engine, total, global_batch = supervised_engine(model, s, len(train_recs), "SFT training data")
+    train_ex, cut = _tokenize(train_recs, tok, s.max_seq_len)
+    eval_ex, _ = _tokenize(eval_recs, tok, s.max_seq_len)
+    log = open_runlog(s.output_dir, engine.comm.rank, s.enable_tensorboard, s.progress)
+    log.print(f"SFT: {len(train_ex)} train / {len(eval_ex)} eval examples ({cut} truncated to {s.max_seq_len} "
+              f"tokens), {total} steps of {global_batch} sequences at world {engine.comm.world_size}")
+
+    def micro_step(indices: list[int]) -> dict[str, float]:
+        b = {n: v.to(engine.device) for n, v in sft_batch([train_ex[i] for i in indices], pad_id).items()}
+        loss = engine(**b).loss
+        engine.backward(loss)
+        engine.step()
+        return {"loss": float(loss.detach()) / s.gradient_accumulation_steps}
+
+    spec = LoopSpec(phase="sft", n_items=len(train_ex), micro=s.per_device_train_batch_size,
+                    accumulation=s.gradient_accumulation_steps, epochs=s.num_train_epochs, total_steps=total,
+                    seed=s.seed, eval_interval=s.eval_interval, print_every=s.print_every, progress=s.progress,
+                    micro_step=micro_step,
+                    reduce=lambda sums: {"loss": global_sum(engine, [sums["loss"]])[0] / engine.comm.world_size},
+                    evaluate=lambda: _evaluate(engine, eval_ex, pad_id, s.per_device_eval_batch_size),
+                    step_line=lambda step, n, epoch, m: f"sft step {step}/{n} epoch {epoch} loss {m['loss']:.4f} "
+                                                        f"lr {m['lr']:.2e}",
+                    eval_line=lambda epoch, ev: f"sft epoch {epoch}: eval loss {ev['eval_loss']:.4f} "
+                                                f"perplexity {ev['perplexity']:.3f}")
+    metrics = run_loop(engine, spec, log)
+    save_causal_lm(engine, s.output_dir, hf_config, tok)
+    log.print(f"SFT: model saved to {s.output_dir}")
+    log.close()
+    return metrics

@@ -1,0 +1,101 @@
+"""The optimizer-step loop steps 1 and 2 share: epochs of seeded global batches, per-step global metrics,
+periodic and per-epoch evaluation, logs, a progress bar.
+
+A step consumes one global batch of ``micro x W x accumulation`` items; rank ``r`` takes its contiguous slice and
+runs ``accumulation`` micro-steps through ``micro_step(indices) -> local sums``; ``reduce(sums) -> metrics`` turns
+the summed local numbers into global means (one counted all-reduce). Evaluation is collective too (every rank calls
+``evaluate``), so every rank returns the same numbers.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from hybridzero.rlhf.common import epoch_order, rank_slice
+
+__all__ = ["LoopSpec", "run_loop", "supervised_engine"]
+
+Sums = dict[str, float]
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    """What the loop needs from a step's settings and callbacks."""
+
+    phase: str  # "sft" / "reward": metrics phase and progress-bar label
+    n_items: int
+    micro: int
+    accumulation: int
+    epochs: int
+    total_steps: int
+    seed: int
+    eval_interval: int
+    print_every: int
+    progress: bool
+    micro_step: Callable[[list[int]], Sums]
+    reduce: Callable[[Sums], dict[str, float]]
+    evaluate: Callable[[], dict[str, float]]
+    step_line: Callable[[int, int, int, dict[str, float]], str]
+    eval_line: Callable[[int, dict[str, float]], str]
+
+
+def supervised_engine(model: Any, s: Any, n_train: int, what: str) -> tuple[Any, int, int]:
+    """``(engine, total_steps, global_batch)`` for step 1 or 2 settings ``s`` over ``n_train`` training items."""
+    import torch
+
+    from hybridzero.rlhf.common import steps_per_epoch
+    from hybridzero.rlhf.engines import OptimSpec, build_engine, ds_config
+
+    world = torch.distributed.get_world_size()
+    global_batch = s.per_device_train_batch_size * world * s.gradient_accumulation_steps
+    total = steps_per_epoch(n_train, global_batch, what) * s.num_train_epochs
+    if s.max_steps is not None:
+        total = min(total, s.max_steps)
+    optim = OptimSpec(s.learning_rate, s.weight_decay, s.lr_scheduler_type, s.num_warmup_steps, total)
+    cfg = ds_config(stage=s.zero_stage, dtype=s.dtype, micro_batch=s.per_device_train_batch_size, world_size=world,
+                    grad_accum=s.gradient_accumulation_steps, optim=optim, clipping=s.gradient_clipping)
+    return build_engine(model, cfg, checkpointing=s.gradient_checkpointing), total, global_batch
+
+
+def _one_step(engine: Any, spec: LoopSpec, mine: list[int]) -> dict[str, float]:
+    """Accumulate ``spec.accumulation`` micro-steps; global metrics plus lr and step time."""
+    t0 = time.perf_counter()
+    sums: Sums = {}
+    for k in range(spec.accumulation):
+        for key, value in spec.micro_step(mine[k * spec.micro:(k + 1) * spec.micro]).items():
+            sums[key] = sums.get(key, 0.0) + value
+    return {**spec.reduce(sums), "lr": engine.get_lr()[0], "step_time_s": time.perf_counter() - t0}
+
+
+def run_loop(engine: Any, spec: LoopSpec, log: Any) -> dict[str, float]:
+    """Train for ``spec.total_steps`` steps over at most ``spec.epochs`` epochs; returns the last metrics merged
+    with the last evaluation."""
+    from tqdm import tqdm
+
+    rank, world = engine.comm.rank, engine.comm.world_size
+    span = spec.micro * world * spec.accumulation
+    bar = tqdm(total=spec.total_steps, desc=spec.phase, disable=not (spec.progress and rank == 0))
+    step, metrics = 0, {}
+    for epoch in range(spec.epochs):
+        if step >= spec.total_steps:
+            break
+        order = epoch_order(spec.n_items, spec.seed, epoch)
+        for start in range(0, len(order) - span + 1, span):
+            if step >= spec.total_steps:
+                break
+            metrics = _one_step(engine, spec, rank_slice(order[start:start + span], rank, world))
+            step += 1
+            if spec.eval_interval and step % spec.eval_interval == 0:
+                metrics.update(spec.evaluate())
+            log.log(step, metrics, phase=spec.phase)
+            if step % spec.print_every == 0 or step == spec.total_steps:
+                log.print(spec.step_line(step, spec.total_steps, epoch, metrics))
+            bar.update(1)
+        ev = spec.evaluate()
+        metrics.update(ev)
+        log.log(step, ev, phase=f"{spec.phase}_eval")
+        log.print(spec.eval_line(epoch, ev))
+    bar.close()
+    return metrics

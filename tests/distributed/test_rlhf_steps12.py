@@ -1,0 +1,106 @@
+"""Steps 1 and 2 on gloo worlds, and the bad inputs every step must reject early with a clear message."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hybridzero.testing.rlhf_runs import make_model_dirs, reward_run, sft_run, step3_run
+
+
+def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_sft_then_reward_at_world_2(world, tmp_path: Path) -> None:
+    """SFT from scratch on the demo data, then a reward model whose trunk starts from the SFT model; both write
+    loadable Hugging Face directories, metrics.jsonl and TensorBoard events."""
+    import transformers
+
+    from hybridzero.rlhf.models import is_value_model_dir, load_value_model
+    from hybridzero.rlhf.runlog import read_metrics
+
+    pool = world(2)
+    sft_dir, rm_dir = tmp_path / "sft", tmp_path / "rm"
+    common = {"per_device_train_batch_size": 8, "per_device_eval_batch_size": 16, "max_seq_len": 24,
+              "progress": False, "print_every": 1000, "eval_fraction": 0.02}
+    sft = pool.run(sft_run, dict(output_dir=str(sft_dir), max_steps=6, learning_rate=3e-3, **common))
+
+    def same(m: dict[str, float]) -> dict[str, float]:  # step times are per rank; every other number is global
+        return {k: v for k, v in m.items() if k != "step_time_s"}
+
+    assert same(sft[0]) == same(sft[1])
+    assert 0.0 < sft[0]["eval_loss"] < 5.0 and sft[0]["perplexity"] > 1.0
+    model = transformers.AutoModelForCausalLM.from_pretrained(sft_dir)
+    assert model.config.num_hidden_layers == 2
+    rows = read_metrics(sft_dir)
+    assert [r["step"] for r in rows if r["phase"] == "sft"] == [1, 2, 3, 4, 5, 6]
+    assert list((sft_dir / "tensorboard").glob("events.out.tfevents.*"))
+
+    rm = pool.run(reward_run, dict(output_dir=str(rm_dir), model_name_or_path=str(sft_dir), max_steps=4,
+                                   learning_rate=1e-3, **common))
+    assert same(rm[0]) == same(rm[1])
+    for key in ("accuracy", "eval_accuracy"):
+        assert 0.0 <= rm[0][key] <= 1.0
+    assert is_value_model_dir(rm_dir)
+    value = load_value_model(rm_dir)
+    trunk = {k: v for k, v in model.model.state_dict().items()}
+    # the trunk moved away from the SFT weights by training, but has exactly its shapes
+    assert {k: v.shape for k, v in value.transformer.state_dict().items()} == {k: v.shape for k, v in trunk.items()}
+    ids = torch.tensor([[4, 5, 6, 14, 6, 5, 4, 2]])  # "0 1 2 = 2 1 0 </s>"
+    assert value.score(ids, torch.ones_like(ids)).shape == (1,)
+
+
+def test_bad_inputs_fail_early_with_the_reason(world, tmp_path: Path) -> None:
+    pool = world(1)
+    actor, value = make_model_dirs(tmp_path / "models")
+    no_rejected = _write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "1 2 =", "chosen": "2 1"}] * 4)
+    with pytest.raises(Exception, match=r"missing column\(s\) \['rejected'\]"):
+        pool.run(reward_run, {"output_dir": str(tmp_path / "rm"), "model_name_or_path": actor,
+                              "data_path": [no_rejected], "data_split": "1,1,1", "progress": False})
+    prompts = _write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "1 2 3 ="}] * 12)
+    base = {"actor_model_name_or_path": actor, "critic_model_name_or_path": value, "output_dir": str(tmp_path / "ppo"),
+                "per_device_generation_batch_size": 2, "per_device_training_batch_size": 2, "max_prompt_seq_len": 8,
+                "max_answer_seq_len": 8, "progress": False, "resume": False, "max_steps": 1}
+    with pytest.raises(Exception, match="gives phase 3 no records"):
+        pool.run(step3_run, dict(base, data_path=[prompts], data_split="10,0,0"))
+    with pytest.raises(Exception, match="exceeds the model context of 64"):
+        pool.run(step3_run, dict(base, data_path=[prompts], data_split="0,0,1", max_answer_seq_len=60))
+    with pytest.raises(Exception, match=r"no usable step-3 prompts: \{'dropped': 12"):
+        pool.run(step3_run, dict(base, data_path=[prompts], data_split="0,0,1", max_prompt_seq_len=2,
+                                 prompt_policy="drop"))  # every 4-token prompt is over the budget
+    with pytest.raises(Exception, match="has 12 usable prompt.*one iteration needs 16"):
+        pool.run(step3_run, dict(base, data_path=[prompts], data_split="0,0,1", per_device_generation_batch_size=16,
+                                 per_device_training_batch_size=4))
+
+
+def test_prompt_budget_drop_and_truncate_are_counted(tmp_path: Path) -> None:
+    from hybridzero.rlhf.demo_task import build_tokenizer
+    from hybridzero.rlhf.settings import PPOSettings
+    from hybridzero.rlhf.step3_setup import load_prompts
+
+    path = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": "1 2 ="}, {"prompt": "1 2 3 4 5 6 ="}, {"prompt": "7 ="}])
+    tok = build_tokenizer()
+    common = {"data_path": [path], "data_split": "0,0,1", "max_prompt_seq_len": 4, "max_answer_seq_len": 4}
+    kept, counts = load_prompts(PPOSettings(**common, prompt_policy="drop"), tok, 64)
+    assert sorted(kept) == ["1 2 =", "7 ="] and counts == {"dropped": 1, "truncated": 0, "empty": 0}
+    kept, counts = load_prompts(PPOSettings(**common, prompt_policy="truncate"), tok, 64)
+    assert sorted(kept) == ["1 2 =", "4 5 6 =", "7 ="]  # the last 4 tokens of the long prompt
+    assert counts == {"dropped": 0, "truncated": 1, "empty": 0}
+    with pytest.raises(ValueError, match="exceeds the model context of 6 positions"):
+        load_prompts(PPOSettings(**common), tok, 6)
+
+
+def test_tokenizer_without_pad_pads_with_eos_and_without_either_fails() -> None:
+    from hybridzero.rlhf.data import pad_token_id
+    from hybridzero.rlhf.demo_task import build_tokenizer
+
+    tok = build_tokenizer()
+    tok.pad_token = None
+    assert pad_token_id(tok, pad_to_eos=True) == tok.eos_token_id
+    tok.eos_token = None
+    with pytest.raises(ValueError, match="tokenizer has no pad token"):
+        pad_token_id(tok, pad_to_eos=True)

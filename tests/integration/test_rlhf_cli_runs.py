@@ -1,0 +1,55 @@
+"""End to end through the real command line under torch.distributed.run: the embedded demo (quick mode) and a
+DeepSpeed-Chat-style step-3 command line at world 2."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridzero.testing.rlhf_runs import make_model_dirs
+
+_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYBRIDZERO_TIMEOUT_S": "120"}
+
+
+def _run(argv: list[str], cwd: Path, timeout: int = 420) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "hybridzero", *argv], cwd=cwd, env=_ENV, capture_output=True,
+                          text=True, timeout=timeout, check=False)
+
+
+@pytest.mark.slow
+def test_demo_quick_runs_all_three_steps_at_world_2(tmp_path: Path) -> None:
+    out = tmp_path / "demo"
+    proc = _run(["demo", "--quick", "--output_dir", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["world_size"] == 2
+    for policy in ("sft (greedy)", "sft (sampled)", "ppo (greedy)", "ppo (sampled)", "ppo ema (sampled)"):
+        assert set(summary["evaluation"][policy]) == {"rule_exact", "rule_partial", "copy_rate", "reward"}
+    assert 0.0 <= summary["reward"]["eval_accuracy"] <= 1.0
+    assert all(Path(p).is_file() and Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in summary["plots"])
+    for name in ("actor", "actor_ema", "critic"):
+        assert (out / "step3_ppo" / name / "config.json").is_file()
+    assert "rule exact" in proc.stdout and "plots:" in proc.stdout and "final models:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_deepspeed_chat_style_ppo_command_line(tmp_path: Path) -> None:
+    actor, value = make_model_dirs(tmp_path / "models")
+    argv = ["ppo", "--world_size", "2", "--data_path", "demo", "--actor_model_name_or_path", actor,
+            "--critic_model_name_or_path", value, "--num_padding_at_beginning", "1",
+            "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2",
+            "--generation_batches", "1", "--ppo_epochs", "2", "--max_answer_seq_len", "6", "--max_prompt_seq_len", "8",
+            "--actor_learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--num_warmup_steps", "1",
+            "--deepspeed", "--enable_hybrid_engine", "--actor_zero_stage", "3", "--critic_zero_stage", "2",
+            "--enable_ema", "--test_stop_step", "2", "--output_dir", str(tmp_path / "ppo"), "--progress", "false"]
+    proc = _run(argv, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "End-to-End => Latency" in proc.stdout and "Average reward score" in proc.stdout
+    lines = [json.loads(x) for x in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == [1, 2] and all(r["phase"] == "ppo" for r in lines)
+    plot = _run(["plot", str(tmp_path / "ppo")], tmp_path, timeout=120)
+    assert plot.returncode == 0 and "PNG" in plot.stdout, plot.stderr

@@ -1,0 +1,98 @@
+"""The RLHF command line: DeepSpeed-Chat's step-3 flags parse unchanged; unsupported flags, bad values, unknown
+keys and impossible batch arithmetic fail before anything starts, naming the flag and what would be valid."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hybridzero.cli import build_parser, main
+from hybridzero.rlhf.cli_args import settings_from_args
+from hybridzero.rlhf.settings import PPOSettings, SFTSettings
+
+# the step-3 arguments of DeepSpeed-Chat's single-node OPT-1.3b training script (paths shortened)
+DS_CHAT_STEP3 = """--data_path Dahoas/rm-static --data_split 2,4,4 --actor_model_name_or_path ACTOR
+--critic_model_name_or_path CRITIC --num_padding_at_beginning 1 --per_device_generation_batch_size 4
+--per_device_training_batch_size 4 --generation_batches 1 --ppo_epochs 1 --max_answer_seq_len 256
+--max_prompt_seq_len 256 --actor_learning_rate 9.65e-6 --critic_learning_rate 5e-6 --actor_weight_decay 0.1
+--critic_weight_decay 0.1 --num_train_epochs 1 --lr_scheduler_type cosine --gradient_accumulation_steps 1
+--actor_gradient_checkpointing --critic_gradient_checkpointing --offload_reference_model false
+--num_warmup_steps 100 --deepspeed --seed 1234 --enable_hybrid_engine --inference_tp_size 1
+--tp_gather_partition_size 8 --actor_zero_stage 3 --critic_zero_stage 3 --actor_lora_dim 0 --enable_ema
+--unsup_coef 27.8 --output_dir OUT --enable_tensorboard --tensorboard_path OUT --dtype bf16""".split()  # noqa: SIM905
+
+
+def _settings(argv: list[str]) -> PPOSettings:
+    args = build_parser().parse_args(argv)
+    settings = settings_from_args(PPOSettings, args)
+    assert isinstance(settings, PPOSettings)
+    return settings
+
+
+def test_deepspeed_chat_step3_flags_parse_unchanged() -> None:
+    s = _settings(["ppo", *DS_CHAT_STEP3])
+    assert s.data_path == ["Dahoas/rm-static"] and s.data_split == "2,4,4"
+    assert (s.actor_model_name_or_path, s.critic_model_name_or_path) == ("ACTOR", "CRITIC")
+    assert (s.per_device_generation_batch_size, s.per_device_training_batch_size) == (4, 4)
+    assert (s.generation_batches, s.ppo_epochs, s.max_answer_seq_len, s.max_prompt_seq_len) == (1, 1, 256, 256)
+    assert (s.actor_learning_rate, s.critic_learning_rate, s.actor_weight_decay) == (9.65e-6, 5e-6, 0.1)
+    assert s.enable_hybrid_engine and s.enable_ema and s.actor_gradient_checkpointing
+    assert (s.actor_zero_stage, s.critic_zero_stage, s.unsup_coef, s.dtype) == (3, 3, 27.8, "bf16")
+
+
+def test_dashed_aliases_and_bool_values() -> None:
+    s = _settings(["ppo", "--enable-hybrid-engine", "false", "--generation-batches", "3", "--enable_ema"])
+    assert (s.enable_hybrid_engine, s.generation_batches, s.enable_ema) == (False, 3, True)
+    assert _settings(["ppo", "--test_stop_step", "7"]).max_steps == 7
+
+
+@pytest.mark.parametrize(("flag", "value", "reason"), [
+    ("--offload", None, "ZeRO-Offload is not implemented"),
+    ("--actor_lora_dim", "64", "LoRA is not implemented"),
+    ("--inference_tp_size", "2", "tensor-parallel inference"),
+    ("--actor_dropout", "0.1", "dropout is forced to 0"),
+])
+def test_unsupported_deepspeed_chat_flags_are_named(flag: str, value: str | None, reason: str,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["ppo", flag] + ([value] if value is not None else [])
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert flag in err and reason in err
+
+
+def test_bad_values_and_batch_arithmetic(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["ppo", "--actor_zero_stage", "5"])
+    assert exc.value.code == 2 and "invalid choice: 5" in capsys.readouterr().err
+    assert main(["ppo", "--per_device_generation_batch_size", "6", "--per_device_training_batch_size", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "per_device_generation_batch_size = 6" in err and "per_device_training_batch_size = 4" in err
+    assert main(["grpo", "--group_size", "3", "--per_device_generation_batch_size", "8",
+                 "--per_device_training_batch_size", "4"]) == 2
+    assert "group_size = 3 must divide" in capsys.readouterr().err
+    assert main(["ppo", "--kl_ctl", "-1"]) == 2
+    assert "--kl_ctl -1.0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["ppo", "--no_such_flag", "1"])
+    assert "unrecognized arguments: --no_such_flag" in capsys.readouterr().err
+
+
+def test_config_file_then_flags(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "sft.json"
+    path.write_text(json.dumps({"learning_rate": 0.01, "max_seq_len": 64, "zero_stage": 2}))
+    args = build_parser().parse_args(["sft", "--config", str(path), "--max_seq_len", "32"])
+    s = settings_from_args(SFTSettings, args)
+    assert isinstance(s, SFTSettings)
+    assert (s.learning_rate, s.max_seq_len, s.zero_stage) == (0.01, 32, 2)
+    path.write_text(json.dumps({"learnig_rate": 0.01}))
+    assert main(["sft", "--config", str(path)]) == 2
+    assert "unknown setting 'learnig_rate'; did you mean --learning_rate?" in capsys.readouterr().err
+    path.write_text("[1, 2]")
+    assert main(["sft", "--config", str(path)]) == 2
+    assert "expected a JSON object" in capsys.readouterr().err
+
+
+def test_plot_of_a_directory_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plot", str(tmp_path)]) == 1
+    assert "no metrics.jsonl" in capsys.readouterr().err
