@@ -141,7 +141,7 @@ def ppo_update(roles: Roles, exp: Experience, targets: Targets, *, clip: float, 
     critic_loss = clipped_value_loss(values, exp.values, targets.returns, mask, clip=clip_value)
     roles.critic.backward(critic_loss * scale)
     skipped = step_both(roles.actor, roles.critic)
-    sums = global_sum(roles.actor, [float(actor_loss) * n_tokens, float(critic_loss) * n_tokens,
+    sums = global_sum(roles.actor, [float(actor_loss.detach()) * n_tokens, float(critic_loss.detach()) * n_tokens,
                                     float(stats.clip_fraction) * n_tokens, float(stats.approx_kl) * n_tokens,
                                     n_tokens])
     n = max(sums[4], 1.0)
@@ -158,7 +158,7 @@ def grpo_update(roles: Roles, exp: Experience, advantages: torch.Tensor, *, clip
     roles.actor.backward(loss * _global_scale(roles.actor, n_seq))
     skipped = step_both(roles.actor, None)
     n_tokens = float(exp.action_mask.sum())
-    sums = global_sum(roles.actor, [float(loss) * n_seq, n_seq, float(stats.clip_fraction) * n_tokens,
+    sums = global_sum(roles.actor, [float(loss.detach()) * n_seq, n_seq, float(stats.clip_fraction) * n_tokens,
                                     float(stats.approx_kl) * n_tokens, n_tokens])
     return UpdateStats(sums[0] / max(sums[1], 1.0), 0.0, sums[2] / max(sums[4], 1.0), sums[3] / max(sums[4], 1.0),
                        skipped)
@@ -178,7 +178,7 @@ def ptx_update(actor: Any, batch: dict[str, torch.Tensor], coef: float) -> float
     loss = actor(**batch).loss
     actor.backward(coef * loss * _global_scale(actor, n_tokens))
     step_both(actor, None)
-    total, count = global_sum(actor, [float(loss) * n_tokens, n_tokens])
+    total, count = global_sum(actor, [float(loss.detach()) * n_tokens, n_tokens])
     return total / max(count, 1.0)
 
 

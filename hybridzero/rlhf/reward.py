@@ -50,7 +50,7 @@ def pair_batch(pairs: list[Pair], pad_id: int) -> tuple[torch.Tensor, torch.Tens
 def pair_stats(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """``(mean pairwise loss, sums)``: sums of loss, correct, chosen and rejected scores, and the pair count."""
     losses = -F.logsigmoid(chosen - rejected)
-    sums = {"loss": float(losses.sum()), "correct": float((chosen > rejected).sum()),
+    sums = {"loss": float(losses.detach().sum()), "correct": float((chosen > rejected).sum()),
             "chosen": float(chosen.sum()), "rejected": float(rejected.sum()), "pairs": float(chosen.numel())}
     return losses.mean(), sums
 
