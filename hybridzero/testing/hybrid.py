@@ -111,7 +111,7 @@ def train_generate_cycles(spec: RunSpec, generate: bool, budget: int | None = No
     model = build_model(spec)
     engine, *_ = hybridzero.initialize(model=model, config=ds_config(spec, world))
     batches = batches_for(spec, world, int(model.config.vocab_size))
-    reports, modes, gathers = [], [], []
+    reports, modes, gathers, gathered = [], [], [], []
     for cycle in range(spec.steps):
         for half in range(2):
             ids = batches[cycle, half % spec.accumulation, rank]
@@ -123,10 +123,14 @@ def train_generate_cycles(spec: RunSpec, generate: bool, budget: int | None = No
                 with torch.no_grad(), engine.generation_mode(budget) as mode:
                     engine.module.generate(ids[:, :4], max_new_tokens=4, min_new_tokens=4, do_sample=False,
                                            pad_token_id=0, synced_gpus=mode == "bucketed")
-                gathers.append(engine.comm_ledger().since(mark).total("all_gather").calls)
+                window = engine.comm_ledger().since(mark).total("all_gather")
+                gathers.append(window.calls)
+                gathered.append(window.bytes)
                 modes.append(mode)
                 reports.append(before == engine.memory_report())
     engine.assert_quiescent()
     params = engine.full_parameters()
+    zero3 = [g for g in engine.groups if not g.always_full]
     return {"params": params if rank == 0 else None, "reports": reports, "modes": modes, "gathers": gathers,
-            "groups": sum(1 for g in engine.groups if not g.always_full)}
+            "gathered_bytes": gathered, "groups": len(zero3),
+            "model_bytes": sum(g.numel * g.compute_dtype.itemsize for g in zero3)}

@@ -34,6 +34,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from hybridzero.zero.coalesce import start_gathers
 from hybridzero.zero.groups import GroupState, ShardedGroup
 from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.reduce import GradReducer
@@ -129,18 +130,21 @@ class ZeroCoordinator:
     def _prefetch(self, upcoming: list[int], current: ShardedGroup, kind: str) -> None:
         inflight = sum(g.numel for g in self.groups if g.state is GroupState.GATHERING)
         live = sum(g.numel for g in self.groups if g.state is not GroupState.SHARDED and not g.always_full)
+        batch: list[ShardedGroup] = []
         for gid in upcoming:
             cand = self.groups[gid]
-            if cand is current or cand.state is not GroupState.SHARDED:
-                continue
+            if cand is current or cand.state is not GroupState.SHARDED or any(c is cand for c in batch):
+                continue  # a trace may name a group twice (a module called twice): gather it once
             if inflight + cand.numel > self.prefetcher.bucket_elems:
                 break
             if live + cand.numel > self.prefetcher.max_live_elems:
                 break
             self._event("prefetch", cand)
-            cand.start_gather(kind)
+            batch.append(cand)
             inflight += cand.numel
             live += cand.numel
+        if batch:
+            start_gathers(batch, kind, batch[0].comm)  # one collective for the whole prefetch batch
 
     def release(self, group: ShardedGroup) -> None:
         """Release ``group`` if it holds anything and no ``GatheredParameters`` block pins it."""

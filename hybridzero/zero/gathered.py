@@ -27,8 +27,8 @@ if TYPE_CHECKING:
 
 
 @contextmanager
-def GatheredParameters(params: nn.Parameter | Iterable[nn.Parameter], modifier_rank: int | None = None, *,  # noqa: N802
-                       engine: "Engine", enabled: bool = True) -> Iterator[None]:
+def GatheredParameters(params: nn.Parameter | Iterable[nn.Parameter], modifier_rank: int | None = None, *,
+                       engine: Engine, enabled: bool = True) -> Iterator[None]:
     """Full values of ``params`` (parameters of ``engine.module``) inside the block; see the module docstring."""
     plist = [params] if isinstance(params, torch.Tensor) else list(params)
     if not enabled or not plist:

@@ -31,7 +31,12 @@ from torch import nn
 from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.checkpoint.ranges import read_range
 from hybridzero.comm.collectives import Comm, PendingCollective
-from hybridzero.comm.quantize import dequantize_blockwise, from_wire, quantize_blockwise, to_wire
+from hybridzero.comm.quantize import (
+    dequantize_blockwise,
+    from_wire,
+    quantize_blockwise,
+    to_wire,
+)
 from hybridzero.zero.layout import FlatLayout, ParamSpec, build_layout, intersect
 
 
@@ -176,6 +181,21 @@ class ShardedGroup:
                 q = from_wire(recv[r * n:(r + 1) * n], shard_numel, 8, block)
                 dequantize_blockwise(q, out=full[r * shard_numel:(r + 1) * shard_numel])
         self._decode = decode
+
+    def join_coalesced(self, handle: PendingCollective, send: torch.Tensor, recv: torch.Tensor, offset: int,
+                       stride: int) -> None:
+        """SHARDED → GATHERING on a shared, coalesced all-gather (:mod:`hybridzero.zero.coalesce`): ``recv`` holds
+        ``world`` chunks of ``stride`` elements, this group's shard at ``offset`` in each; ``wait`` copies them
+        out rank by rank into this group's own full buffer (bit-identical to a gather of its own)."""
+        assert self.state is GroupState.SHARDED
+        full = torch.empty(self.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
+        size, world = self.layout.shard_numel, self.comm.world_size
+        self.full, self.handle, self._send = full, handle, send
+
+        def decode() -> None:
+            full.view(world, size).copy_(recv.view(world, stride)[:, offset:offset + size])
+        self._decode = decode
+        self.state = GroupState.GATHERING
 
     def wait(self, phase: str) -> None:
         """Make the full parameters available (any state → GATHERED)."""

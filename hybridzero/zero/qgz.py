@@ -18,7 +18,12 @@ from __future__ import annotations
 import torch
 
 from hybridzero.comm.collectives import Comm
-from hybridzero.comm.quantize import dequantize_blockwise, from_wire, quantize_blockwise, to_wire
+from hybridzero.comm.quantize import (
+    dequantize_blockwise,
+    from_wire,
+    quantize_blockwise,
+    to_wire,
+)
 from hybridzero.zero.ordered import ordered_sum
 
 
