@@ -1,21 +1,30 @@
-"""ZeRO-3 generation without a hybrid engine (``engine.module.generate``) against plain ``generate`` (CPU, gloo).
+"""Generation on sharded parameters against plain ``generate`` (CPU, gloo): the hybrid engine, ZeRO-3 per-forward
+gathering, FSDP2 unshard-then-generate and DeepSpeed ZeRO-3.
 
     python bench/bench_generate.py [--world 2] [--batch 8] [--prompt-len 16] [--new-tokens 64] [--repeats 3]
-                                   [--tiny] [--out bench/results]
+                                   [--model bench|tiny|100m] [--systems ...] [--out bench/results]
 
-The benchmark model (:func:`hybridzero.bench_model.benchmark_llama`) generates greedily, exactly ``--new-tokens``
-tokens (``min_new_tokens`` = ``max_new_tokens``, so nobody stops early) for ``--batch`` prompts of ``--prompt-len``
-random tokens, with the KV cache on:
+The benchmark model (:func:`hybridzero.bench_model.benchmark_llama`; ``--tiny`` is an alias of ``--model tiny``)
+generates greedily, exactly ``--new-tokens`` tokens (``min_new_tokens`` = ``max_new_tokens``, so nobody stops early)
+for ``--batch`` prompts of ``--prompt-len`` random tokens, with the KV cache on, fp32:
 
-* ``zero3``: ``--world`` ranks (a :class:`~hybridzero.testing.spawn.WorldPool`, one thread each), one inference-only
-  ZeRO-3 engine per rank with the benchmark's prefetch bucket (and once with prefetch off); every rank generates its
-  own batch, so every decoding step all-gathers the whole model once (HF's synced generation).
 * ``plain``: the unsharded model in this process, one thread, one batch: the compute floor of one rank.
+* ``hybrid``: hybridzero's hybrid engine (``engine.generate``): parameters gathered once per call.
+* ``zero3`` / ``zero3-noprefetch``: ``--world`` ranks (a :class:`~hybridzero.testing.spawn.WorldPool`, one thread
+  each), one inference-only ZeRO-3 engine per rank with the benchmark's prefetch bucket (or prefetch off),
+  ``engine.module.generate``: every decoding step all-gathers the whole model once.
+* ``fsdp2``: PyTorch FSDP2, ``unshard()`` every FSDP module, generate on full parameters, ``reshard()``
+  (:func:`generate_peers.fsdp2_rank`; the gather is inside the time).
+* ``deepspeed``: DeepSpeed ZeRO-3, ``engine.module.generate(..., synced_gpus=True)`` (:func:`generate_peers.
+  deepspeed_rank`, in a pool of its own); skipped, with the reason printed and recorded, when ``deepspeed`` is not
+  importable.
 
-Per system: median / min / max seconds per ``generate`` over ``--repeats`` timed calls after one warm-up (a ZeRO-3
-call's time is its slowest rank's), new tokens/s per rank and for all ranks, root forwards, all-gather calls and
-MB per ``generate`` (rank 0's comm ledger, whole buffers), and whether rank 0's tokens equal plain generation on the
-same prompts. Written to ``<out>/generate.json`` and printed as a table. Nothing here asserts a time.
+Every rank generates its own batch. Per system: median / min / max seconds per ``generate`` over ``--repeats`` timed
+calls after a warm-up (a multi-rank call's time is its slowest rank's), new tokens/s per rank and for all ranks, the
+ratios to plain ``generate`` (time and tokens/s per rank), root forwards, all-gather calls and MB per ``generate``
+(rank 0, whole buffers: hybridzero's comm ledger, FSDP2's c10d counter, DeepSpeed's comms logger), and whether rank
+0's tokens equal plain generation's on the same prompts. Written to ``<out>/generate.json`` and ``generate.md``.
+Nothing here asserts a time.
 
 Reading the numbers: with W ranks on W cores each rank has a core, but gloo's all-gathers are CPU copies that
 compete with compute; the per-token cost of ZeRO-3 generation is dominated by gathering every parameter once per
@@ -29,10 +38,8 @@ import importlib.metadata
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,79 +47,51 @@ import torch
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
+sys.path.insert(0, str(HERE))
 
-from hybridzero.bench_model import benchmark_config, benchmark_llama, tiny_overrides  # noqa: E402
-from hybridzero.testing.spawn import WorldPool  # noqa: E402
+from generate_common import (
+    ForwardCounter,
+    greedy_generate,
+    load_model,
+    prompts_for,
+    ranks_row,
+    summarize,
+    timed_calls,
+)
+from peer_common import MODEL_CHOICES, deepspeed_available
 
-MB = 1e6
+from hybridzero.bench_model import benchmark_config, prefetch_bucket_for
+from hybridzero.testing.spawn import WorldPool
 
-
-def _model(tiny: bool) -> torch.nn.Module:
-    """The benchmark Llama (or its tiny variant), seed 0, in eval mode."""
-    model = benchmark_llama(0, **(tiny_overrides() if tiny else {}))
-    model.eval()
-    return model
-
-
-def prompts_for(rank: int, batch: int, prompt_len: int, vocab: int) -> torch.Tensor:
-    """Random prompt ids ``[batch, prompt_len]`` of ``rank`` (private generator; avoids the special ids 0-2)."""
-    generator = torch.Generator().manual_seed(1234 + rank)
-    return torch.randint(3, vocab, (batch, prompt_len), generator=generator, dtype=torch.int64)
-
-
-def _generate(model: torch.nn.Module, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """Greedy, KV-cached generation of exactly ``new_tokens`` tokens."""
-    with torch.no_grad():
-        return model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
-
-
-def _hybrid_generate(engine: Any, prompts: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """The hybrid engine: the same greedy generation on parameters gathered once."""
-    with torch.no_grad():
-        return engine.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                               min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0)
+SYSTEMS: tuple[str, ...] = ("plain", "hybrid", "zero3", "zero3-noprefetch", "fsdp2", "deepspeed")
+"""``--systems`` choices, in the order they run (``plain`` always runs: it is the reference)."""
+NAMES: dict[str, str] = {"plain": "plain generate (unsharded)", "hybrid": "hybrid engine",
+                         "zero3": "zero3 (prefetch on)", "zero3-noprefetch": "zero3 (prefetch off)",
+                         "fsdp2": "fsdp2 (unshard, generate)", "deepspeed": "deepspeed zero3 (synced_gpus)"}
 
 
 def zero3_rank(settings: dict[str, Any], prefetch: bool, hybrid: bool = False) -> dict[str, Any]:
-    """One ZeRO-3 rank: warm-up, then timed ``generate`` calls; per-call seconds, ledger counts, rank 0's tokens.
-    ``hybrid``: through ``engine.generate`` (hybrid engine) instead of ``engine.module.generate``."""
+    """One hybridzero ZeRO-3 rank: warm-up, then timed ``generate`` calls; per-call seconds, ledger counts, rank 0's
+    tokens. ``hybrid``: through ``engine.generate`` (hybrid engine) instead of ``engine.module.generate``."""
     import hybridzero
 
     hybridzero.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
-    model = _model(settings["tiny"])
-    config = benchmark_config(world, **({} if prefetch else {"prefetch_bucket_size": 0}))
+    model = load_model(settings["model"])
+    bucket = prefetch_bucket_for(settings["model"]) if prefetch else 0
+    config = benchmark_config(world, prefetch_bucket_size=bucket)
     del config["optimizer"]  # inference only: no optimizer state
     engine, *_ = hybridzero.initialize(model=model, config=config)
     engine.eval()
     prompts = prompts_for(rank, settings["batch"], settings["prompt_len"], int(model.config.vocab_size))
-    forwards = [0]
-
-    def count(module: torch.nn.Module, args: Any, output: Any) -> None:
-        """Forward hook on the root: one more model forward."""
-        forwards[0] += 1
-
-    handle = engine.module.register_forward_hook(count)
-
-    def run() -> torch.Tensor:
-        if hybrid:
-            return _hybrid_generate(engine, prompts, settings["new_tokens"])
-        return _generate(engine.module, prompts, settings["new_tokens"])
-
-    out = run()  # warm-up
-    seconds = []
-    for _ in range(settings["repeats"]):
-        torch.distributed.barrier()
-        forwards[0] = 0
-        engine.comm_ledger().reset()
-        start = time.perf_counter()
-        out = run()
-        seconds.append(time.perf_counter() - start)
-    handle.remove()
+    target = engine if hybrid else engine.module
+    forwards = ForwardCounter(engine.module)
+    seconds, out = timed_calls(lambda: greedy_generate(target, prompts, settings["new_tokens"]), settings["repeats"],
+                               forwards, engine.comm_ledger().reset)
+    forwards.remove()
     engine.assert_quiescent()
     gathers = engine.comm_ledger().total(collective="all_gather")
-    return {"seconds": seconds, "forwards": forwards[0], "gather_calls": gathers.calls,
+    return {"seconds": seconds, "forwards": forwards.count, "gather_calls": gathers.calls,
             "gather_bytes": gathers.bytes, "tokens": out if rank == 0 else None}
 
 
@@ -121,39 +100,39 @@ def plain_run(settings: dict[str, Any]) -> dict[str, Any]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        model = _model(settings["tiny"])
+        model = load_model(settings["model"])
         prompts = prompts_for(0, settings["batch"], settings["prompt_len"], int(model.config.vocab_size))
-        out = _generate(model, prompts, settings["new_tokens"])  # warm-up
-        seconds = []
-        for _ in range(settings["repeats"]):
-            start = time.perf_counter()
-            out = _generate(model, prompts, settings["new_tokens"])
-            seconds.append(time.perf_counter() - start)
+        seconds, out = timed_calls(lambda: greedy_generate(model, prompts, settings["new_tokens"]),
+                                   settings["repeats"])
         n_params = sum(p.numel() for p in model.parameters())
         return {"seconds": seconds, "tokens": out, "n_params": n_params}
     finally:
         torch.set_num_threads(threads)
 
 
-def summarize(system: str, world: int, per_call: list[float], settings: dict[str, Any]) -> dict[str, Any]:
-    """One result row from the per-call seconds (already the slowest rank's for ZeRO-3)."""
-    median = statistics.median(per_call)
-    per_rank = settings["batch"] * settings["new_tokens"] / median
-    return {"system": system, "world_size": world, "median_s": median, "min_s": min(per_call), "max_s": max(per_call),
-            "seconds": per_call, "tokens_per_s_per_rank": per_rank, "tokens_per_s_all_ranks": per_rank * world}
+def sharded_rows(settings: dict[str, Any], systems: list[str], plain_tokens: torch.Tensor) -> list[dict[str, Any]]:
+    """Run the requested multi-rank systems (DeepSpeed in a pool of its own, last) and summarise each."""
+    rows = []
+    timeout = settings["timeout"]
+    ours = [s for s in systems if s in ("hybrid", "zero3", "zero3-noprefetch", "fsdp2")]
+    if ours:
+        with WorldPool(settings["world"]) as pool:
+            for system in ours:
+                if system == "fsdp2":
+                    from generate_peers import fsdp2_rank
 
+                    ranks = pool.run(fsdp2_rank, settings, timeout=timeout)
+                else:
+                    ranks = pool.run(zero3_rank, settings, system != "zero3-noprefetch", system == "hybrid",
+                                     timeout=timeout)
+                rows.append(ranks_row(NAMES[system], ranks, settings, plain_tokens))
+    if "deepspeed" in systems:
+        from generate_peers import deepspeed_rank
 
-def zero3_row(pool: WorldPool, settings: dict[str, Any], prefetch: bool, plain_tokens: torch.Tensor,
-              hybrid: bool = False) -> dict[str, Any]:
-    """Run the ZeRO-3 ranks and summarise them (rank 0's ledger; time per call = slowest rank)."""
-    ranks = pool.run(zero3_rank, settings, prefetch, hybrid, timeout=settings["timeout"])
-    per_call = [max(r["seconds"][i] for r in ranks) for i in range(settings["repeats"])]
-    name = "hybrid engine" if hybrid else ("zero3 (prefetch on)" if prefetch else "zero3 (prefetch off)")
-    row = summarize(name, pool.world_size, per_call, settings)
-    row.update(forwards=ranks[0]["forwards"], all_gather_calls=ranks[0]["gather_calls"],
-               all_gather_mb=ranks[0]["gather_bytes"] / MB,
-               tokens_match_plain=bool(torch.equal(ranks[0]["tokens"], plain_tokens)))
-    return row
+        with WorldPool(settings["world"], env={"DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}) as pool:
+            ranks = pool.run(deepspeed_rank, settings, timeout=timeout)
+        rows.append(ranks_row(NAMES["deepspeed"], ranks, settings, plain_tokens))
+    return rows
 
 
 def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
@@ -169,7 +148,8 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("system", "system", ""), ("W", "world_size", "d"), ("median s/generate", "median_s", ".3f"),
     ("min s", "min_s", ".3f"), ("max s", "max_s", ".3f"), ("time ×plain", "time_vs_plain", ".2f"),
-    ("new tok/s per rank", "tokens_per_s_per_rank", ".0f"), ("new tok/s all ranks", "tokens_per_s_all_ranks", ".0f"),
+    ("new tok/s per rank", "tokens_per_s_per_rank", ".0f"), ("tok/s ×plain", "tokens_per_s_vs_plain", ".2f"),
+    ("new tok/s all ranks", "tokens_per_s_all_ranks", ".0f"),
     ("forwards", "forwards", "d"), ("all-gather calls", "all_gather_calls", "d"),
     ("all-gather MB", "all_gather_mb", ".1f"),
     ("tokens = plain", "tokens_match_plain", ""),
@@ -201,7 +181,8 @@ def metadata(settings: dict[str, Any], n_params: int) -> dict[str, Any]:
     return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
                         "python": platform.python_version()},
-            "versions": {p: version(p) for p in ("torch", "transformers", "hybridzero")}, "git_commit": commit,
+            "versions": {p: version(p) for p in ("torch", "transformers", "hybridzero", "deepspeed")},
+            "git_commit": commit,
             "settings": {**settings, "n_params": n_params, "threads_per_process": 1, "kv_cache": True,
                          "decoding": "greedy", "bytes": "whole-buffer bytes from rank 0's comm ledger"}}
 
@@ -209,13 +190,16 @@ def metadata(settings: dict[str, Any], n_params: int) -> dict[str, Any]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--world", type=int, default=2, help="ZeRO-3 ranks")
+    p.add_argument("--world", type=int, default=2, help="ranks of every sharded system")
     p.add_argument("--batch", type=int, default=8, help="prompts per rank (and for plain generate)")
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="timed generate calls after one warm-up")
-    p.add_argument("--tiny", action="store_true", help="the tiny model variant (smoke runs)")
-    p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed for each ZeRO-3 run")
+    p.add_argument("--model", choices=MODEL_CHOICES, default="bench", help="benchmark model variant")
+    p.add_argument("--tiny", dest="model", action="store_const", const="tiny", help="alias of --model tiny")
+    p.add_argument("--systems", choices=SYSTEMS, nargs="+", default=list(SYSTEMS),
+                   help="systems to run (plain always runs)")
+    p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed for each sharded run")
     p.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
     args = p.parse_args(argv)
     if min(args.world, args.batch, args.prompt_len, args.new_tokens, args.repeats) < 1:
@@ -224,24 +208,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run both systems, print the table, write ``generate.json``."""
+    """Run the systems, print the table, write ``generate.json`` and ``generate.md``."""
     args = parse_args(argv)
     settings = {"batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-                "repeats": args.repeats, "tiny": args.tiny, "timeout": args.timeout, "world": args.world}
+                "repeats": args.repeats, "model": args.model, "tiny": args.model == "tiny", "timeout": args.timeout,
+                "world": args.world}
+    systems = [s for s in SYSTEMS if s in args.systems]
+    skipped: dict[str, str] = {}
+    if "deepspeed" in systems and not deepspeed_available():
+        skipped["deepspeed"] = "deepspeed is not importable (install with: DS_BUILD_OPS=0 pip install '.[bench]')"
+        print(f"NOTE: DeepSpeed skipped: {skipped['deepspeed']}", flush=True)
+        systems.remove("deepspeed")
     plain = plain_run(settings)
-    rows = [summarize("plain generate (unsharded)", 1, plain["seconds"], settings)]
-    rows[0]["time_vs_plain"] = 1.0
-    with WorldPool(args.world) as pool:
-        rows.append(zero3_row(pool, settings, True, plain["tokens"], hybrid=True))
-        for prefetch in (True, False):
-            rows.append(zero3_row(pool, settings, prefetch, plain["tokens"]))
-    for row in rows[1:]:
+    rows = [summarize(NAMES["plain"], 1, plain["seconds"], settings)]
+    rows += sharded_rows(settings, systems, plain["tokens"])
+    for row in rows:
         row["time_vs_plain"] = row["median_s"] / rows[0]["median_s"]
+        row["tokens_per_s_vs_plain"] = row["tokens_per_s_per_rank"] / rows[0]["tokens_per_s_per_rank"]
     table = markdown_table(rows)
     print(table)
     args.out.mkdir(parents=True, exist_ok=True)
-    record = {"metadata": metadata(settings, plain["n_params"]), "results": rows, "table": table}
+    meta = metadata(settings, plain["n_params"])
+    record = {"metadata": {**meta, "systems": systems, "skipped": skipped}, "results": rows, "table": table}
     (args.out / "generate.json").write_text(json.dumps(record, indent=2) + "\n")
+    notes = "".join(f"\n\n{name} skipped: {why}" for name, why in skipped.items())
+    (args.out / "generate.md").write_text(
+        f"# generation on sharded parameters vs plain generate ({meta['date']})\n\n"
+        f"model {args.model} ({plain['n_params'] / 1e6:.2f} M params), W={args.world}, batch {args.batch}, prompt "
+        f"{args.prompt_len}, {args.new_tokens} new tokens, greedy, fp32, {args.repeats} timed calls.\n\n"
+        f"{table}{notes}\n")
     print(f"wrote {args.out / 'generate.json'}")
 
 

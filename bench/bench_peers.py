@@ -1,6 +1,12 @@
 """hybridzero ZeRO-3 side by side with DeepSpeed ZeRO-3 and PyTorch FSDP2 (CPU, gloo).
 
-    python bench/bench_peers.py [--worlds 2 4] [--dtypes fp32 bf16] [--steps 10] [--repeats 3] [--tiny]
+    python bench/bench_peers.py [--worlds 2 4] [--dtypes fp32 bf16] [--steps 10] [--repeats 3]
+                                [--model bench|tiny|100m] [--hpz N] [--out bench/results]
+
+``--tiny`` is an alias of ``--model tiny``; ``--model 100m`` is the ~100 M-parameter point
+(:func:`hybridzero.bench_model.overrides_100m`, 100,092,672 parameters). ``--hpz N`` turns on ZeRO++ hpZ with
+secondary groups of ``N`` ranks in hybridzero and DeepSpeed (``zero_hpz_partition_size``) and the FSDP2
+counterpart, ``reshard_after_forward=N`` on every decoder layer.
 
 Every system trains the benchmark Llama (:mod:`hybridzero.bench_model`) with the same weights, data, micro-batch,
 AdamW and clipping, one ``torch.distributed.run`` launch per (system, world size, dtype), ``OMP_NUM_THREADS=1``:
@@ -13,7 +19,9 @@ Per system: median step time (a step's time is its slowest rank's; median over t
 median over rounds), ratio to hybridzero, collectives per step (calls and whole-buffer MB, rank 0; hybridzero from
 ``engine.comm_ledger()``, DeepSpeed from its comms logger, FSDP2 from a c10d dispatch counter), peak RSS per rank.
 The fp32 loss curves (mean over ranks, first ``--curve-steps`` steps, warm-up included) are printed side by side
-and checked to agree within ``--tolerance``. Results go to ``<out>/peers.json`` and ``<out>/peers.md``.
+and checked to agree within ``--tolerance``. Results go to ``<out>/peers.json`` and ``<out>/peers.md``, plus per
+(world, dtype) a PNG of the loss curves and one of the step times (:mod:`peer_plots`), listed under ``plots`` in
+``peers.json``.
 """
 from __future__ import annotations
 
@@ -33,7 +41,13 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from peer_common import COLLECTIVE_KINDS, collective_kind  # noqa: E402
+from peer_common import (
+    COLLECTIVE_KINDS,
+    MODEL_CHOICES,
+    collective_kind,
+    deepspeed_available,
+)
+from peer_plots import plots_markdown, write_plots
 
 WORKERS: dict[str, tuple[Path, list[str]]] = {
     "hybridzero": (HERE / "zero3_worker.py", ["--system", "zero3"]),
@@ -45,14 +59,6 @@ FILE_PREFIX: dict[str, str] = {"hybridzero": "zero3", "deepspeed": "deepspeed", 
 LEDGER_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce")
 
 
-def deepspeed_available() -> bool:
-    """Whether ``import deepspeed`` succeeds, tried in a child interpreter so that the driver stays light."""
-    env = {**os.environ, "DS_ACCELERATOR": "cpu"}
-    proc = subprocess.run([sys.executable, "-c", "import deepspeed"], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
-    return proc.returncode == 0
-
-
 def launch(system: str, world: int, dtype: str, args: argparse.Namespace, out_dir: Path) -> list[dict[str, Any]]:
     """Run ``world`` ranks of ``system`` under torchrun; their JSON records in rank order, warm-up steps included."""
     script, extra = WORKERS[system]
@@ -62,7 +68,7 @@ def launch(system: str, world: int, dtype: str, args: argparse.Namespace, out_di
         ["--steps", str(args.steps), "--warmup", str(args.warmup)]
     cmd = [sys.executable, "-W", "ignore::FutureWarning", "-m", "torch.distributed.run", "--standalone",
            "--nproc_per_node", str(world), str(script), *extra, *steps, "--dtype", dtype,
-           "--out-dir", str(out_dir), *(["--tiny"] if args.tiny else [])]
+           "--out-dir", str(out_dir), "--model", args.model, "--hpz", str(args.hpz)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
     if proc.returncode != 0:
@@ -170,9 +176,9 @@ def _fmt_collectives(coll: dict[str, dict[str, float]] | None, kind: str) -> str
 
 def markdown(rows: list[dict[str, Any]], checks: list[dict[str, Any]], tolerance: float) -> str:
     """The result table and the loss curves as Markdown."""
-    lines = ["| system | W | dtype | median ms/step | ×hybridzero (paired median) | all-gather MB (calls) "
-             "| reduce-scatter MB (calls) | all-reduce MB (calls) | other MB (calls) | peak RSS MiB/rank "
-             "| final loss |", "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [("| system | W | dtype | median ms/step | ×hybridzero (paired median) | all-gather MB (calls) "
+              "| reduce-scatter MB (calls) | all-reduce MB (calls) | other MB (calls) | peak RSS MiB/rank "
+              "| final loss |"), "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         ratio = "–" if r["time_vs_hybridzero"] is None else f"{r['time_vs_hybridzero']:.2f}"
         coll = [_fmt_collectives(r["collectives_per_step"], k) for k in COLLECTIVE_KINDS]
@@ -207,7 +213,8 @@ def metadata(args: argparse.Namespace, systems: list[str]) -> dict[str, Any]:
                     "python": platform.python_version()},
         "versions": {p: _version(p) for p in ("torch", "transformers", "hybridzero", "deepspeed")},
         "settings": {"systems": systems, "worlds": args.worlds, "dtypes": args.dtypes, "steps": args.steps,
-                     "warmup_steps": args.warmup, "repeats": args.repeats, "tiny": args.tiny,
+                     "warmup_steps": args.warmup, "repeats": args.repeats, "model": args.model,
+                     "tiny": args.model == "tiny", "hpz_partition_size": args.hpz,
                      "threads_per_process": 1, "loss_tolerance": args.tolerance,
                      "bytes": "whole buffers per step, rank 0"},
     }
@@ -223,20 +230,28 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     p.add_argument("--curve-steps", type=int, default=12, help="loss-curve steps shown and compared")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max |loss difference| called agreement")
-    p.add_argument("--tiny", action="store_true", help="the tiny model variant (smoke tests)")
+    p.add_argument("--model", choices=MODEL_CHOICES, default="bench",
+                   help="model variant: bench (7.1 M), tiny (smoke tests), 100m (100.09 M)")
+    p.add_argument("--tiny", dest="model", action="store_const", const="tiny", help="alias of --model tiny")
+    p.add_argument("--hpz", type=int, default=1, help="ZeRO++ hpZ secondary group size (1: off)")
+    p.add_argument("--systems", choices=list(WORKERS), nargs="+", default=list(WORKERS),
+                   help="systems to run (ratios need hybridzero)")
+    p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG charts")
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per launch")
     args = p.parse_args(argv)
-    if min(args.steps, args.repeats, args.curve_steps, *args.worlds) < 1 or args.warmup < 0:
-        p.error("--steps, --repeats, --curve-steps and --worlds must be >= 1, --warmup >= 0")
+    if min(args.steps, args.repeats, args.curve_steps, args.hpz, *args.worlds) < 1 or args.warmup < 0:
+        p.error("--steps, --repeats, --curve-steps, --hpz and --worlds must be >= 1, --warmup >= 0")
+    if any(w % args.hpz for w in args.worlds):
+        p.error(f"--hpz {args.hpz} must divide every world size {args.worlds}")
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     """Run every system interleaved, write peers.json and peers.md, print the table and curves."""
     args = parse_args(argv)
-    systems = list(WORKERS)
-    if not deepspeed_available():
+    systems = [s for s in WORKERS if s in args.systems]
+    if "deepspeed" in systems and not deepspeed_available():
         print("NOTE: deepspeed is not importable; DeepSpeed is skipped (pip install '.[bench]')", flush=True)
         systems.remove("deepspeed")
     runs = run_all(args, systems)
@@ -244,15 +259,23 @@ def main(argv: list[str] | None = None) -> int:
     checks = loss_agreement(runs, systems, args.curve_steps)
     meta = metadata(args, systems)
     meta["settings"]["n_params"] = next(iter(runs.values()))[0]["n_params"]
-    report = {**meta, "results": rows, "loss_agreement": checks}
     args.out.mkdir(parents=True, exist_ok=True)
+    label = args.model + (f", hpZ {args.hpz}" if args.hpz > 1 else "")
+    plots = write_plots(runs, systems, args.out, label) if args.plots else []
+    report = {**meta, "results": rows, "loss_agreement": checks, "plots": plots}
     (args.out / "peers.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(rows, checks, args.tolerance)
     header = (f"# hybridzero vs DeepSpeed ZeRO-3 vs FSDP2 ({meta['date']})\n\n"
-              f"{meta['settings']['n_params'] / 1e6:.2f} M params; {args.steps} measured steps after {args.warmup} "
+              f"{meta['settings']['n_params'] / 1e6:.2f} M params (model {label}); "
+              f"{args.steps} measured steps after {args.warmup} "
               f"warm-up; {args.repeats} interleaved rounds; {meta['machine']['cpu_count']} CPUs "
               f"({meta['machine']['platform']}); versions {meta['versions']}. One thread per rank, gloo.\n\n")
-    (args.out / "peers.md").write_text(header + text + "\n")
+    if args.hpz > 1:
+        header += (f"hpZ {args.hpz}: DeepSpeed's comms logger records an all-gather by its input and not its group, "
+                   f"so its all-gather MB (input × W) overstates the secondary (intra-group) gathers by "
+                   f"W / {args.hpz}; its call counts are exact.\n\n")
+    charts = f"\n\n{plots_markdown(plots)}" if plots else ""
+    (args.out / "peers.md").write_text(header + text + charts + "\n")
     print(text)
     for check in checks:
         if check["max_abs_diff_overall"] > args.tolerance:

@@ -131,8 +131,8 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The results as a Markdown table."""
     lines = [
-        "| system | W | median ms | p10 ms | p90 ms | time ×floor | tok/s (all ranks) | all-gather MB (calls)/step "
-        "| reduce-scatter MB (calls)/step | all-reduce B/step | peak RSS MiB/rank (max) | RSS ×floor | final loss |",
+        ("| system | W | median ms | p10 ms | p90 ms | time ×floor | tok/s (all ranks) | all-gather MB (calls)/step "
+         "| reduce-scatter MB (calls)/step | all-reduce B/step | peak RSS MiB/rank (max) | RSS ×floor | final loss |"),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:

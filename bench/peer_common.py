@@ -13,9 +13,13 @@ import argparse
 import json
 import os
 import resource
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+MODEL_CHOICES: tuple[str, ...] = ("bench", "tiny", "100m")
+"""``--model`` choices; the same names as :data:`hybridzero.bench_model.MODEL_CHOICES` (kept here torch-free)."""
 COLLECTIVE_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "other")
 """Buckets into which a system's collective names are folded for the comparison table."""
 
@@ -37,23 +41,53 @@ def collective_kind(name: str) -> str:
     return "other"
 
 
+def deepspeed_available() -> bool:
+    """Whether ``import deepspeed`` succeeds, tried in a child interpreter so that the driver stays light."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
+    proc = subprocess.run([sys.executable, "-c", "import deepspeed"], env=env, capture_output=True, text=True,
+                          timeout=300, check=False)
+    return proc.returncode == 0
+
+
 def worker_parser(description: str) -> argparse.ArgumentParser:
-    """The command line every peer worker accepts."""
+    """The command line every peer worker accepts (``--tiny`` is an alias of ``--model tiny``)."""
     p = argparse.ArgumentParser(description=description)
     p.add_argument("--steps", type=int, required=True, help="measured steps")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps before them (still recorded)")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tiny", action="store_true", help="the tiny model variant (smoke tests)")
+    add_model_arguments(p)
     p.add_argument("--out-dir", type=Path, required=True)
     return p
 
 
-def build_model(seed: int, tiny: bool) -> Any:
-    """The benchmark Llama (or its tiny variant), identical on every rank and in every system."""
-    from hybridzero.bench_model import benchmark_llama, tiny_overrides
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """``--model {bench,tiny,100m}``, ``--tiny`` (alias of ``--model tiny``) and ``--hpz`` (ZeRO++ hpZ size)."""
+    p.add_argument("--model", choices=MODEL_CHOICES, default="bench",
+                   help="benchmark model variant (hybridzero.bench_model.model_overrides)")
+    p.add_argument("--tiny", dest="model", action="store_const", const="tiny", help="alias of --model tiny")
+    p.add_argument("--hpz", type=int, default=1,
+                   help="zero_hpz_partition_size (hybridzero, DeepSpeed); FSDP2: reshard_after_forward=N")
 
-    return benchmark_llama(seed, **(tiny_overrides() if tiny else {}))
+
+def build_model(seed: int, model: str) -> Any:
+    """The benchmark Llama variant ``model`` (:data:`MODEL_CHOICES`), identical on every rank and in every system."""
+    from hybridzero.bench_model import benchmark_llama, model_overrides
+
+    return benchmark_llama(seed, **model_overrides(model))
+
+
+def zero_config(world: int, dtype: str, model: str, hpz: int = 1) -> dict[str, Any]:
+    """The benchmark's DeepSpeed-format JSON for ``model`` (prefetch bucket: two of its blocks); hpZ if ``hpz > 1``.
+
+    hybridzero and DeepSpeed read the same ``zero_optimization.zero_hpz_partition_size`` key.
+    """
+    from hybridzero.bench_model import benchmark_config, prefetch_bucket_for
+
+    config = benchmark_config(world, dtype=dtype, prefetch_bucket_size=prefetch_bucket_for(model))
+    if hpz > 1:
+        config["zero_optimization"]["zero_hpz_partition_size"] = hpz
+    return config
 
 
 def rank_batches(args: argparse.Namespace, world: int, vocab: int) -> Any:

@@ -17,16 +17,19 @@ from typing import Any
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")  # before deepspeed is imported: never probe for CUDA
 
-import torch  # noqa: E402
+import torch
+from peer_common import (
+    build_model,
+    rank_batches,
+    worker_parser,
+    write_result,
+    zero_config,
+)
 
-from peer_common import build_model, rank_batches, worker_parser, write_result  # noqa: E402
 
-
-def deepspeed_config(world: int, dtype: str) -> dict[str, Any]:
-    """The benchmark's DeepSpeed JSON with torch's AdamW and the comms logger switched on."""
-    from hybridzero.bench_model import benchmark_config
-
-    config = benchmark_config(world, dtype=dtype)
+def deepspeed_config(world: int, dtype: str, model: str = "bench", hpz: int = 1) -> dict[str, Any]:
+    """The benchmark's DeepSpeed JSON for ``model`` (and hpZ size) with torch's AdamW and the comms logger on."""
+    config = zero_config(world, dtype, model, hpz)
     config["optimizer"]["params"]["torch_adam"] = True
     config["comms_logger"] = {"enabled": True, "verbose": False, "prof_all": True, "debug": False}
     config["steps_per_print"] = 1 << 30
@@ -84,10 +87,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     skip_shm_op_build()
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build_model(args.seed, args.tiny)
+    model = build_model(args.seed, args.model)
     vocab, n_params = int(model.config.vocab_size), sum(p.numel() for p in model.parameters())
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=deepspeed_config(world, args.dtype))
+                                           config=deepspeed_config(world, args.dtype, args.model, args.hpz))
     batches = rank_batches(args, world, vocab)
     records = [train_step(engine, batches[step, rank]) for step in range(args.warmup + args.steps)]
     dist.barrier()

@@ -21,9 +21,14 @@ import time
 from typing import Any
 
 import torch
+from peer_common import (
+    adamw_settings,
+    build_model,
+    rank_batches,
+    worker_parser,
+    write_result,
+)
 from torch.utils._python_dispatch import TorchDispatchMode
-
-from peer_common import adamw_settings, build_model, rank_batches, worker_parser, write_result
 
 _WHOLE_BUFFER_ARG: dict[str, int] = {"_allgather_base_": 0, "allgather_into_tensor_coalesced_": 0,
                                      "_reduce_scatter_base_": 1, "reduce_scatter_tensor_coalesced_": 1}
@@ -62,16 +67,21 @@ class C10dCounter(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def shard_model(model: torch.nn.Module, world: int, dtype: str) -> None:
-    """``fully_shard`` each decoder layer, then the root, on a CPU mesh of ``world`` ranks."""
+def shard_model(model: torch.nn.Module, world: int, dtype: str, hpz: int = 1) -> None:
+    """``fully_shard`` each decoder layer, then the root, on a CPU mesh of ``world`` ranks.
+
+    ``hpz > 1``: the layers reshard after forward to groups of ``hpz`` ranks (``reshard_after_forward=hpz``), FSDP2's
+    counterpart of ZeRO++ hpZ (backward gathers within the group).
+    """
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh("cpu", (world,))
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if dtype == "bf16" else None,
                                   reduce_dtype=torch.float32 if dtype == "bf16" else None)
+    reshard: bool | int = hpz if hpz > 1 else True
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, mp_policy=policy)
+        fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
@@ -102,9 +112,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    model = build_model(args.seed, args.tiny)
+    model = build_model(args.seed, args.model)
     vocab, n_params = int(model.config.vocab_size), sum(p.numel() for p in model.parameters())
-    shard_model(model, world, args.dtype)
+    shard_model(model, world, args.dtype, args.hpz)
     adamw, clipping = adamw_settings(world)
     opt = torch.optim.AdamW(model.parameters(), **adamw)
     batches = rank_batches(args, world, vocab)

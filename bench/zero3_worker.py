@@ -20,8 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from peer_common import add_model_arguments, zero_config
 
-from hybridzero.bench_model import benchmark_config, benchmark_llama, measured_step, synthetic_batches, tiny_overrides
+from hybridzero.bench_model import (
+    benchmark_config,
+    benchmark_llama,
+    measured_step,
+    model_overrides,
+    synthetic_batches,
+)
 
 
 def peak_rss_mib() -> float:
@@ -30,8 +37,8 @@ def peak_rss_mib() -> float:
 
 
 def _model(args: argparse.Namespace) -> torch.nn.Module:
-    """The benchmark model (or its tiny variant) for ``args``."""
-    return benchmark_llama(args.seed, **(tiny_overrides() if args.tiny else {}))
+    """The benchmark model variant ``args.model`` (``bench``, ``tiny`` or ``100m``)."""
+    return benchmark_llama(args.seed, **model_overrides(args.model))
 
 
 def run_zero3(args: argparse.Namespace) -> dict[str, Any]:
@@ -44,7 +51,8 @@ def run_zero3(args: argparse.Namespace) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = _model(args)
     vocab, n_params = int(model.config.vocab_size), sum(p.numel() for p in model.parameters())
-    engine, _, _, _ = hybridzero.initialize(model=model, config=benchmark_config(world, dtype=args.dtype))
+    config = zero_config(world, args.dtype, args.model, args.hpz)
+    engine, _, _, _ = hybridzero.initialize(model=model, config=config)
     batches = synthetic_batches(args.seed + 1, steps=args.warmup + args.steps, world_size=world, vocab_size=vocab)
     records = []
     for step in range(args.warmup + args.steps):
@@ -98,7 +106,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="unmeasured steps before them")
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--tiny", action="store_true")
+    add_model_arguments(p)  # --model / --tiny / --hpz
     p.add_argument("--out-dir", type=Path, required=True)
     return p.parse_args(argv)
 

@@ -11,6 +11,10 @@ cycled. At initialisation the loss is about ``log(8192) ≈ 9.01`` (uniform next
 sequences come back every few steps the model first learns the pool's token frequencies and then memorises the
 sequences, so the loss visibly falls within tens of steps. A never-repeating random stream would stay at ≈ 9.01
 forever and show nothing.
+
+Variants (:func:`model_overrides`, selected by name from :data:`MODEL_CHOICES`): ``"bench"`` (the model above),
+``"tiny"`` (:func:`tiny_overrides`, smoke tests) and ``"100m"`` (:func:`overrides_100m`, a Llama-shaped point of
+exactly 100,092,672 parameters for a larger-model measurement).
 """
 from __future__ import annotations
 
@@ -25,11 +29,15 @@ import transformers
 __all__ = [
     "INITIAL_LOSS",
     "MICRO_BATCH",
+    "MODEL_CHOICES",
     "SEQ_LEN",
     "StepMetrics",
     "benchmark_config",
     "benchmark_llama",
     "measured_step",
+    "model_overrides",
+    "overrides_100m",
+    "prefetch_bucket_for",
     "synthetic_batches",
     "tiny_overrides",
 ]
@@ -63,6 +71,42 @@ def tiny_overrides() -> dict[str, Any]:
     """
     return {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+
+
+def overrides_100m() -> dict[str, Any]:
+    """``LlamaConfig`` overrides for the ~100 M-parameter point: exactly 100,092,672 parameters (382 MiB fp32).
+
+    Vocab 16000, hidden 768, intermediate 2048, 12 blocks, 12 query heads sharing 4 KV heads (head_dim 64), untied
+    embeddings: 2 × 16000 × 768 = 24,576,000 in ``embed_tokens`` + ``lm_head``, 6,292,992 per block (attention
+    1,572,864, MLP 4,718,592, two norms 1,536), 768 in the final norm. (Vocab 32000 would give 124,668,672.)
+    A new dict on every call.
+    """
+    return {"vocab_size": 16000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
+            "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64}
+
+
+MODEL_CHOICES: tuple[str, ...] = ("bench", "tiny", "100m")
+"""Names accepted by :func:`model_overrides` (and the benchmarks' ``--model``)."""
+
+
+def model_overrides(name: str) -> dict[str, Any]:
+    """The ``LlamaConfig`` overrides of the variant ``name`` (one of :data:`MODEL_CHOICES`; ``"bench"``: none)."""
+    if name == "bench":
+        return {}
+    if name == "tiny":
+        return tiny_overrides()
+    if name == "100m":
+        return overrides_100m()
+    raise ValueError(f"model must be one of {MODEL_CHOICES}, got {name!r}")
+
+
+def prefetch_bucket_for(name: str) -> int:
+    """``stage3_prefetch_bucket_size`` for the variant ``name``: two of its blocks (elements), as for ``"bench"``.
+
+    ``"bench"`` and ``"tiny"``: :data:`PREFETCH_BUCKET_ELEMS`; ``"100m"``: 12,600,000 (2 × 6.29 M per block).
+    """
+    model_overrides(name)  # validates the name
+    return 12_600_000 if name == "100m" else PREFETCH_BUCKET_ELEMS
 
 
 def benchmark_llama(seed: int = 0, **overrides: Any) -> transformers.LlamaForCausalLM:
