@@ -80,6 +80,24 @@ def _read_hf_directory(path: Path, split: str) -> list[Any]:
     return [dict(row) for row in loaded]
 
 
+def _read_hub_dataset(name: str, split: str) -> list[Any]:
+    """``datasets.load_dataset(name, split=split)`` (a Hub name such as ``Dahoas/rm-static``; needs the optional
+    ``datasets`` package and network access, or its local cache)."""
+    try:
+        datasets = importlib.import_module("datasets")
+    except ImportError as exc:
+        raise FileNotFoundError(
+            f"no dataset at {name!r}: not a local file or directory, and loading it by name from the Hugging Face "
+            f"Hub needs the optional 'datasets' package (pip install datasets), which is not installed"
+        ) from exc
+    try:
+        loaded = datasets.load_dataset(name, split=split)
+    except Exception as exc:
+        raise FileNotFoundError(f"no dataset at {name!r}: not a local file or directory, and the Hub load "
+                                f"failed ({type(exc).__name__}: {exc})") from exc
+    return [dict(row) for row in loaded]
+
+
 def _schema_for(columns: set[str]) -> tuple[str, ...]:
     """Guess the schema of a record: pairwise when it has a ``chosen`` or ``rejected`` column, else SFT."""
     return PAIRWISE_COLUMNS if columns & {"chosen", "rejected"} else SFT_COLUMNS
@@ -108,19 +126,24 @@ def _validate_rows(rows: list[Any], source: str, columns: tuple[str, ...] | None
 def load_records(
     path: str | Path, columns: Sequence[str] | None = None, split: str = "train"
 ) -> list[dict[str, str]]:
-    """Load and validate records from a ``.json`` / ``.jsonl`` file or a Hugging Face dataset directory.
+    """Load and validate records from a ``.json`` / ``.jsonl`` file, a Hugging Face dataset directory, or a Hub
+    dataset name (``Dahoas/rm-static``: anything that is not an existing path, a ``.json``/``.jsonl`` name, an
+    absolute or a ``./`` path; needs ``datasets`` and network access or its cache).
 
     ``columns`` names the needed columns (e.g. :data:`PAIRWISE_COLUMNS`); ``None`` infers the schema per record
     (pairwise when ``chosen``/``rejected`` appear, else ``prompt``/``response``). Extra columns are dropped.
-    ``split`` picks the split of a ``DatasetDict`` directory. Raises ``FileNotFoundError`` for a missing path,
+    ``split`` picks the split of a ``DatasetDict`` directory or Hub dataset. Raises ``FileNotFoundError`` for a
+    missing path or a name the Hub cannot give (naming why),
     ``ImportError`` for a directory without the ``datasets`` package, and ``ValueError`` for an unknown file
     type, malformed JSON, an empty file/split, or records missing a needed column (naming the file, the missing
     columns and the columns present).
     """
     source = Path(path)
     if not source.exists():
-        raise FileNotFoundError(f"no dataset at {source}")
-    if source.is_dir():
+        if source.suffix in (".json", ".jsonl") or source.is_absolute() or str(path).startswith("."):
+            raise FileNotFoundError(f"no dataset at {source}")
+        rows, label = _read_hub_dataset(str(path), split), f"{path} (Hub, split {split!r})"
+    elif source.is_dir():
         rows = _read_hf_directory(source, split)
         label = f"{source} (split {split!r})"
     elif source.suffix == ".jsonl":

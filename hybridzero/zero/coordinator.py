@@ -130,7 +130,8 @@ class ZeroCoordinator:
     def _prefetch(self, upcoming: list[int], current: ShardedGroup, kind: str) -> None:
         inflight = sum(g.numel for g in self.groups if g.state is GroupState.GATHERING)
         live = sum(g.numel for g in self.groups if g.state is not GroupState.SHARDED and not g.always_full)
-        batch: list[ShardedGroup] = []
+        # the group needed now joins the batch when it is not in flight yet: one collective instead of two
+        batch: list[ShardedGroup] = [current] if current.state is GroupState.SHARDED else []
         for gid in upcoming:
             cand = self.groups[gid]
             if cand is current or cand.state is not GroupState.SHARDED or any(c is cand for c in batch):
@@ -143,7 +144,7 @@ class ZeroCoordinator:
             batch.append(cand)
             inflight += cand.numel
             live += cand.numel
-        if batch:
+        if len(batch) > (1 if batch and batch[0] is current else 0):
             start_gathers(batch, kind, batch[0].comm)  # one collective for the whole prefetch batch
 
     def release(self, group: ShardedGroup) -> None:

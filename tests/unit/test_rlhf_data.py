@@ -107,6 +107,35 @@ def test_load_empty_and_malformed(tmp_path: Path) -> None:
         load_records(write_json(tmp_path / "num.json", [{"prompt": "a", "response": 3}]))
 
 
+def test_hub_name_without_datasets_or_network_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A name that is not a path goes to the Hub through ``datasets``; missing package or a failed load say so."""
+    import importlib
+    import types
+
+    real_import = importlib.import_module
+
+    def no_datasets(name: str, *args: object) -> object:
+        if name == "datasets":
+            raise ImportError("No module named 'datasets'")
+        return real_import(name, *args)
+
+    monkeypatch.setattr(importlib, "import_module", no_datasets)
+    with pytest.raises(FileNotFoundError, match="needs the optional 'datasets' package"):
+        load_records("Dahoas/rm-static")
+
+    def offline(name: str, split: str) -> object:
+        raise ConnectionError("no network")
+
+    fake = types.SimpleNamespace(load_dataset=offline)
+    monkeypatch.setattr(importlib, "import_module",
+                        lambda name, *a: fake if name == "datasets" else real_import(name, *a))
+    with pytest.raises(FileNotFoundError, match=r"Hub load failed \(ConnectionError: no network\)"):
+        load_records("Dahoas/rm-static")
+    rows = [{"prompt": "p", "chosen": "c", "rejected": "r"}]
+    fake.load_dataset = lambda name, split: rows
+    assert load_records("Dahoas/rm-static") == rows
+
+
 def test_load_bad_path_and_suffix(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="no dataset at"):
         load_records(tmp_path / "nope.json")
