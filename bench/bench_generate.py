@@ -8,7 +8,10 @@ The benchmark model (:func:`hybridzero.bench_model.benchmark_llama`; ``--tiny`` 
 generates greedily, exactly ``--new-tokens`` tokens (``min_new_tokens`` = ``max_new_tokens``, so nobody stops early)
 for ``--batch`` prompts of ``--prompt-len`` random tokens, with the KV cache on, fp32:
 
-* ``plain``: the unsharded model in this process, one thread, one batch: the compute floor of one rank.
+* ``plain``: the unsharded model in this process, one thread, one batch: the compute floor of one rank alone.
+* ``plain-ranks``: W processes at once, each generating on its own unsharded copy (no collective): the same floor
+  under the CPU and memory-bandwidth sharing every W-rank system runs under (the like-for-like baseline on a
+  machine with as many cores as ranks).
 * ``hybrid``: hybridzero's hybrid engine (``engine.generate``): parameters gathered once per call.
 * ``zero3`` / ``zero3-noprefetch``: ``--world`` ranks (a :class:`~hybridzero.testing.spawn.WorldPool`, one thread
   each), one inference-only ZeRO-3 engine per rank with the benchmark's prefetch bucket (or prefetch off),
@@ -63,11 +66,22 @@ from peer_common import MODEL_CHOICES, deepspeed_available
 from hybridzero.bench_model import benchmark_config, prefetch_bucket_for
 from hybridzero.testing.spawn import WorldPool
 
-SYSTEMS: tuple[str, ...] = ("plain", "hybrid", "zero3", "zero3-noprefetch", "fsdp2", "deepspeed")
+SYSTEMS: tuple[str, ...] = ("plain", "plain-ranks", "hybrid", "zero3", "zero3-noprefetch", "fsdp2", "deepspeed")
 """``--systems`` choices, in the order they run (``plain`` always runs: it is the reference)."""
 NAMES: dict[str, str] = {"plain": "plain generate (unsharded)", "hybrid": "hybrid engine",
+                         "plain-ranks": "plain generate, W unsharded copies at once",
                          "zero3": "zero3 (prefetch on)", "zero3-noprefetch": "zero3 (prefetch off)",
                          "fsdp2": "fsdp2 (unshard, generate)", "deepspeed": "deepspeed zero3 (synced_gpus)"}
+
+
+def plain_rank(settings: dict[str, Any]) -> dict[str, Any]:
+    """One of W processes each generating on its own unsharded copy at the same time (no engine, no collective):
+    the per-rank compute floor under the same CPU and memory-bandwidth sharing as the W-rank systems."""
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    model = load_model(settings["model"])
+    prompts = prompts_for(rank, settings["batch"], settings["prompt_len"], int(model.config.vocab_size))
+    seconds, out = timed_calls(lambda: greedy_generate(model, prompts, settings["new_tokens"]), settings["repeats"])
+    return {"seconds": seconds, "tokens": out if rank == 0 else None}
 
 
 def zero3_rank(settings: dict[str, Any], prefetch: bool, hybrid: bool = False) -> dict[str, Any]:
@@ -114,7 +128,7 @@ def sharded_rows(settings: dict[str, Any], systems: list[str], plain_tokens: tor
     """Run the requested multi-rank systems (DeepSpeed in a pool of its own, last) and summarise each."""
     rows = []
     timeout = settings["timeout"]
-    ours = [s for s in systems if s in ("hybrid", "zero3", "zero3-noprefetch", "fsdp2")]
+    ours = [s for s in systems if s in ("plain-ranks", "hybrid", "zero3", "zero3-noprefetch", "fsdp2")]
     if ours:
         with WorldPool(settings["world"]) as pool:
             for system in ours:
@@ -122,6 +136,8 @@ def sharded_rows(settings: dict[str, Any], systems: list[str], plain_tokens: tor
                     from generate_peers import fsdp2_rank
 
                     ranks = pool.run(fsdp2_rank, settings, timeout=timeout)
+                elif system == "plain-ranks":
+                    ranks = pool.run(plain_rank, settings, timeout=timeout)
                 else:
                     ranks = pool.run(zero3_rank, settings, system != "zero3-noprefetch", system == "hybrid",
                                      timeout=timeout)
