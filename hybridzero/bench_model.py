@@ -38,6 +38,7 @@ __all__ = [
     "model_overrides",
     "overrides_100m",
     "prefetch_bucket_for",
+    "reduce_bucket_for",
     "synthetic_batches",
     "tiny_overrides",
 ]
@@ -109,6 +110,13 @@ def prefetch_bucket_for(name: str) -> int:
     return 12_600_000 if name == "100m" else PREFETCH_BUCKET_ELEMS
 
 
+def reduce_bucket_for(name: str) -> int | None:
+    """``reduce_bucket_size`` for the variant ``name``: the prefetch bucket (two blocks) for ``"100m"``, so gradient
+    reduction overlaps the backward (DeepSpeed's default 5e8 would hold the whole model in one bucket); ``None``
+    (DeepSpeed's default) for the small models, whose whole gradient is one bucket either way."""
+    return prefetch_bucket_for(name) if name == "100m" else None
+
+
 def benchmark_llama(seed: int = 0, **overrides: Any) -> transformers.LlamaForCausalLM:
     """The benchmark Llama in fp32 train mode; bit-identical weights for the same ``seed`` and ``overrides``.
 
@@ -145,7 +153,8 @@ def benchmark_llama(seed: int = 0, **overrides: Any) -> transformers.LlamaForCau
 def benchmark_config(world_size: int, *, dtype: str = "fp32", steps: int | None = None, lr: float = 1e-3,
                      micro_batch: int = MICRO_BATCH, clipping: float = 1.0,
                      prefetch_bucket_size: int = PREFETCH_BUCKET_ELEMS,
-                     persistence_threshold: int = PERSISTENCE_THRESHOLD) -> dict[str, Any]:
+                     persistence_threshold: int = PERSISTENCE_THRESHOLD,
+                     reduce_bucket_size: int | None = None) -> dict[str, Any]:
     """The DeepSpeed JSON config of the benchmark: ZeRO-3, AdamW, clipping, prefetch on, no accumulation.
 
     ``dtype`` is ``"fp32"`` or ``"bf16"`` (bf16 compute, fp32 master weights). With ``steps`` a ``WarmupDecayLR``
@@ -166,6 +175,7 @@ def benchmark_config(world_size: int, *, dtype: str = "fp32", steps: int | None 
             "stage3_param_persistence_threshold": persistence_threshold,
             "stage3_prefetch_bucket_size": prefetch_bucket_size,
             "overlap_comm": True,
+            **({"reduce_bucket_size": reduce_bucket_size} if reduce_bucket_size is not None else {}),
         },
         "bf16": {"enabled": dtype == "bf16"},
     }
