@@ -82,7 +82,11 @@ def zero_config(world: int, dtype: str, model: str, hpz: int = 1) -> dict[str, A
 
     hybridzero and DeepSpeed read the same ``zero_optimization.zero_hpz_partition_size`` key.
     """
-    from hybridzero.bench_model import benchmark_config, prefetch_bucket_for, reduce_bucket_for
+    from hybridzero.bench_model import (
+        benchmark_config,
+        prefetch_bucket_for,
+        reduce_bucket_for,
+    )
 
     config = benchmark_config(world, dtype=dtype, prefetch_bucket_size=prefetch_bucket_for(model),
                               reduce_bucket_size=reduce_bucket_for(model))
