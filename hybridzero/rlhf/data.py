@@ -16,8 +16,6 @@ generation prompts are left-padded to a common width.
 """
 from __future__ import annotations
 
-import importlib
-import json
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -26,6 +24,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+
+from hybridzero.rlhf.data_sources import (
+    read_hf_directory,
+    read_hub_dataset,
+    read_json_file,
+    read_jsonl_file,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -37,65 +42,6 @@ PROMPT_POLICIES: tuple[str, ...] = ("truncate", "drop")
 
 
 # ----------------------------------------------------------------------------------------------- loading
-
-
-def _read_json_file(path: Path) -> list[Any]:
-    """Parse a ``.json`` file that must hold a list of objects."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON ({exc})") from exc
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")  # noqa: TRY004
-    return data
-
-
-def _read_jsonl_file(path: Path) -> list[Any]:
-    """Parse a ``.jsonl`` file, one JSON value per non-blank line."""
-    rows: list[Any] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: invalid JSON line ({exc})") from exc
-    return rows
-
-
-def _read_hf_directory(path: Path, split: str) -> list[Any]:
-    """Read one split of a ``datasets`` directory saved with ``save_to_disk``."""
-    try:
-        datasets = importlib.import_module("datasets")
-    except ImportError as exc:
-        raise ImportError(
-            f"{path} is a directory: reading a Hugging Face dataset directory needs the optional "
-            f"'datasets' package (pip install datasets), which is not installed"
-        ) from exc
-    loaded = datasets.load_from_disk(str(path))
-    if hasattr(loaded, "keys"):  # a DatasetDict
-        if split not in loaded:
-            raise ValueError(f"{path}: no split {split!r}; available splits: {sorted(loaded.keys())}")
-        loaded = loaded[split]
-    return [dict(row) for row in loaded]
-
-
-def _read_hub_dataset(name: str, split: str) -> list[Any]:
-    """``datasets.load_dataset(name, split=split)`` (a Hub name such as ``Dahoas/rm-static``; needs the optional
-    ``datasets`` package and network access, or its local cache)."""
-    try:
-        datasets = importlib.import_module("datasets")
-    except ImportError as exc:
-        raise FileNotFoundError(
-            f"no dataset at {name!r}: not a local file or directory, and loading it by name from the Hugging Face "
-            f"Hub needs the optional 'datasets' package (pip install datasets), which is not installed"
-        ) from exc
-    try:
-        loaded = datasets.load_dataset(name, split=split)
-    except Exception as exc:
-        raise FileNotFoundError(f"no dataset at {name!r}: not a local file or directory, and the Hub load "
-                                f"failed ({type(exc).__name__}: {exc})") from exc
-    return [dict(row) for row in loaded]
 
 
 def _schema_for(columns: set[str]) -> tuple[str, ...]:
@@ -142,14 +88,14 @@ def load_records(
     if not source.exists():
         if source.suffix in (".json", ".jsonl") or source.is_absolute() or str(path).startswith("."):
             raise FileNotFoundError(f"no dataset at {source}")
-        rows, label = _read_hub_dataset(str(path), split), f"{path} (Hub, split {split!r})"
+        rows, label = read_hub_dataset(str(path), split), f"{path} (Hub, split {split!r})"
     elif source.is_dir():
-        rows = _read_hf_directory(source, split)
+        rows = read_hf_directory(source, split)
         label = f"{source} (split {split!r})"
     elif source.suffix == ".jsonl":
-        rows, label = _read_jsonl_file(source), str(source)
+        rows, label = read_jsonl_file(source), str(source)
     elif source.suffix == ".json":
-        rows, label = _read_json_file(source), str(source)
+        rows, label = read_json_file(source), str(source)
     else:
         raise ValueError(f"{source}: unsupported file type {source.suffix!r}; use .json, .jsonl or a directory")
     if not rows:

@@ -62,12 +62,12 @@ def evaluate_policy(actor_dir: str, reward_dir: str, prompts: list[str], *, do_s
     from hybridzero.rlhf.engines import build_engine, ds_config, load_tokenizer
     from hybridzero.rlhf.models import last_token_index, load_value_model
     from hybridzero.rlhf.sampling import rollout
-    from hybridzero.rlhf.step3_setup import _meta_actor, prompt_tensors
+    from hybridzero.rlhf.step3_setup import load_actor_engine, prompt_tensors
 
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
     tok = load_tokenizer(actor_dir)
     cfg = ds_config(stage=3, dtype="fp32", micro_batch=1, world_size=world, hybrid=True)
-    actor = _meta_actor(actor_dir, cfg, False)
+    actor = load_actor_engine(actor_dir, cfg, False)
     reward = build_engine(load_value_model(reward_dir).float(), ds_config(stage=3, dtype="fp32", micro_batch=1,
                                                                           world_size=world))
     mine = list(range(rank, len(prompts), world))

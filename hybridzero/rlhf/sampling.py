@@ -20,7 +20,7 @@ import torch
 
 from hybridzero.rlhf.models import position_ids
 
-__all__ = ["Rollout", "SampleNoise", "answer_masks", "rollout", "sample_seed"]
+__all__ = ["Rollout", "SampleNoise", "answer_masks", "causal_kwargs", "rollout", "sample_seed"]
 
 _MIX = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 63) - 1

@@ -22,7 +22,8 @@ from hybridzero.rlhf.models import load_value_model
 from hybridzero.rlhf.ppo import Roles
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
 
-__all__ = ["Plan", "build_roles", "load_prompts", "make_plan", "rank_prompts"]
+__all__ = ["Plan", "build_roles", "load_actor_engine", "load_prompts", "make_plan", "model_context", "prompt_tensors",
+           "rank_prompts"]
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def load_prompts(s: PPOSettings, tok: Any, model_context: int) -> tuple[list[str
     return prompts, counts
 
 
-def _meta_actor(path: str, cfg: dict[str, Any], checkpointing: bool) -> Any:
+def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool) -> Any:
     """A causal-LM engine read straight into shards from the HF directory ``path`` (dropout forced to 0)."""
     import transformers
 
@@ -126,11 +127,11 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> tuple[Roles, An
     def frozen(stage: int) -> dict[str, Any]:
         return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world)
 
-    actor = _meta_actor(s.actor_model_name_or_path,
+    actor = load_actor_engine(s.actor_model_name_or_path,
                         trained(s.actor_zero_stage, s.actor_learning_rate, s.actor_weight_decay,
                                 s.enable_hybrid_engine), s.actor_gradient_checkpointing)
-    ref = _meta_actor(s.actor_model_name_or_path, frozen(s.reference_zero_stage), False)
-    ema = _meta_actor(s.actor_model_name_or_path, frozen(s.actor_zero_stage), False) if s.enable_ema else None
+    ref = load_actor_engine(s.actor_model_name_or_path, frozen(s.reference_zero_stage), False)
+    ema = load_actor_engine(s.actor_model_name_or_path, frozen(s.actor_zero_stage), False) if s.enable_ema else None
     reward = build_engine(load_value_model(s.critic_model_name_or_path).float(), frozen(s.reward_zero_stage))
     critic = None
     if not isinstance(s, GRPOSettings):

@@ -80,13 +80,13 @@ def step_both_run(actor_dir: str, value_dir: str, overflow_in: str) -> dict[str,
     from hybridzero.rlhf.engines import OptimSpec, build_engine, ds_config
     from hybridzero.rlhf.models import load_value_model
     from hybridzero.rlhf.ppo import step_both
-    from hybridzero.rlhf.step3_setup import _meta_actor
+    from hybridzero.rlhf.step3_setup import load_actor_engine
 
     hybridzero.init_distributed()
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
     optim = OptimSpec(1e-3, 0.0, "constant", 0, 10)
     cfg = ds_config(stage=3, dtype="fp16", micro_batch=2, world_size=world, optim=optim)
-    engines = {"actor": _meta_actor(actor_dir, cfg, False),
+    engines = {"actor": load_actor_engine(actor_dir, cfg, False),
                "critic": build_engine(load_value_model(value_dir).float(), cfg)}
     before = {n: e.full_parameters() for n, e in engines.items()}
     scales = {n: e.loss_scale for n, e in engines.items()}
