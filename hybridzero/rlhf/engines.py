@@ -15,8 +15,8 @@ from torch import nn
 
 from hybridzero.rlhf.models import ValueHeadModel
 
-__all__ = ["OptimSpec", "build_engine", "ds_config", "ema_update", "load_causal_lm", "load_tokenizer",
-           "scheduler_block"]
+__all__ = ["OptimSpec", "build_engine", "dropout_overrides", "ds_config", "ema_update", "load_causal_lm",
+           "load_tokenizer", "scheduler_block"]
 
 
 @dataclass(frozen=True)
@@ -110,17 +110,20 @@ def load_causal_lm(path: str, tokenizer: Any, seed: int) -> tuple[nn.Module, Any
     else:
         hf_config = transformers.AutoConfig.from_pretrained(path)
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    _no_dropout(hf_config)
+    for key, value in dropout_overrides(hf_config).items():
+        setattr(hf_config, key, value)
     model.to(torch.float32)
     return model, hf_config
 
 
-def _no_dropout(hf_config: Any) -> None:
-    """Zero every dropout probability of the config: RLHF log-probabilities must be deterministic."""
-    for key in ("dropout", "attention_dropout", "hidden_dropout", "activation_dropout", "resid_pdrop",
-                "embd_pdrop", "attn_pdrop", "hidden_dropout_prob", "attention_probs_dropout_prob"):
-        if isinstance(getattr(hf_config, key, None), float):
-            setattr(hf_config, key, 0.0)
+_DROPOUT_KEYS: tuple[str, ...] = ("dropout", "attention_dropout", "hidden_dropout", "activation_dropout",
+                                   "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
+                                   "attention_probs_dropout_prob")
+
+
+def dropout_overrides(hf_config: Any) -> dict[str, float]:
+    """``{key: 0.0}`` for every dropout probability the config has: RLHF log-probabilities must be deterministic."""
+    return {key: 0.0 for key in _DROPOUT_KEYS if isinstance(getattr(hf_config, key, None), float)}
 
 
 def ema_update(ema: Any, actor: Any, beta: float) -> None:

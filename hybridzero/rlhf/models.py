@@ -115,11 +115,6 @@ def load_value_model(path: str | os.PathLike[str], *, head_seed: int = 0) -> Val
     return ValueHeadModel(hf_config, transformer=lm.base_model, head_seed=head_seed)
 
 
-def _gather_state(engine: Any) -> dict[str, torch.Tensor]:
-    """Every parameter in full, tied weights once (collective: every rank calls it)."""
-    return engine.full_parameters()
-
-
 def _commit_dir(tmp: Path, out: Path) -> None:
     """Move every file of ``tmp`` into ``out`` (replacing same-named files; a run's logs beside the model stay)."""
     out.mkdir(parents=True, exist_ok=True)
@@ -154,7 +149,7 @@ def _write_dir(out: Path, files: dict[str, dict[str, torch.Tensor]], hf_config: 
 def save_causal_lm(engine: Any, out_dir: str | os.PathLike[str], hf_config: Any, tokenizer: Any = None,
                    dtype: torch.dtype = torch.float32) -> Path:
     """Write the engine's causal LM as a Hugging Face directory (every rank calls; rank 0 writes)."""
-    state = _gather_state(engine)
+    state = engine.full_parameters()  # collective: every rank gathers, tied weights once
     out = Path(out_dir)
     if engine.comm.rank == 0:
         _write_dir(out, {"model.safetensors": state}, hf_config, tokenizer, None, dtype)
@@ -181,7 +176,7 @@ def save_value_model(engine: Any, out_dir: str | os.PathLike[str], tokenizer: An
     module = engine.module
     if not isinstance(module, ValueHeadModel):
         raise TypeError(f"save_value_model needs an engine wrapping a ValueHeadModel, got {type(module).__name__}")
-    state = _gather_state(engine)
+    state = engine.full_parameters()  # collective: every rank gathers, tied weights once
     out = Path(out_dir)
     if engine.comm.rank == 0:
         _write_dir(out, {VALUE_MODEL_FILE: state}, module.config, tokenizer, _MARKER_JSON, dtype)

@@ -79,11 +79,11 @@ class Step3:
 
         from hybridzero.rlhf.engines import load_tokenizer
 
-        tok = load_tokenizer(s.actor_model_name_or_path)
-        self.prompts, counts = load_prompts(s, tok, model_context(
-            transformers.AutoConfig.from_pretrained(s.actor_model_name_or_path)))
+        self.tok = load_tokenizer(s.actor_model_name_or_path)
+        self.hf_config = transformers.AutoConfig.from_pretrained(s.actor_model_name_or_path)
+        self.prompts, counts = load_prompts(s, self.tok, model_context(self.hf_config))
         self.plan: Plan = make_plan(s, self.world, len(self.prompts))
-        self.roles, self.tok, self.hf_config = build_roles(s, self.world, self.plan.total_iterations)
+        self.roles = build_roles(s, self.world, self.plan.total_iterations)
         self.pad_id = pad_token_id(self.tok, pad_to_eos=True)
         self.eos_id = self.tok.eos_token_id
         self.ptx = PtxStream(s, self.tok, self.pad_id, self.rank, self.world) if s.unsupervised_dataset_name else None

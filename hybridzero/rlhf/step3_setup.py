@@ -17,7 +17,12 @@ import torch
 
 from hybridzero.rlhf.common import phase_records
 from hybridzero.rlhf.data import check_budget
-from hybridzero.rlhf.engines import OptimSpec, build_engine, ds_config, load_tokenizer
+from hybridzero.rlhf.engines import (
+    OptimSpec,
+    build_engine,
+    dropout_overrides,
+    ds_config,
+)
 from hybridzero.rlhf.models import load_value_model
 from hybridzero.rlhf.ppo import Roles
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
@@ -97,10 +102,7 @@ def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool) -> An
     from hybridzero.checkpoint.hf_source import HFCheckpointSource
     from hybridzero.runtime.pretrained import meta_model
 
-    base = transformers.AutoConfig.from_pretrained(path)
-    overrides = {k: 0.0 for k in ("dropout", "attention_dropout", "activation_dropout", "resid_pdrop",
-                                  "embd_pdrop", "attn_pdrop") if isinstance(getattr(base, k, None), float)}
-    model = meta_model(path, **overrides)
+    model = meta_model(path, **dropout_overrides(transformers.AutoConfig.from_pretrained(path)))
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with HFCheckpointSource(path) as source:
@@ -108,12 +110,8 @@ def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool) -> An
     return engine
 
 
-def build_roles(s: PPOSettings, world: int, total_steps: int) -> tuple[Roles, Any, Any]:
-    """``(roles, tokenizer, actor hf_config)`` for PPO or GRPO (no critic), with the EMA actor when enabled."""
-    import transformers
-
-    tok = load_tokenizer(s.actor_model_name_or_path)
-    hf_config = transformers.AutoConfig.from_pretrained(s.actor_model_name_or_path)
+def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
+    """The engines of PPO or GRPO (no critic), with the EMA actor when enabled."""
     gen, train = s.per_device_generation_batch_size, s.per_device_training_batch_size
     updates = max(total_steps * s.ppo_epochs * s.generation_batches * (gen // train)
                   // s.gradient_accumulation_steps, 1)
@@ -141,7 +139,7 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> tuple[Roles, An
     for frozen_engine in (ref, reward, ema):  # inference only: no optimizer state; scored under no_grad
         if frozen_engine is not None:
             frozen_engine.eval()
-    return Roles(actor=actor, ref=ref, reward=reward, critic=critic, ema=ema), tok, hf_config
+    return Roles(actor=actor, ref=ref, reward=reward, critic=critic, ema=ema)
 
 
 def model_context(hf_config: Any) -> int:
