@@ -181,7 +181,7 @@ def load(engine: "Engine", load_dir: str | os.PathLike[str], tag: str | None = N
     _check_compatible(engine, meta, path)
     shards = [load_rank_file(path, r) for r in range(meta["world_size"])]
     try:
-        extra = torch.load(path / EXTRA, map_location="cpu", weights_only=False)
+        extra = torch.load(path / EXTRA, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001
         raise ValueError(f"checkpoint file {path / EXTRA} is missing or corrupt: {exc}") from exc
     aliases = aliases_of(engine)

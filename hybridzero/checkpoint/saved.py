@@ -70,7 +70,7 @@ def load_rank_file(path: Path, rank: int) -> dict[str, Any]:
     if not file.is_file():
         raise FileNotFoundError(f"checkpoint shard {file} is missing")
     try:
-        return torch.load(file, map_location="cpu", mmap=True, weights_only=False)
+        return torch.load(file, map_location="cpu", mmap=True, weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling/zip error means the file is damaged
         raise ValueError(f"checkpoint shard {file} is truncated or corrupt: {exc}") from exc
 
