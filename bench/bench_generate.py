@@ -4,7 +4,7 @@ gathering, FSDP2 unshard-then-generate and DeepSpeed ZeRO-3.
     python bench/bench_generate.py [--world 2] [--batch 8] [--prompt-len 16] [--new-tokens 64] [--repeats 3]
                                    [--model bench|tiny|100m] [--systems ...] [--out bench/results]
 
-The benchmark model (:func:`hybridzero.bench_model.benchmark_llama`; ``--tiny`` is an alias of ``--model tiny``)
+The benchmark model (:func:`bench_model.benchmark_llama`; ``--tiny`` is an alias of ``--model tiny``)
 generates greedily, exactly ``--new-tokens`` tokens (``min_new_tokens`` = ``max_new_tokens``, so nobody stops early)
 for ``--batch`` prompts of ``--prompt-len`` random tokens, with the KV cache on, fp32:
 
@@ -13,7 +13,7 @@ for ``--batch`` prompts of ``--prompt-len`` random tokens, with the KV cache on,
   under the CPU and memory-bandwidth sharing every W-rank system runs under (the like-for-like baseline on a
   machine with as many cores as ranks).
 * ``hybrid``: hybridzero's hybrid engine (``engine.generate``): parameters gathered once per call.
-* ``zero3`` / ``zero3-noprefetch``: ``--world`` ranks (a :class:`~hybridzero.testing.spawn.WorldPool`, one thread
+* ``zero3`` / ``zero3-noprefetch``: ``--world`` ranks (a :class:`~tests.harness.spawn.WorldPool`, one thread
   each), one inference-only ZeRO-3 engine per rank with the benchmark's prefetch bucket (or prefetch off),
   ``engine.module.generate``: every decoding step all-gathers the whole model once.
 * ``fsdp2``: PyTorch FSDP2, ``unshard()`` every FSDP module, generate on full parameters, ``reshard()``
@@ -63,8 +63,8 @@ from generate_common import (
 )
 from peer_common import MODEL_CHOICES, deepspeed_available
 
-from hybridzero.bench_model import benchmark_config, prefetch_bucket_for
-from hybridzero.testing.spawn import WorldPool
+from bench_model import benchmark_config, prefetch_bucket_for
+from tests.harness.spawn import WorldPool
 
 SYSTEMS: tuple[str, ...] = ("plain", "plain-ranks", "hybrid", "zero3", "zero3-noprefetch", "fsdp2", "deepspeed")
 """``--systems`` choices, in the order they run (``plain`` always runs: it is the reference)."""

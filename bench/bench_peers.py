@@ -4,11 +4,11 @@
                                 [--model bench|tiny|100m] [--hpz N] [--out bench/results]
 
 ``--tiny`` is an alias of ``--model tiny``; ``--model 100m`` is the ~100 M-parameter point
-(:func:`hybridzero.bench_model.overrides_100m`, 100,092,672 parameters). ``--hpz N`` turns on ZeRO++ hpZ with
+(:func:`bench_model.overrides_100m`, 100,092,672 parameters). ``--hpz N`` turns on ZeRO++ hpZ with
 secondary groups of ``N`` ranks in hybridzero and DeepSpeed (``zero_hpz_partition_size``) and the FSDP2
 counterpart, ``reshard_after_forward=N`` on every decoder layer.
 
-Every system trains the benchmark Llama (:mod:`hybridzero.bench_model`) with the same weights, data, micro-batch,
+Every system trains the benchmark Llama (:mod:`bench_model`) with the same weights, data, micro-batch,
 AdamW and clipping, one ``torch.distributed.run`` launch per (system, world size, dtype), ``OMP_NUM_THREADS=1``:
 hybridzero through ``bench/zero3_worker.py``, DeepSpeed through ``bench/peer_deepspeed.py`` and FSDP2 through
 ``bench/peer_fsdp2.py``. Each rank writes a JSON of its per-step measurements to a temporary directory. Runs are

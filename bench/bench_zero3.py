@@ -2,7 +2,7 @@
 
     python bench/bench_zero3.py [--steps N] [--worlds 2 4] [--dtype fp32|bf16] [--tiny] [--out bench/results]
 
-For each world size W the engine trains the benchmark model (:mod:`hybridzero.bench_model`) on W ranks launched
+For each world size W the engine trains the benchmark model (:mod:`bench_model`) on W ranks launched
 with ``python -m torch.distributed.run --standalone`` (``OMP_NUM_THREADS=1``); once, one plain process does the same
 *per-rank* work without sharding (same model, micro-batch 4×64, AdamW, clipping, one thread): the compute floor.
 Every process runs 2 warm-up steps, then ``--steps`` measured ones, and writes its measurements to a JSON file in a
@@ -35,7 +35,7 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "zero3_worker.py"
-MICRO_BATCH, SEQ_LEN, WARMUP = 4, 64, 2  # mirrors hybridzero.bench_model (not imported: no torch in the driver)
+MICRO_BATCH, SEQ_LEN, WARMUP = 4, 64, 2  # mirrors bench_model (not imported: no torch in the driver)
 COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce")
 MB = 1e6
 

@@ -20,8 +20,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hybridzero.testing.spawn import WorldPool
-from hybridzero.testing.zeropp import zeropp_run
+from tests.harness.spawn import WorldPool
+from tests.workers.zeropp import zeropp_run
 
 SYSTEMS: dict[str, dict[str, Any]] = {
     "zero3": {},

@@ -18,7 +18,7 @@ MB = 1e6
 
 def load_model(name: str) -> torch.nn.Module:
     """The benchmark Llama variant ``name`` (``bench``, ``tiny`` or ``100m``), seed 0, in eval mode."""
-    from hybridzero.bench_model import benchmark_llama, model_overrides
+    from bench_model import benchmark_llama, model_overrides
 
     model = benchmark_llama(0, **model_overrides(name))
     model.eval()

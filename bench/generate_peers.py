@@ -1,6 +1,6 @@
 """Generation peers of ``bench/bench_generate.py``: FSDP2 unshard-then-generate and DeepSpeed ZeRO-3 generate.
 
-Each function here runs on every rank of a :class:`~hybridzero.testing.spawn.WorldPool` (gloo, one thread per rank)
+Each function here runs on every rank of a :class:`~tests.harness.spawn.WorldPool` (gloo, one thread per rank)
 and returns that rank's timed ``generate`` calls in the format of :func:`generate_common.ranks_row`.
 
 * :func:`fsdp2_rank`: ``fully_shard`` on every decoder layer and then the root (as ``bench/peer_fsdp2.py`` trains),

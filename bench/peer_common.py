@@ -1,7 +1,7 @@
 """Helpers shared by the peer-benchmark workers (``peer_deepspeed.py``, ``peer_fsdp2.py``) and their driver.
 
-A worker is one torchrun rank. It trains the benchmark model (:mod:`hybridzero.bench_model`) for ``--warmup`` +
-``--steps`` steps on :func:`hybridzero.bench_model.synthetic_batches` and writes ``<out-dir>/<system>_rank<R>.json``
+A worker is one torchrun rank. It trains the benchmark model (:mod:`bench_model`) for ``--warmup`` +
+``--steps`` steps on :func:`bench_model.synthetic_batches` and writes ``<out-dir>/<system>_rank<R>.json``
 in the format of ``bench/zero3_worker.py``: ``rank``, ``world_size``, ``n_params``, ``steps`` (one dict per step,
 warm-up included, each with at least ``loss`` and ``step_ms``), ``peak_rss_mib`` and ``system``.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 MODEL_CHOICES: tuple[str, ...] = ("bench", "tiny", "100m")
-"""``--model`` choices; the same names as :data:`hybridzero.bench_model.MODEL_CHOICES` (kept here torch-free)."""
+"""``--model`` choices; the same names as :data:`bench_model.MODEL_CHOICES` (kept here torch-free)."""
 COLLECTIVE_KINDS: tuple[str, ...] = ("all_gather", "reduce_scatter", "all_reduce", "other")
 """Buckets into which a system's collective names are folded for the comparison table."""
 
@@ -64,7 +64,7 @@ def worker_parser(description: str) -> argparse.ArgumentParser:
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """``--model {bench,tiny,100m}``, ``--tiny`` (alias of ``--model tiny``) and ``--hpz`` (ZeRO++ hpZ size)."""
     p.add_argument("--model", choices=MODEL_CHOICES, default="bench",
-                   help="benchmark model variant (hybridzero.bench_model.model_overrides)")
+                   help="benchmark model variant (bench_model.model_overrides)")
     p.add_argument("--tiny", dest="model", action="store_const", const="tiny", help="alias of --model tiny")
     p.add_argument("--hpz", type=int, default=1,
                    help="zero_hpz_partition_size (hybridzero, DeepSpeed); FSDP2: reshard_after_forward=N")
@@ -72,7 +72,7 @@ def add_model_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_model(seed: int, model: str) -> Any:
     """The benchmark Llama variant ``model`` (:data:`MODEL_CHOICES`), identical on every rank and in every system."""
-    from hybridzero.bench_model import benchmark_llama, model_overrides
+    from bench_model import benchmark_llama, model_overrides
 
     return benchmark_llama(seed, **model_overrides(model))
 
@@ -82,7 +82,7 @@ def zero_config(world: int, dtype: str, model: str, hpz: int = 1) -> dict[str, A
 
     hybridzero and DeepSpeed read the same ``zero_optimization.zero_hpz_partition_size`` key.
     """
-    from hybridzero.bench_model import (
+    from bench_model import (
         benchmark_config,
         prefetch_bucket_for,
         reduce_bucket_for,
@@ -97,14 +97,14 @@ def zero_config(world: int, dtype: str, model: str, hpz: int = 1) -> dict[str, A
 
 def rank_batches(args: argparse.Namespace, world: int, vocab: int) -> Any:
     """All steps' token ids ``[steps, world, micro_batch, seq_len]``, the same stream every system sees."""
-    from hybridzero.bench_model import synthetic_batches
+    from bench_model import synthetic_batches
 
     return synthetic_batches(args.seed + 1, steps=args.warmup + args.steps, world_size=world, vocab_size=vocab)
 
 
 def adamw_settings(world: int) -> tuple[dict[str, Any], float]:
     """The benchmark's AdamW keyword arguments (torch names) and its gradient-clipping norm."""
-    from hybridzero.bench_model import benchmark_config
+    from bench_model import benchmark_config
 
     config = benchmark_config(world)
     params = config["optimizer"]["params"]

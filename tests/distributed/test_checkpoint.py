@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from hybridzero.checkpoint.saved import list_tags
-from hybridzero.testing.ckpt import load_and_consolidate, run_with_checkpoint, save_then_crash, try_load
-from hybridzero.testing.parity import RunSpec, reference_run, step_losses
-from hybridzero.testing.spawn import RemoteError
+from tests.workers.ckpt import load_and_consolidate, run_with_checkpoint, save_then_crash, try_load
+from tests.harness.parity import RunSpec, reference_run, step_losses
+from tests.harness.spawn import RemoteError
 
 
 def _equal(a: dict, b: dict) -> None:
@@ -100,7 +100,7 @@ def test_bad_checkpoints_fail_clearly_and_change_nothing(world, tmp_path: Path) 
 
 
 def test_save_inside_accumulation_window_is_refused(world, tmp_path: Path) -> None:
-    from hybridzero.testing.ckpt import save_inside_accumulation_window
+    from tests.workers.ckpt import save_inside_accumulation_window
 
     out = world(2).run(save_inside_accumulation_window, RunSpec(model="opt", accumulation=3), str(tmp_path / "c"))
     assert all("inside a gradient-accumulation window of 3" in text for text in out), out

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridzero.testing.construction import logits_from_pretrained, train_meta_model
-from hybridzero.testing.parity import RunSpec, build_model
+from tests.workers.construction import logits_from_pretrained, train_meta_model
+from tests.harness.parity import RunSpec, build_model
 
 
 @pytest.mark.parametrize("model", ["llama", "gpt2_tied", "opt"])

@@ -16,10 +16,10 @@ import torch
 from hybridzero.checkpoint import export
 from hybridzero.checkpoint.export import consolidated_state_dict, export_hf
 from hybridzero.cli import main
-from hybridzero.testing.ckpt import run_with_checkpoint
-from hybridzero.testing.export_checks import (export_peak_bytes, index_of, load_exported, logits, reference_model,
+from tests.workers.ckpt import run_with_checkpoint
+from tests.workers.export_checks import (export_peak_bytes, index_of, load_exported, logits, reference_model,
                                               save_big_checkpoint)
-from hybridzero.testing.parity import RunSpec
+from tests.harness.parity import RunSpec
 
 MODELS = ("llama", "gpt2_tied", "opt")
 TIED = {"gpt2_tied", "opt"}

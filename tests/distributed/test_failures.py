@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from hybridzero.testing.failures import init_with_bad_config_on, step_fails_on
-from hybridzero.testing.spawn import RemoteError
+from tests.workers.failures import init_with_bad_config_on, step_fails_on
+from tests.harness.spawn import RemoteError
 
 
 @pytest.mark.parametrize(("bad", "words"), [

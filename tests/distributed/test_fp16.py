@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hybridzero.optim.loss_scaler import ScalerConfig, initial_state, update_scale
-from hybridzero.testing.parity import RunSpec, engine_run, reference_run, step_losses
+from tests.harness.parity import RunSpec, engine_run, reference_run, step_losses
 
 FP16 = {"initial_scale_power": 8, "hysteresis": 2, "loss_scale_window": 2}
 

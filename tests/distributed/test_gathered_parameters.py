@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridzero.testing.parity import RunSpec, build_model, ds_config, engine_run, reference_run
+from tests.harness.parity import RunSpec, build_model, ds_config, engine_run, reference_run
 from tests.distributed.test_zero3_parity import compare
 
 EDITS = ("model.layers.1.mlp.up_proj.weight", "model.embed_tokens.weight", "model.norm.weight")

@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from hybridzero.testing.spawn import RemoteError, WorldPool
+from tests.harness.spawn import RemoteError, WorldPool
 
 _ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK")
 

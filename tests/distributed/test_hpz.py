@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridzero.testing.hpz import hpz_run
-from hybridzero.testing.parity import RunSpec
-from hybridzero.testing.spawn import RemoteError
+from tests.workers.hpz import hpz_run
+from tests.harness.parity import RunSpec
+from tests.harness.spawn import RemoteError
 
 SPEC = RunSpec(model="gpt2_tied", steps=8, accumulation=3, dtype="fp16", lr=1e-3, clipping=1.0, with_scalar=True,
                persistence_threshold=40, frozen=("wpe",), inf_at=((1, 1),), edit=("model.transformer.h.1.mlp.c_fc.weight",),
@@ -67,7 +67,7 @@ def test_two_torchrun_nodes_on_loopback(tmp_path: Path) -> None:
     env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
     agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(i),
                                 "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
-                                "-m", "hybridzero.testing.two_node_main", str(out)],
+                                "-m", "tests.harness.two_node_main", str(out)],
                                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
               for i in range(2)]
     logs = [a.communicate(timeout=400)[0] for a in agents]

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridzero.testing.hybrid import hybrid_checks, train_generate_cycles
-from hybridzero.testing.parity import RunSpec
+from tests.workers.hybrid import hybrid_checks, train_generate_cycles
+from tests.harness.parity import RunSpec
 
 MODELS = ["opt", "opt_postln", "llama", "gpt2_tied", "llama_scalar"]
 

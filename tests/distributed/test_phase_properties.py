@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from hybridzero.testing.phases import LARGE_BUCKET, PHASE_KINDS, Phase, phase_sequence_pair
+from tests.workers.phases import LARGE_BUCKET, PHASE_KINDS, Phase, phase_sequence_pair
 
 _WORLD_SIZE = 2
 _TIMEOUT_S = 120.0

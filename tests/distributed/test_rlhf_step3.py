@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from hybridzero.testing.rlhf_runs import make_model_dirs, step3_run, step_both_run
+from tests.workers.rlhf_runs import make_model_dirs, step3_run, step_both_run
 
 GLOBAL_GEN, GLOBAL_TRAIN = 8, 4  # sequences per generation batch / per training mini-batch, all ranks together
 COMPARED = ("reward", "kl", "answer_len", "value", "actor_loss", "critic_loss", "clip_fraction")

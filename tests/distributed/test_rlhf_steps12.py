@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridzero.testing.rlhf_runs import make_model_dirs, reward_run, sft_run, step3_run
+from tests.workers.rlhf_runs import make_model_dirs, reward_run, sft_run, step3_run
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, str]]) -> str:

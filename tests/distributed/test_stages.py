@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridzero.testing.parity import RunSpec, build_model, engine_run, reference_run
+from tests.harness.parity import RunSpec, build_model, engine_run, reference_run
 from hybridzero.zero.layout import ALIGN
 from tests.distributed.test_zero3_parity import compare
 

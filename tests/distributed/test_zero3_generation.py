@@ -9,10 +9,10 @@ from typing import Any
 import pytest
 import torch
 
-from hybridzero.testing.phases import (LARGE_BUCKET, Phase, direct_calls_probe, event_probe, generate_bytes_probe,
+from tests.workers.phases import (LARGE_BUCKET, Phase, direct_calls_probe, event_probe, generate_bytes_probe,
                                        phase_data, repeat_block_opt)
-from hybridzero.testing.rlhf_sequence import RlhfSpec, combined_step, engine_sequence, new_tokens, reference_sequence
-from hybridzero.testing.spawn import WorldPool
+from tests.workers.rlhf_sequence import RlhfSpec, combined_step, engine_sequence, new_tokens, reference_sequence
+from tests.harness.spawn import WorldPool
 
 _TIMEOUT_S = 180.0
 _B0, _B1 = "model.decoder.layers.0", "model.decoder.layers.1"

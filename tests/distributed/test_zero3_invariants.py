@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridzero.testing.parity import RunSpec, build_model, engine_run, reference_run, step_losses
+from tests.harness.parity import RunSpec, build_model, engine_run, reference_run, step_losses
 from hybridzero.zero.layout import build_layout
 from hybridzero.zero.partition import plan_groups
 

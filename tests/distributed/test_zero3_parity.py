@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from hybridzero.testing.parity import RunSpec, build_model, engine_run, reference_run, step_losses
+from tests.harness.parity import RunSpec, build_model, engine_run, reference_run, step_losses
 from hybridzero.zero.layout import ALIGN
 
 MODELS = ["llama", "opt", "opt_postln", "gpt2_tied", "gpt2_untied"]

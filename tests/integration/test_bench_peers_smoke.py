@@ -119,7 +119,7 @@ def test_100m_variant_size() -> None:
     import torch
     import transformers
 
-    from hybridzero.bench_model import (
+    from bench_model import (
         MODEL_CHOICES,
         model_overrides,
         prefetch_bucket_for,

@@ -1,4 +1,4 @@
-"""Smoke tests of ``python -m hybridzero train-demo`` and ``bench/bench_zero3.py`` on the tiny model.
+"""Smoke tests of ``bench/train_demo.py`` and ``bench/bench_zero3.py`` on the tiny model.
 
 Each launches real gloo ranks through ``torch.distributed.run`` as a subprocess (about 20 s on 2 CPU cores). They
 check the shape of the output only; no timing is asserted anywhere.
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import torch
 
-from hybridzero.bench_model import benchmark_llama, synthetic_batches, tiny_overrides
-from hybridzero.cli import build_parser, main
+from bench_model import benchmark_llama, synthetic_batches, tiny_overrides
+from hybridzero.cli import main
+from train_demo import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+) \| loss\s+(\S+) \| lr (\S+) \| grad\s+(\S+) \|.* ms \|.* tok/s \| "
@@ -40,7 +41,7 @@ def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
 
 def test_train_demo_prints_steps_and_summary() -> None:
     """Two ranks, two steps: exactly two well-formed step lines from rank 0, then the summary."""
-    proc = _run(["-m", "hybridzero", "train-demo", "--world-size", "2", "--steps", "2", "--tiny"])
+    proc = _run([str(REPO / "bench" / "train_demo.py"), "--world-size", "2", "--steps", "2", "--tiny"])
     lines = proc.stdout.splitlines()
     steps = [m for m in (STEP_LINE.match(line) for line in lines) if m]
     assert [(m.group(1), m.group(2)) for m in steps] == [("1", "2"), ("2", "2")], proc.stdout
@@ -73,9 +74,9 @@ def test_bench_zero3_writes_results(tmp_path: Path) -> None:
 
 
 def test_cli_without_subcommand_is_usage_error() -> None:
-    """No subcommand prints usage and returns 2; train-demo's defaults are the documented ones."""
+    """No subcommand prints usage and returns 2; the train demo's defaults are the documented ones."""
     assert main([]) == 2
-    args = build_parser().parse_args(["train-demo"])
+    args = build_parser().parse_args([])
     assert (args.world_size, args.steps, args.dtype, args.tiny) == (2, 30, "fp32", False)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridzero.rlhf.gguf_import import gguf_to_hf, main
+from gguf_import import gguf_to_hf, main
 
 
 def test_missing_file_is_a_clear_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -25,7 +25,7 @@ def test_smollm2_gguf_converts_and_generates(tmp_path: Path) -> None:
     import torch
     import transformers
 
-    from hybridzero.rlhf.gguf_import import smollm2_gguf
+    from gguf_import import smollm2_gguf
 
     out = gguf_to_hf(smollm2_gguf(), tmp_path / "hf")
     model = transformers.AutoModelForCausalLM.from_pretrained(out)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridzero.testing.rlhf_runs import make_model_dirs
+from tests.workers.rlhf_runs import make_model_dirs
 
 _ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYBRIDZERO_TIMEOUT_S": "120"}
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from hybridzero.testing.models import tiny_llama
+from tests.harness.models import tiny_llama
 from safetensors.torch import save_file
 
 from hybridzero.checkpoint import hf_source

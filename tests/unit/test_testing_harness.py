@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from hybridzero.testing.data import make_token_batches
-from hybridzero.testing.models import (
+from tests.harness.data import make_token_batches
+from tests.harness.models import (
     MODEL_FACTORIES,
     WithScalar,
     block_numels,
@@ -20,7 +20,7 @@ from hybridzero.testing.models import (
     tiny_llama,
     tiny_opt,
 )
-from hybridzero.testing.spawn import _worker_env
+from tests.harness.spawn import _worker_env
 
 FACTORIES: dict[str, Callable[..., nn.Module]] = {
     **MODEL_FACTORIES,

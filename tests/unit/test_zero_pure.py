@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridzero.comm.ledger import Ledger
-from hybridzero.testing.models import MODEL_FACTORIES
+from tests.harness.models import MODEL_FACTORIES
 from hybridzero.zero.layout import ALIGN, build_layout, intersect, padded_numel
 from hybridzero.zero.partition import PERSISTENT, ROOT, find_blocks, plan_groups
 from hybridzero.zero.prefetch import Prefetcher

@@ -12,14 +12,14 @@ from unittest import mock
 import torch
 from torch import nn
 
-from hybridzero.testing.parity import RunSpec, build_model, ds_config
+from tests.harness.parity import RunSpec, build_model, ds_config
 
 _IDS = torch.arange(14).reshape(2, 7) % 90 + 3  # token ids valid for every tiny vocabulary (>= 98)
 
 
 def big_llama(layers: int, seed: int = 0) -> nn.Module:
     """A materialized Llama dominated by its blocks (hidden 512, intermediate 2047, vocab 101): ~3.8 M / block."""
-    from hybridzero.testing.models import tiny_llama
+    from tests.harness.models import tiny_llama
 
     return tiny_llama(seed, hidden_size=512, intermediate_size=2047, num_attention_heads=8, num_key_value_heads=2,
                       head_dim=64, vocab_size=101, num_hidden_layers=layers)

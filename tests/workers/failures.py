@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from hybridzero.testing.parity import RunSpec, build_model, ds_config
+from tests.harness.parity import RunSpec, build_model, ds_config
 
 
 def init_with_bad_config_on(bad_rank: int, bad: dict[str, Any]) -> str:

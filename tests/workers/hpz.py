@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from hybridzero.testing.parity import RunSpec, batches_for, build_model, ds_config
+from tests.harness.parity import RunSpec, batches_for, build_model, ds_config
 
 
 def secondaries_match(engine: Any) -> bool:

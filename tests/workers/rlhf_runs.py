@@ -3,7 +3,7 @@
 :func:`make_model_dirs` writes (in the test process, no process group) an actor directory (the demo's tiny Llama,
 seeded, with the demo tokenizer) and a value-model directory (same config, its own seed), so step-3 tests start
 from fixed weights without training steps 1 and 2. The ``*_run`` functions are module-level (picklable) and run
-on every rank of a :class:`~hybridzero.testing.spawn.WorldPool`.
+on every rank of a :class:`~tests.harness.spawn.WorldPool`.
 """
 from __future__ import annotations
 

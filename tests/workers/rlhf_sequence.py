@@ -13,7 +13,7 @@ training steps of actor and critic. The losses are a deterministic PPO sketch:
 :func:`engine_sequence` runs one rank's share (module-level: picklable for the worker pool);
 :func:`reference_sequence` runs every rank's share in rank order in one process, with unsharded copies of the four
 models, and combines gradients as the engine does (per step: the per-rank gradients summed in rank order in fp32,
-divided by the world size), like :func:`hybridzero.testing.parity.reference_run`.
+divided by the world size), like :func:`tests.harness.parity.reference_run`.
 """
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybridzero.testing.models import tiny_opt
-from hybridzero.testing.value_model import ValueModel
+from tests.harness.models import tiny_opt
+from tests.workers.value_model import ValueModel
 
 __all__ = ["RlhfSpec", "combined_step", "engine_sequence", "new_tokens", "reference_sequence"]
 

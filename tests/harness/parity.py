@@ -13,8 +13,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from hybridzero.testing.data import make_token_batches
-from hybridzero.testing.models import MODEL_FACTORIES, WithScalar
+from tests.harness.data import make_token_batches
+from tests.harness.models import MODEL_FACTORIES, WithScalar
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from hybridzero.testing.models import tiny_opt
+from tests.harness.models import tiny_opt
 
 __all__ = ["ValueModel"]
 

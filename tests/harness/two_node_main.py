@@ -1,7 +1,7 @@
 """Entry point for the two-node hpZ test: run under two ``torchrun --nnodes 2`` agents on loopback.
 
 Usage: ``python -m torch.distributed.run --nnodes 2 --node_rank I --nproc_per_node 2 --master_addr 127.0.0.1
---master_port P -m hybridzero.testing.two_node_main OUT_FILE``. Rank 0 writes the hpZ-off and hpZ-2 results.
+--master_port P -m tests.harness.two_node_main OUT_FILE``. Rank 0 writes the hpZ-off and hpZ-2 results.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import torch
 
 
 if __name__ == "__main__":
-    from hybridzero.testing.hpz import hpz_run
-    from hybridzero.testing.parity import RunSpec
+    from tests.workers.hpz import hpz_run
+    from tests.harness.parity import RunSpec
 
     spec = RunSpec(model="gpt2_tied", steps=4, accumulation=2, dtype="fp16", lr=1e-3, clipping=1.0, with_scalar=True,
                    persistence_threshold=40, frozen=("wpe",), inf_at=((1, 1),), fp16={"initial_scale_power": 8},

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 import transformers
 
-from hybridzero.testing.models import tiny_opt
+from tests.harness.models import tiny_opt
 
 __all__ = ["PHASE_KINDS", "Phase", "RepeatBlockOPT", "direct_calls_probe", "event_probe", "generate_bytes_probe",
            "phase_data", "phase_sequence_pair", "phase_sequence_run", "repeat_block_opt"]

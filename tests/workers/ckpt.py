@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from hybridzero.testing.parity import RunSpec, batches_for, build_model, client_optimizer, ds_config
+from tests.harness.parity import RunSpec, batches_for, build_model, client_optimizer, ds_config
 
 
 def _engine(spec: RunSpec) -> tuple[Any, torch.Tensor, int]:

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from hybridzero.testing.parity import RunSpec, build_model, ds_config
+from tests.harness.parity import RunSpec, build_model, ds_config
 
 
 def live_tensor_bytes() -> int:
@@ -43,7 +43,7 @@ def logits_from_pretrained(path: str, model: str, stage: int) -> float:
 
 def big_llama_on_meta(layers: int) -> torch.nn.Module:
     """A Llama whose blocks dominate its size (vocab 101, hidden 512, intermediate 2047), built on meta."""
-    from hybridzero.testing.models import tiny_llama
+    from tests.harness.models import tiny_llama
 
     with torch.device("meta"):
         return tiny_llama(hidden_size=512, intermediate_size=2047, num_attention_heads=8, num_key_value_heads=2,

@@ -10,13 +10,13 @@ import torch
 def zeropp_run(extra_zero: dict[str, Any], steps: int, bench_model: bool = False) -> dict[str, Any]:
     """Train ``steps`` steps (benchmark Llama, or the tiny one) with the given ZeRO++ keys; losses and bytes/step."""
     import hybridzero
-    from hybridzero.testing.parity import RunSpec, batches_for, build_model, ds_config
+    from tests.harness.parity import RunSpec, batches_for, build_model, ds_config
 
     hybridzero.init_distributed()
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
     spec = RunSpec(model="llama", steps=steps, lr=1e-3 if bench_model else 3e-3, micro_batch=2, seq_len=16)
     if bench_model:
-        from hybridzero.bench_model import benchmark_llama
+        from bench_model import benchmark_llama
 
         model = benchmark_llama()
     else:
