@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from .batch import resolve_batch_sizes
 from .errors import ConfigError
-from .load import load_config, notes
+from .load import AcceptedKey, accepted_keys, load_config, notes
 from .models import BF16Config, FP16Config, HybridEngineConfig, OffloadConfig, ZeroConfig
 from .optim import (
     OptimizerConfig,
@@ -27,6 +27,7 @@ from .optim import (
 from .schema import Config
 
 __all__ = [
+    "AcceptedKey",
     "BF16Config",
     "Config",
     "ConfigError",
@@ -36,6 +37,7 @@ __all__ = [
     "OptimizerConfig",
     "SchedulerConfig",
     "ZeroConfig",
+    "accepted_keys",
     "canonical_optimizer_type",
     "canonical_scheduler_type",
     "load_config",

@@ -13,7 +13,7 @@ import types
 import typing
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, cast
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
@@ -125,7 +125,7 @@ def child_model(cls: type[Block], name: str) -> type[Block] | None:
 
 def _describe_loc(cls: type[Block], prefix: str, loc: tuple[Any, ...]) -> tuple[str, type[Block] | None]:
     """Dotted key of ``loc`` and the Block class that holds its last element."""
-    path, holder = prefix, cls
+    path, holder = prefix, cast("type[Block] | None", cls)
     for i, part in enumerate(loc):
         name = str(part)
         field = holder.model_fields.get(name) if holder is not None else None

@@ -13,6 +13,7 @@ import json
 import os
 import warnings
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,10 +21,56 @@ from pydantic import ValidationError
 
 from .base import Block, child_model, spellings, to_config_error
 from .errors import ConfigError, join_key, show, unknown_key_error
+from .optim import OPTIMIZER_PARAMS, SCHEDULER_PARAMS
 from .schema import Config
 from .values import is_auto, key_info
 
-__all__ = ["load_config", "notes", "read_json"]
+__all__ = ["AcceptedKey", "accepted_keys", "load_config", "notes", "read_json"]
+
+
+@dataclass(frozen=True)
+class AcceptedKey:
+    """One JSON key the config accepts: ``path`` is dotted (``optimizer.params`` keys carry the type they belong
+    to, ``optimizer.params.lr`` for ``type`` in ``types``); ``acts`` False means it is accepted and warned about;
+    ``spelling`` is ``canonical``, ``alias``, ``deprecated`` (warns, acts like its canonical key) or ``legacy``."""
+
+    path: str
+    acts: bool
+    spelling: str
+    types: tuple[str, ...] = ()
+    canonical: str = ""  # the dotted canonical spelling (== path for canonical keys)
+
+
+def _block_keys(cls: type[Block], prefix: str, types: tuple[str, ...] = ()) -> list[AcceptedKey]:
+    out = [AcceptedKey(join_key(prefix, name), False, "canonical", types, join_key(prefix, name))
+           for name in sorted(cls._ignored)]
+    out += [AcceptedKey(join_key(prefix, name), True, "legacy", types, join_key(prefix, name)) for name in cls._legacy]
+    for field_name, field in cls.model_fields.items():
+        info = key_info(field)
+        names = ((info.name, "canonical"), *((a, "alias") for a in info.aliases),
+                 *((d, "deprecated") for d in info.deprecated)) if info else (((field_name, "canonical"),)
+                                                                               if cls._plain_names else ())
+        for name, kind in names:
+            canonical = join_key(prefix, info.name if info else name)
+            out.append(AcceptedKey(join_key(prefix, name), info.acts if info else True, kind, types, canonical))
+            child = child_model(cls, name)
+            if child is not None and kind == "canonical":
+                out += _block_keys(child, join_key(prefix, name))
+    return out
+
+
+def accepted_keys() -> tuple[AcceptedKey, ...]:
+    """Every key ``load_config`` accepts, derived from the models (the walk a test proves key by key)."""
+    out = _block_keys(Config, "")
+    tables: tuple[tuple[str, Mapping[str, type[Block]]], ...] = (("optimizer.params", OPTIMIZER_PARAMS),
+                                                                 ("scheduler.params", SCHEDULER_PARAMS))
+    for prefix, table in tables:
+        by_model: dict[type[Block], list[str]] = {}
+        for type_name, model in table.items():
+            by_model.setdefault(model, []).append(type_name)
+        for model, type_names in by_model.items():
+            out += _block_keys(model, prefix, tuple(type_names))
+    return tuple(out)
 
 
 def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
@@ -106,6 +153,11 @@ def notes(raw: Mapping[str, Any], cfg: Config) -> tuple[str, ...]:
         out["zero_optimization"] = (f"zero_optimization = {show(value)} is deprecated; use "
                                     f"{{\"stage\": {int(value)}}}")
     _block_notes(raw, Config, "", out)
+    for name, block, table in (("optimizer", cfg.optimizer, OPTIMIZER_PARAMS),
+                               ("scheduler", cfg.scheduler, SCHEDULER_PARAMS)):
+        params = raw[name].get("params") if block is not None else None
+        if block is not None and isinstance(params, Mapping):
+            _block_notes(params, table[block.type], f"{name}.params", out)
     _conditional_notes(cfg, out)
     return tuple(out.values())
 

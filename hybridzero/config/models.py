@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import model_validator
 
@@ -21,8 +21,8 @@ from .values import BlockProblem, boolean, choice, integer, key, number, optiona
 
 __all__ = ["BF16Config", "FP16Config", "HybridEngineConfig", "OffloadConfig", "ZeroConfig"]
 
-_SIZE = integer(0)  # element counts may be 0
-_BUCKET = integer(1)  # a 0-element bucket never fills
+_SIZE = Annotated[int, integer(0)]  # element counts may be 0
+_BUCKET = Annotated[int, integer(1)]  # a 0-element bucket never fills
 _NO_OFFLOAD = ("offloading is not implemented in hybridzero yet (it is planned); remove the block or set "
                "{0} to 'none'")
 
@@ -38,9 +38,10 @@ class OffloadConfig(Block):
     _ignored: ClassVar[frozenset[str]] = frozenset(
         {"buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init", "ratio"})
 
-    device: choice("none", "cpu", "nvme") = key("none", "device", note="refused unless 'none' (offload not built)")
-    pin_memory: boolean = key(False, "pin_memory", acts=False)
-    nvme_path: optional(text) = key(None, "nvme_path", acts=False)
+    device: Annotated[str, choice("none", "cpu", "nvme")] = key("none", "device",
+                                                               note="refused unless 'none' (offload not built)")
+    pin_memory: Annotated[bool, boolean] = key(False, "pin_memory", acts=False)
+    nvme_path: Annotated[str | None, optional(text)] = key(None, "nvme_path", acts=False)
 
     @model_validator(mode="after")
     def _refuse_offload(self) -> OffloadConfig:
@@ -74,7 +75,7 @@ class ZeroConfig(Block):
         "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
         "save_muon_momentum_buffer_in_memory", "leaf_module", "zenflow", "compute_grad_norm", "parameter_alignment"})
 
-    stage: integer(0, 3) = key(0, "stage")
+    stage: Annotated[int, integer(0, 3)] = key(0, "stage")
     prefetch_bucket_size: _SIZE = key(50_000_000, "stage3_prefetch_bucket_size", "prefetch_bucket_size", auto=True)
     param_persistence_threshold: _SIZE = key(100_000, "stage3_param_persistence_threshold",
                                              "param_persistence_threshold", auto=True)
@@ -82,25 +83,26 @@ class ZeroConfig(Block):
     max_reuse_distance: _SIZE = key(1_000_000_000, "stage3_max_reuse_distance", "max_reuse_distance", auto=True)
     reduce_bucket_size: _BUCKET = key(500_000_000, "reduce_bucket_size", auto=True)
     allgather_bucket_size: _BUCKET = key(500_000_000, "allgather_bucket_size", auto=True, acts=False)
-    overlap_comm: boolean = key(False, "overlap_comm")
-    contiguous_gradients: boolean = key(True, "contiguous_gradients", acts=False)
-    reduce_scatter: boolean = key(True, "reduce_scatter", acts=False)
+    overlap_comm: Annotated[bool, boolean] = key(False, "overlap_comm")
+    contiguous_gradients: Annotated[bool, boolean] = key(True, "contiguous_gradients", acts=False)
+    reduce_scatter: Annotated[bool, boolean] = key(True, "reduce_scatter", acts=False)
     sub_group_size: _BUCKET = key(1_000_000_000, "sub_group_size", auto=True, acts=False)
-    hpz_partition_size: integer(1) = key(1, "zero_hpz_partition_size")
-    quantized_weights: boolean = key(False, "zero_quantized_weights")
-    quantized_gradients: boolean = key(False, "zero_quantized_gradients")
-    quantized_nontrainable_weights: boolean = key(False, "zero_quantized_nontrainable_weights")
+    hpz_partition_size: Annotated[int, integer(1)] = key(1, "zero_hpz_partition_size")
+    quantized_weights: Annotated[bool, boolean] = key(False, "zero_quantized_weights")
+    quantized_gradients: Annotated[bool, boolean] = key(False, "zero_quantized_gradients")
+    quantized_nontrainable_weights: Annotated[bool, boolean] = key(False, "zero_quantized_nontrainable_weights")
     # hybridzero extensions (not DeepSpeed keys): the qwZ/qgZ block size and the qgZ bit width (8, or 4)
-    quantization_block_size: integer(2) = key(2048, "zero_quantization_block_size")
-    quantized_gradients_bits: integer(4, 8) = key(8, "zero_quantized_gradients_bits")
+    quantization_block_size: Annotated[int, integer(2)] = key(2048, "zero_quantization_block_size")
+    quantized_gradients_bits: Annotated[int, integer(4, 8)] = key(8, "zero_quantized_gradients_bits")
     offload_optimizer: OffloadConfig = key(OffloadConfig(), "offload_optimizer")
     offload_param: OffloadConfig = key(OffloadConfig(), "offload_param")
     # acts through engine.save_16bit_model (consolidated 16-bit weights on save)
-    gather_16bit_weights_on_model_save: boolean = key(
+    gather_16bit_weights_on_model_save: Annotated[bool, boolean] = key(
         False, "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
         deprecated=("stage3_gather_fp16_weights_on_model_save",), note="engine.save_16bit_model")
     # DeepSpeed's default true; false raises at stages 1 and 2 on a trainable parameter with no gradient
-    ignore_unused_parameters: boolean = key(True, "ignore_unused_parameters", note="zero.coordinator (stages 1/2)")
+    ignore_unused_parameters: Annotated[bool, boolean] = key(True, "ignore_unused_parameters",
+                                                             note="zero.coordinator (stages 1/2)")
 
     _legacy: ClassVar[Mapping[str, str]] = MappingProxyType(
         {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"})
@@ -119,7 +121,8 @@ class ZeroConfig(Block):
                 raise BlockProblem("'{0}' (deprecated) and '{1}' are both set; give only '{1}'", (legacy, new))
             value = data.pop(legacy)
             if not isinstance(value, bool):
-                raise BlockProblem(f"{{0}} = {show(value)} is invalid: expected true or false", (legacy,), value)
+                shown = show(value).replace("{", "{{").replace("}", "}}")  # the template's own braces stay
+                raise BlockProblem(f"{{0}} = {shown} is invalid: expected true or false", (legacy,), value)
             if value:
                 raise BlockProblem("{0} = true: offloading is not implemented in hybridzero yet (it is planned); "
                                    "remove it or set it to false", (legacy,), True)
@@ -136,13 +139,13 @@ class FP16Config(Block):
     _prefix: ClassVar[str] = "fp16"
     _ignored: ClassVar[frozenset[str]] = frozenset({"auto_cast", "fp16_master_weights_and_grads"})
 
-    enabled: boolean = key(False, "enabled")
-    loss_scale: number(0.0) = key(0.0, "loss_scale")
-    initial_scale_power: integer(0) = key(16, "initial_scale_power")
-    loss_scale_window: integer() = key(1000, "loss_scale_window")
-    hysteresis: integer() = key(2, "hysteresis")
-    consecutive_hysteresis: boolean = key(False, "consecutive_hysteresis")
-    min_loss_scale: number() = key(1.0, "min_loss_scale")
+    enabled: Annotated[bool, boolean] = key(False, "enabled")
+    loss_scale: Annotated[float, number(0.0)] = key(0.0, "loss_scale")
+    initial_scale_power: Annotated[int, integer(0)] = key(16, "initial_scale_power")
+    loss_scale_window: Annotated[int, integer()] = key(1000, "loss_scale_window")
+    hysteresis: Annotated[int, integer()] = key(2, "hysteresis")
+    consecutive_hysteresis: Annotated[bool, boolean] = key(False, "consecutive_hysteresis")
+    min_loss_scale: Annotated[float, number()] = key(1.0, "min_loss_scale")
 
     @model_validator(mode="after")
     def _check_dynamic_scaling(self) -> FP16Config:
@@ -176,7 +179,7 @@ class BF16Config(Block):
     _ignored: ClassVar[frozenset[str]] = frozenset(
         {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads", "bf16_optimizer_states"})
 
-    enabled: boolean = key(False, "enabled")
+    enabled: Annotated[bool, boolean] = key(False, "enabled")
 
 
 class HybridEngineConfig(Block):
@@ -189,12 +192,12 @@ class HybridEngineConfig(Block):
 
     _prefix: ClassVar[str] = "hybrid_engine"
 
-    enabled: boolean = key(False, "enabled", acts=False)
-    max_out_tokens: integer(1) = key(512, "max_out_tokens", note="runtime.hybrid")
-    inference_tp_size: integer(1) = key(1, "inference_tp_size", acts=False)
-    release_inference_cache: boolean = key(False, "release_inference_cache", acts=False)
-    pin_parameters: boolean = key(True, "pin_parameters", acts=False)
-    tp_gather_partition_size: integer(1) = key(8, "tp_gather_partition_size", acts=False)
+    enabled: Annotated[bool, boolean] = key(False, "enabled", acts=False)
+    max_out_tokens: Annotated[int, integer(1)] = key(512, "max_out_tokens", note="runtime.hybrid")
+    inference_tp_size: Annotated[int, integer(1)] = key(1, "inference_tp_size", acts=False)
+    release_inference_cache: Annotated[bool, boolean] = key(False, "release_inference_cache", acts=False)
+    pin_parameters: Annotated[bool, boolean] = key(True, "pin_parameters", acts=False)
+    tp_gather_partition_size: Annotated[int, integer(1)] = key(8, "tp_gather_partition_size", acts=False)
 
     @model_validator(mode="after")
     def _no_tensor_parallel(self) -> HybridEngineConfig:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from types import MappingProxyType
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import ValidationError, model_validator
 
@@ -22,7 +22,9 @@ from .errors import ConfigError, join_key, show
 from .values import BlockProblem, boolean, choice, floats, freeze, integer, key, number, optional, pair, thaw
 
 __all__ = [
+    "OPTIMIZER_PARAMS",
     "OPTIMIZER_TYPES",
+    "SCHEDULER_PARAMS",
     "SCHEDULER_TYPES",
     "OptimizerConfig",
     "SchedulerConfig",
@@ -45,62 +47,64 @@ class _Params(Block):
 
 
 class _TorchFlags(_Params):
-    maximize: boolean = False
-    foreach: optional(boolean) = None
-    differentiable: boolean = False
-    fused: optional(boolean) = None
+    maximize: Annotated[bool, boolean] = False
+    foreach: Annotated[bool | None, optional(boolean)] = None
+    differentiable: Annotated[bool, boolean] = False
+    fused: Annotated[bool | None, optional(boolean)] = None
 
 
 class AdamParams(_TorchFlags):
     """FusedAdam / torch Adam(W) arguments plus DeepSpeed's two switches."""
 
-    lr: number(0.0) = 1e-3
-    betas: pair(0.0, 1.0, hi_open=True) = (0.9, 0.999)
-    eps: number(0.0, lo_open=True) = 1e-8
-    weight_decay: number(0.0) = 0.0
-    adam_w_mode: boolean = True
-    torch_adam: boolean = False
-    bias_correction: boolean = True
-    amsgrad: boolean = False
-    set_grad_none: boolean = True
-    capturable: boolean = False
+    lr: Annotated[float, number(0.0)] = 1e-3
+    betas: Annotated[tuple[float, float], pair(0.0, 1.0, hi_open=True)] = (0.9, 0.999)
+    eps: Annotated[float, number(0.0, lo_open=True)] = 1e-8
+    weight_decay: Annotated[float, number(0.0)] = 0.0
+    adam_w_mode: Annotated[bool, boolean] = True
+    torch_adam: Annotated[bool, boolean] = False
+    bias_correction: Annotated[bool, boolean] = True
+    amsgrad: Annotated[bool, boolean] = False
+    # FusedAdam's zero_grad switch; torch's zero_grad already sets None: no effect here
+    set_grad_none: Annotated[bool, boolean] = key(True, "set_grad_none", acts=False)
+    capturable: Annotated[bool, boolean] = False
 
 
 class SGDParams(_TorchFlags):
     """torch.optim.SGD arguments."""
 
-    lr: number(0.0) = 1e-3
-    momentum: number(0.0) = 0.0
-    dampening: number() = 0.0
-    weight_decay: number(0.0) = 0.0
-    nesterov: boolean = False
+    lr: Annotated[float, number(0.0)] = 1e-3
+    momentum: Annotated[float, number(0.0)] = 0.0
+    dampening: Annotated[float, number()] = 0.0
+    weight_decay: Annotated[float, number(0.0)] = 0.0
+    nesterov: Annotated[bool, boolean] = False
 
 
 class _Warmup(_Params):
-    warmup_num_steps: integer(0) = 1000
-    warmup_type: choice("log", "linear") = "log"
-    last_batch_iteration: integer(-1) = -1
+    warmup_num_steps: Annotated[int, integer(0)] = 1000
+    warmup_type: Annotated[str, choice("log", "linear")] = "log"
+    last_batch_iteration: Annotated[int, integer(-1)] = -1
 
 
 class WarmupLRParams(_Warmup):
-    warmup_min_lr: floats(0.0) = 0.0
-    warmup_max_lr: floats(0.0, nullable=True) = None  # None: the optimizer's (per-group) lr
+    warmup_min_lr: Annotated[float | tuple[float, ...], floats(0.0)] = 0.0
+    # None: the optimizer's (per-group) lr
+    warmup_max_lr: Annotated[float | tuple[float, ...] | None, floats(0.0, nullable=True)] = None
 
 
 class WarmupDecayLRParams(WarmupLRParams):
-    warmup_max_lr: floats(0.0, nullable=True) = 0.001
-    total_num_steps: optional(integer(1)) = None  # required (checked with DeepSpeed's message)
+    warmup_max_lr: Annotated[float | tuple[float, ...] | None, floats(0.0, nullable=True)] = 0.001
+    total_num_steps: Annotated[int | None, optional(integer(1))] = None  # required (checked with DeepSpeed's message)
 
 
 class WarmupCosineLRParams(_Warmup):
-    total_num_steps: optional(integer(1)) = None  # required
-    warmup_min_ratio: number(0.0, 1.0) = 0.0
-    cos_min_ratio: number(0.0, 1.0) = 0.0001
+    total_num_steps: Annotated[int | None, optional(integer(1))] = None  # required
+    warmup_min_ratio: Annotated[float, number(0.0, 1.0)] = 0.0
+    cos_min_ratio: Annotated[float, number(0.0, 1.0)] = 0.0001
 
 
-_OPTIMIZER_PARAMS: Mapping[str, type[_Params]] = MappingProxyType(
+OPTIMIZER_PARAMS: Mapping[str, type[_Params]] = MappingProxyType(
     {"Adam": AdamParams, "AdamW": AdamParams, "SGD": SGDParams})
-_SCHEDULER_PARAMS: Mapping[str, type[_Params]] = MappingProxyType(
+SCHEDULER_PARAMS: Mapping[str, type[_Params]] = MappingProxyType(
     {"WarmupLR": WarmupLRParams, "WarmupDecayLR": WarmupDecayLRParams, "WarmupCosineLR": WarmupCosineLRParams})
 
 
@@ -149,7 +153,7 @@ def validate_optimizer_params(type_: str, params: Any) -> dict[str, Any]:
         key = join_key(prefix, "max_grad_norm")
         raise ConfigError(f"{key} = {show(params['max_grad_norm'])} is not supported (as in DeepSpeed); "
                           "set the top-level 'gradient_clipping' instead", key=key, value=params["max_grad_norm"])
-    result = _validate(_OPTIMIZER_PARAMS[type_], params, prefix)
+    result = _validate(OPTIMIZER_PARAMS[type_], params, prefix)
     if result.get("amsgrad") and not result.get("torch_adam"):
         raise ConfigError(f"{prefix}.amsgrad = true requires {prefix}.torch_adam = true (DeepSpeed's FusedAdam and "
                           "CPU Adam do not support AMSGrad)", key=f"{prefix}.amsgrad", value=True)
@@ -169,7 +173,7 @@ def validate_scheduler_params(type_: str, params: Any) -> dict[str, Any]:
     """Typed copy of ``scheduler.params`` for canonical scheduler ``type_`` (only the names given);
     ``total_num_steps`` is required for WarmupDecayLR / WarmupCosineLR."""
     prefix = "scheduler.params"
-    result = _validate(_SCHEDULER_PARAMS[type_], params, prefix)
+    result = _validate(SCHEDULER_PARAMS[type_], params, prefix)
     if type_ != "WarmupLR" and result.get("total_num_steps") is None:
         key = join_key(prefix, "total_num_steps")
         raise ConfigError(f"{key} is required for {type_}; set it to an integer >= 1", key=key)
@@ -194,7 +198,7 @@ def optimizer_defaults(type_: str, params: Mapping[str, Any]) -> dict[str, Any]:
 
 def scheduler_defaults(type_: str) -> dict[str, Any]:
     """DeepSpeed's defaults for the optional params of scheduler ``type_``."""
-    return {k: v for k, v in _SCHEDULER_PARAMS[type_]().model_dump().items() if k != "total_num_steps"}
+    return {k: v for k, v in SCHEDULER_PARAMS[type_]().model_dump().items() if k != "total_num_steps"}
 
 
 class _TypedBlock(Block):
@@ -223,7 +227,8 @@ class _TypedBlock(Block):
         return {**state, "__dict__": {**state["__dict__"], "params": thaw(self.params)}}
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
-        super().__setstate__({**state, "__dict__": {**state["__dict__"], "params": freeze(state["__dict__"]["params"])}})
+        fields = {**state["__dict__"], "params": freeze(state["__dict__"]["params"])}
+        super().__setstate__({**state, "__dict__": fields})
 
     def __deepcopy__(self, memo: dict[int, Any] | None = None) -> _TypedBlock:
         return self  # immutable all the way down

@@ -8,7 +8,7 @@ directly (``Config(8, 4, 2, world_size=1)``, ``ZeroConfig(stage=3)``) enforces t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import torch
 from pydantic import PrivateAttr, model_validator
@@ -20,7 +20,7 @@ from .models import BF16Config, FP16Config, HybridEngineConfig, ZeroConfig
 from .optim import OptimizerConfig, SchedulerConfig
 from .values import boolean, choice, freeze, integer, is_auto, key, number, optional, thaw
 
-__all__ = ["Config", "TOP_IGNORED"]
+__all__ = ["TOP_IGNORED", "Config"]
 
 TOP_IGNORED: frozenset[str] = frozenset({
     # optimizer plumbing
@@ -74,23 +74,26 @@ class Config(Block):
     train_batch_size: int = key(..., "train_batch_size", note="batch arithmetic")
     train_micro_batch_size_per_gpu: int = key(..., "train_micro_batch_size_per_gpu", note="dataloader")
     gradient_accumulation_steps: int = key(..., "gradient_accumulation_steps", note="engine.step")
-    gradient_clipping: number(0.0) = key(0.0, "gradient_clipping", auto=True, auto_note=_CLIP_AUTO)
+    gradient_clipping: Annotated[float, number(0.0)] = key(0.0, "gradient_clipping", auto=True, auto_note=_CLIP_AUTO)
     zero: ZeroConfig = key(ZeroConfig(), "zero_optimization")
     fp16: FP16Config = key(FP16Config(), "fp16")
     bf16: BF16Config = key(BF16Config(), "bf16", deprecated=("bfloat16",))
     optimizer: OptimizerConfig | None = key(None, "optimizer", note="optim.factory")
     scheduler: SchedulerConfig | None = key(None, "scheduler", note="optim.schedulers")
     hybrid_engine: HybridEngineConfig = key(HybridEngineConfig(), "hybrid_engine")
-    communication_data_type: optional(choice("fp32", "fp16", "bf16")) = key(None, "communication_data_type")
-    steps_per_print: integer(1) = key(10, "steps_per_print", acts=False)
-    wall_clock_breakdown: boolean = key(False, "wall_clock_breakdown", acts=False)
+    communication_data_type: Annotated[str | None, optional(choice("fp32", "fp16", "bf16"))] = key(
+        None, "communication_data_type")
+    steps_per_print: Annotated[int, integer(1)] = key(10, "steps_per_print", acts=False)
+    wall_clock_breakdown: Annotated[bool, boolean] = key(False, "wall_clock_breakdown", acts=False)
     # the gradient reduction (zero.reduce.reduction_scales): DeepSpeed's pre/post scaling and its op
-    prescale_gradients: boolean = key(False, "prescale_gradients", note="zero.reduce")
-    gradient_predivide_factor: number(0.0, lo_open=True) = key(1.0, "gradient_predivide_factor", note="zero.reduce")
-    gradient_allreduce_op: choice("mean", "sum") = key("mean", "gradient_allreduce_op", note="zero.reduce")
-    seed: optional(integer(0)) = key(None, "seed", note="initialize")
+    prescale_gradients: Annotated[bool, boolean] = key(False, "prescale_gradients", note="zero.reduce")
+    gradient_predivide_factor: Annotated[float, number(0.0, lo_open=True)] = key(1.0, "gradient_predivide_factor",
+                                                                                 note="zero.reduce")
+    gradient_allreduce_op: Annotated[str, choice("mean", "sum")] = key("mean", "gradient_allreduce_op",
+                                                                        note="zero.reduce")
+    seed: Annotated[int | None, optional(integer(0))] = key(None, "seed", note="initialize")
     # hybridzero extension: a step whose gradients hold inf/nan on any rank is skipped on every rank, in any dtype
-    skip_nonfinite_steps: boolean = key(False, "skip_nonfinite_steps", note="engine.step")
+    skip_nonfinite_steps: Annotated[bool, boolean] = key(False, "skip_nonfinite_steps", note="engine.step")
     world_size: int = 1  # not a JSON key: the data-parallel world size batch sizes are resolved against
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
 
@@ -102,7 +105,8 @@ class Config(Block):
         if isinstance(data.get("zero_optimization"), bool):  # DeepSpeed's deprecated form: true means stage 1
             data["zero_optimization"] = {"stage": int(data["zero_optimization"])}
         world = _world_size(data.get("world_size", 1))
-        sizes = resolve_batch_sizes(*(_batch_value(data.get(k)) for k in BATCH_KEYS), world_size=world)
+        tbs, micro, gas = (_batch_value(data.get(k)) for k in BATCH_KEYS)
+        sizes = resolve_batch_sizes(tbs, micro, gas, world_size=world)
         data.update(zip(BATCH_KEYS, sizes))
         return data
 

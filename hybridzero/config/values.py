@@ -1,4 +1,5 @@
-"""Typed JSON values for the config models: one ``Annotated`` type per kind of value, and per-key metadata.
+"""Typed JSON values for the config models: one validator per kind of value (``Annotated[int, integer(0, 3)]``),
+and per-key metadata.
 
 Each type's validator runs *before* pydantic's own and is strict the way DeepSpeed users need: booleans are never
 numbers, strings are never coerced to numbers, an integral float (``5e7``) is an integer, a string choice is matched
@@ -12,15 +13,15 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Annotated, Any
+from typing import Any
 
 from pydantic import AliasChoices, BeforeValidator, Field
 
 __all__ = [
     "AUTO",
+    "BlockProblem",
     "KeyInfo",
     "ValueProblem",
-    "BlockProblem",
     "boolean",
     "choice",
     "floats",
@@ -84,7 +85,8 @@ def key(default: Any, name: str, *aliases: str, deprecated: tuple[str, ...] = ()
         auto_note: str = "", acts: bool = True, note: str = "") -> Any:
     """A pydantic ``Field`` for DeepSpeed key ``name`` (and its other spellings) carrying its :class:`KeyInfo`."""
     info = KeyInfo(name, tuple(aliases), tuple(deprecated), auto, auto_note, acts, note)
-    return Field(default, validation_alias=AliasChoices(*info.spellings), json_schema_extra={"key": info})  # type: ignore[dict-item]
+    extra: Any = {"key": info}  # read back by key_info; pydantic keeps json_schema_extra as given
+    return Field(default, validation_alias=AliasChoices(*info.spellings), json_schema_extra=extra)
 
 
 def key_info(field: Any) -> KeyInfo | None:
@@ -140,7 +142,7 @@ def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def integer(lo: int | None = None, hi: int | None = None) -> Any:
+def integer(lo: int | None = None, hi: int | None = None) -> BeforeValidator:
     """An int in bounds; an integral float (JSON writers emit ``5e7``) counts; bools and strings do not."""
 
     def convert(v: Any) -> Any:
@@ -150,37 +152,38 @@ def integer(lo: int | None = None, hi: int | None = None) -> Any:
             return _BAD
         return v
 
-    return Annotated[int, BeforeValidator(_checked("an integer" + bounds_text(lo, hi), convert))]
+    return BeforeValidator(_checked("an integer" + bounds_text(lo, hi), convert))
 
 
-def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False) -> Any:
+def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+           hi_open: bool = False) -> BeforeValidator:
     """A finite float in bounds (ints accepted and converted)."""
 
     def convert(v: Any) -> Any:
         return float(v) if _is_number(v) and _in_bounds(v, lo, hi, lo_open, hi_open) else _BAD
 
-    return Annotated[float, BeforeValidator(_checked("a number" + bounds_text(lo, hi, lo_open, hi_open), convert))]
+    return BeforeValidator(_checked("a number" + bounds_text(lo, hi, lo_open, hi_open), convert))
 
 
 def _bool(v: Any) -> Any:
     return v if isinstance(v, bool) else _BAD
 
 
-boolean: Any = Annotated[bool, BeforeValidator(_checked("true or false", _bool))]
-text: Any = Annotated[str, BeforeValidator(_checked("a string", lambda v: v if isinstance(v, str) else _BAD))]
+boolean = BeforeValidator(_checked("true or false", _bool))
+text = BeforeValidator(_checked("a string", lambda v: v if isinstance(v, str) else _BAD))
 
 
-def choice(*choices: str) -> Any:
+def choice(*choices: str) -> BeforeValidator:
     """One of ``choices``, matched case-insensitively, returned canonical."""
     by_lower = MappingProxyType({c.lower(): c for c in choices})
 
     def convert(v: Any) -> Any:
         return by_lower.get(v.lower(), _BAD) if isinstance(v, str) else _BAD
 
-    return Annotated[str, BeforeValidator(_checked("one of " + ", ".join(repr(c) for c in choices), convert))]
+    return BeforeValidator(_checked("one of " + ", ".join(repr(c) for c in choices), convert))
 
 
-def pair(lo: float, hi: float, hi_open: bool) -> Any:
+def pair(lo: float, hi: float, hi_open: bool) -> BeforeValidator:
     """A pair ``[a, b]`` of numbers in bounds, as a tuple of floats."""
 
     def convert(v: Any) -> Any:
@@ -190,10 +193,10 @@ def pair(lo: float, hi: float, hi_open: bool) -> Any:
         return (float(v[0]), float(v[1]))
 
     expected = "a pair [a, b] of numbers" + bounds_text(lo, hi, False, hi_open)
-    return Annotated[tuple[float, float], BeforeValidator(_checked(expected, convert))]
+    return BeforeValidator(_checked(expected, convert))
 
 
-def floats(lo: float, *, nullable: bool = False) -> Any:
+def floats(lo: float, *, nullable: bool = False) -> BeforeValidator:
     """A number or a non-empty list of numbers (one per param group), each >= ``lo``; lists become tuples."""
 
     def convert(v: Any) -> Any:
@@ -206,23 +209,22 @@ def floats(lo: float, *, nullable: bool = False) -> Any:
 
     expected = "a number or a list of numbers (one per param group)" + bounds_text(lo, None)
     expected += " or null" if nullable else ""
-    kind = float | tuple[float, ...] | None if nullable else float | tuple[float, ...]
-    return Annotated[kind, BeforeValidator(_checked(expected, convert))]
+    return BeforeValidator(_checked(expected, convert))
 
 
-def optional(kind: Any) -> Any:
-    """``kind`` or JSON ``null``; the problem text gains ``or null``."""
-    inner = kind.__metadata__[0].func
+def optional(validator: BeforeValidator) -> BeforeValidator:
+    """``validator`` that also admits JSON ``null``; the problem text gains ``or null``."""
+    inner = validator.func
 
     def validate(value: Any) -> Any:
         if value is None:
             return None
         try:
-            return inner(value)
+            return inner(value)  # type: ignore[call-arg]
         except ValueProblem as problem:
             raise ValueProblem(problem.expected + " or null", auto=problem.auto) from None
 
-    return Annotated[kind.__origin__ | None, BeforeValidator(validate)]
+    return BeforeValidator(validate)
 
 
 def freeze(value: Any) -> Any:

@@ -191,7 +191,7 @@ def rebuild_optimizer(
     ]
     try:
         rebuilt = cls(groups, **_constructor_kwargs(cls, client.defaults))
-    except Exception as exc:  # noqa: BLE001 - any constructor failure is reported the same way
+    except Exception as exc:
         raise ValueError(
             f"could not rebuild optimizer class {cls.__module__}.{cls.__qualname__} as "
             f"cls(params, **defaults): {exc}"

@@ -28,8 +28,8 @@ WarmupCosineLR: warmup_min_ratio=0.0, cos_min_ratio=1e-4.  ``total_num_steps`` i
 for the decaying schedules.  Type names match case-insensitively; names, types and ranges of
 ``params`` are checked by :mod:`hybridzero.config.optim` (the rules of the config's ``scheduler``
 block); unlike DeepSpeed (which warns and carries on), invalid values raise ``ValueError``
-(a ``ConfigError`` naming ``scheduler.params.<name>``).  ``last_batch_iteration`` (default -1) is accepted as in DeepSpeed:
-a value ``>= 0`` resumes at that iteration and leaves the optimizer's lrs untouched until
+(a ``ConfigError`` naming ``scheduler.params.<name>``).  ``last_batch_iteration`` (default -1)
+is accepted as in DeepSpeed: a value ``>= 0`` resumes at that iteration and leaves the optimizer's lrs untouched until
 the next ``step()``.
 """
 
@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 import torch
