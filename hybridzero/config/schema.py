@@ -83,7 +83,7 @@ class Config(Block):
     hybrid_engine: HybridEngineConfig = key(HybridEngineConfig(), "hybrid_engine")
     communication_data_type: Annotated[str | None, optional(choice("fp32", "fp16", "bf16"))] = key(
         None, "communication_data_type")
-    steps_per_print: Annotated[int, integer(1)] = key(10, "steps_per_print", acts=False)
+    steps_per_print: Annotated[int, integer(1)] = key(10, "steps_per_print", note="engine.step's progress log")
     wall_clock_breakdown: Annotated[bool, boolean] = key(False, "wall_clock_breakdown", acts=False)
     # the gradient reduction (zero.reduce.reduction_scales): DeepSpeed's pre/post scaling and its op
     prescale_gradients: Annotated[bool, boolean] = key(False, "prescale_gradients", note="zero.reduce")

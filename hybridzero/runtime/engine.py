@@ -229,7 +229,13 @@ class Engine:
             if self.is_gradient_accumulation_boundary():
                 self._apply_update()
                 self.global_steps += 1
+                self._report_progress()
             self.micro_steps += 1
+
+    def _report_progress(self) -> None:
+        """DeepSpeed's progress line every ``steps_per_print`` optimizer steps (rank 0, ``logging`` INFO)."""
+        if self.comm.rank == 0 and self.global_steps % self.config.steps_per_print == 0:
+            _LOG.info("step=%d, skipped=%d, lr=%s", self.global_steps, self.skipped_steps, self.get_lr())
 
     def _apply_update(self) -> None:
         if self.optimizer is None:

@@ -1,5 +1,6 @@
 """DeepSpeed's reduction options act: ``gradient_allreduce_op`` (sum / mean), ``prescale_gradients``,
-``gradient_predivide_factor`` against a single-process reference, and ``ignore_unused_parameters: false``.
+``gradient_predivide_factor`` against a single-process reference; ``ignore_unused_parameters: false``; and
+``steps_per_print``.
 
 Reference: the per-rank gradients of ``batches[0, 0, r]`` computed here, unsharded, summed in rank order in fp32
 (``S``); ``mean`` is ``S / W``. Tolerance for the scaled variants (derived, not tuned): with unit roundoff
@@ -17,7 +18,7 @@ import pytest
 import torch
 
 from tests.harness.parity import RunSpec, batches_for, build_model
-from tests.workers.reduction import reduction_run, unused_parameter_run
+from tests.workers.reduction import progress_run, reduction_run, unused_parameter_run
 
 U = 2.0**-24
 LR = 0.1
@@ -112,3 +113,11 @@ def test_ignore_unused_parameters_false_raises_at_stages_1_and_2(world) -> None:
             assert "model.layers.0.mlp.down_proj.weight" not in message
         assert pool.run(unused_parameter_run, stage, True) == ["", ""]  # DeepSpeed's default: ignored
     assert pool.run(unused_parameter_run, 3, False) == ["", ""]  # stage 3: DeepSpeed does not check (warned at load)
+
+
+@pytest.mark.timeout(300)
+def test_steps_per_print_logs_progress_every_n_steps_on_rank_0(world) -> None:
+    lines = world(2).run(progress_run, 2, 5)
+    assert [line.split(",")[0] for line in lines[0]] == ["step=2", "step=4"]  # DeepSpeed's _report_progress
+    assert "skipped=0" in lines[0][0] and "lr=[" in lines[0][0]
+    assert lines[1] == []  # rank 0 only

@@ -31,7 +31,7 @@ _FP16 = "distributed/test_fp16.py::test_overflow_on_one_rank_skips_everywhere_wi
 _REDUCE = "distributed/test_reduction_options.py::test_allreduce_op_prescale_and_predivide_against_reference"
 _OPTIM = "unit/test_optim.py::test_invalid_adam_params"
 _SCHED = "unit/test_schedulers.py::test_invalid_params_name_key_and_value"
-_HERE = "unit/test_config_keys.py::test_cheap_effects"
+_PROGRESS = "distributed/test_reduction_options.py::test_steps_per_print_logs_progress_every_n_steps_on_rank_0"
 
 # canonical key -> the test that shows its effect (a group shares one)
 ACTS: dict[str, str] = {
@@ -39,6 +39,7 @@ ACTS: dict[str, str] = {
     "gradient_clipping": _PARITY,
     "communication_data_type": "unit/test_config.py::test_compute_and_communication_dtype",
     "seed": _MAPPING,  # runtime.initialize seeds torch with it
+    "steps_per_print": _PROGRESS,
     "skip_nonfinite_steps": _MAPPING,  # typed field; the engine's step implements it (another slice)
     "prescale_gradients": _REDUCE, "gradient_predivide_factor": _REDUCE, "gradient_allreduce_op": _REDUCE,
     "zero_optimization": _PARITY, "zero_optimization.stage": "distributed/test_stages.py::test_stage_parity",

@@ -1,7 +1,9 @@
-"""Per-rank bodies for the gradient-reduction options (``gradient_allreduce_op``, ``prescale_gradients``,
-``gradient_predivide_factor``) and ``ignore_unused_parameters``."""
+"""Per-rank bodies for config keys that act in the engine: the gradient-reduction options
+(``gradient_allreduce_op``, ``prescale_gradients``, ``gradient_predivide_factor``), ``ignore_unused_parameters`` and
+``steps_per_print``."""
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import torch
@@ -65,3 +67,36 @@ def unused_parameter_run(stage: int, ignore: bool) -> str:
         message = str(exc)
     engine.assert_quiescent()
     return message
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def progress_run(steps_per_print: int, steps: int) -> list[str]:
+    """``steps`` optimizer steps; the engine's progress lines (``hybridzero`` logger, INFO) on this rank."""
+    hybridzero.init_distributed()
+    spec = RunSpec(model="llama", stage=2, steps=steps)
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    model = build_model(spec)
+    cfg = {**ds_config(spec, world), "steps_per_print": steps_per_print}
+    engine, *_ = hybridzero.initialize(model=model, config=cfg)
+    logger, handler = logging.getLogger("hybridzero"), _Lines()
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        batches = batches_for(spec, world, int(model.config.vocab_size))
+        for s in range(steps):
+            ids = batches[s, 0, rank]
+            engine.backward(engine(input_ids=ids, labels=ids).loss)
+            engine.step()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+    return [line for line in handler.lines if line.startswith("step=")]
