@@ -70,7 +70,6 @@ class Block(BaseModel):
                 del out[present[0]]
         return out
 
-
     @classmethod
     def _translate(cls, data: dict[str, Any]) -> dict[str, Any]:
         """Rewrite legacy forms of the block's keys (``data`` is a fresh dict the hook may change)."""

@@ -155,6 +155,9 @@ class Config(Block):
         return thaw(self._raw)
 
     def with_raw(self, raw: Mapping[str, Any]) -> Config:
-        """This config remembering ``raw`` (a deep copy) as the JSON it came from; used by ``load_config``."""
-        self._raw = thaw(raw)  # private, set once while the config is being built
+        """This config remembering ``raw`` (a deep copy) as the JSON it came from; ``load_config`` calls it once,
+        before anyone else sees the config (a second call is an error: a config never changes)."""
+        if self._raw:
+            raise TypeError("Config.raw is set once, by load_config")
+        self._raw = thaw(raw)
         return self
