@@ -36,7 +36,8 @@ class OffloadConfig(Block):
 
     _prefix: ClassVar[str] = "offload"
     _ignored: ClassVar[frozenset[str]] = frozenset(
-        {"buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init", "ratio"})
+        {"buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init", "ratio",
+         "nvme_path_per_local_rank", "super_offload", "cpuadam_cores_perc"})
 
     device: Annotated[str, choice("none", "cpu", "nvme")] = key("none", "device",
                                                                note="refused unless 'none' (offload not built)")
