@@ -1,8 +1,7 @@
 """The config error type and the helpers that phrase its messages.
 
-Every message produced here names the offending key as a dotted path from the
-top of the DeepSpeed JSON (``zero_optimization.stage``), shows the bad value in
-JSON-like form, and says what would have been valid.
+Every message names the offending key as a dotted path from the top of the DeepSpeed JSON
+(``zero_optimization.stage``), shows the bad value in JSON-like form, and says what would have been valid.
 """
 
 from __future__ import annotations
@@ -17,10 +16,9 @@ __all__ = ["ConfigError", "join_key", "show", "unknown_key_error"]
 class ConfigError(ValueError):
     """A DeepSpeed-style config is invalid.
 
-    Invariants: ``str(error)`` names the dotted key (when one is involved), the bad
-    value and what would be valid; ``key`` / ``value`` repeat the key and value for
-    programmatic use (``key`` is ``None`` only for errors about the whole document,
-    e.g. an unreadable file, and then the message names the file instead).
+    Invariants: ``str(error)`` names the dotted key (when one is involved), the bad value and what would be valid;
+    ``key`` / ``value`` repeat them for programmatic use (``key`` is ``None`` only for errors about the whole
+    document, e.g. an unreadable file, and then the message names the file instead).
     """
 
     def __init__(self, message: str, *, key: str | None = None, value: Any = None) -> None:
@@ -46,10 +44,7 @@ def show(value: Any) -> str:
 
 
 def unknown_key_error(prefix: str, name: str, valid: Iterable[str]) -> ConfigError:
-    """Error for a key that is not valid in the block at ``prefix``.
-
-    Suggests the closest valid key (difflib) or, failing that, lists the valid keys.
-    """
+    """Error for a key that is not valid in the block at ``prefix``: the closest valid key (difflib) or the list."""
     key = join_key(prefix, name)
     candidates = sorted(valid)
     close = difflib.get_close_matches(name, candidates, n=1, cutoff=0.6)

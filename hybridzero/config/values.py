@@ -1,76 +1,98 @@
-"""Typed reading of single config values, driven by a declarative :class:`Spec`.
+"""Typed JSON values for the config models: one validator per kind of value (``Annotated[int, integer(0, 3)]``),
+and per-key metadata.
 
-A ``Spec`` says how one DeepSpeed JSON key maps onto a typed field: its kind,
-bounds, choices, spellings and whether ``"auto"`` stands for the default.
-:func:`coerce` turns a raw JSON value into the typed value or raises a
-:class:`ConfigError` naming the dotted key, the value and what is valid.
-All functions here are pure; the only module-level names are immutable.
+Each type's validator runs *before* pydantic's own and is strict the way DeepSpeed users need: booleans are never
+numbers, strings are never coerced to numbers, an integral float (``5e7``) is an integer, a string choice is matched
+case-insensitively and returned in its canonical spelling. A validator raises :class:`ValueProblem` saying what is
+valid; :mod:`.errors` adds the dotted key and the value. All functions are pure; module-level names are immutable.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 
-from .errors import ConfigError, show
+from pydantic import AliasChoices, BeforeValidator, Field
 
 __all__ = [
     "AUTO",
-    "SPEC",
-    "Spec",
-    "coerce",
-    "describe",
+    "BlockProblem",
+    "KeyInfo",
+    "ValueProblem",
+    "boolean",
+    "choice",
+    "floats",
     "freeze",
+    "integer",
     "is_auto",
-    "spec_field",
+    "key",
+    "key_info",
+    "number",
+    "optional",
+    "pair",
+    "text",
     "thaw",
-    "validate_fields",
 ]
 
 AUTO = "auto"
-SPEC = "hybridzero_spec"  # dataclass field metadata key holding the field's Spec
 
-Kind = Literal["int", "float", "bool", "str", "pair", "floats"]
+
+class ValueProblem(ValueError):
+    """A single value is invalid; ``expected`` says what would be valid (the key is added by the caller)."""
+
+    def __init__(self, expected: str, *, auto: bool = False) -> None:
+        super().__init__(expected)
+        self.expected = expected
+        self.auto = auto  # the value was the HF-Trainer placeholder "auto"
+
+
+class BlockProblem(ValueError):
+    """A rule across keys of one block is broken. ``template`` holds ``{0}``, ``{1}``... for the dotted keys of
+    ``names`` (relative to the block); :mod:`.errors` fills them in with the block's path."""
+
+    def __init__(self, template: str, names: tuple[str, ...], value: Any = None) -> None:
+        super().__init__(template.format(*names))
+        self.template, self.names, self.value = template, names, value
 
 
 @dataclass(frozen=True)
-class Spec:
-    """How one JSON key maps onto a typed field.
+class KeyInfo:
+    """What one DeepSpeed JSON key of a model is: its spellings and whether hybridzero acts on it.
 
-    Invariants: ``key`` is the canonical DeepSpeed spelling and never appears in
-    ``aliases``/``deprecated`` (other accepted spellings; ``deprecated`` ones warn);
-    bounds apply to numbers (and to every member of a ``pair`` / ``floats`` list); ``choices`` apply to
-    strings, are canonical and matched case-insensitively; ``optional`` admits JSON
-    ``null``; ``auto_default`` makes ``"auto"`` mean "use the field default", otherwise
-    ``"auto"`` is an error; ``auto_note`` (if set) is warned when ``"auto"`` is used.
+    Invariants: ``name`` is the canonical DeepSpeed spelling; ``aliases`` are accepted silently, ``deprecated``
+    spellings warn; ``auto`` makes ``"auto"`` mean the default (``auto_note``, if set, is warned when used);
+    ``acts`` False means the key is accepted for DeepSpeed compatibility and warned about once by name.
     """
 
-    key: str
-    kind: Kind
-    minimum: float | None = None
-    maximum: float | None = None
-    exclusive_minimum: bool = False
-    exclusive_maximum: bool = False
-    choices: tuple[str, ...] = ()
-    optional: bool = False
-    auto_default: bool = False
-    auto_note: str = ""
+    name: str
     aliases: tuple[str, ...] = ()
     deprecated: tuple[str, ...] = ()
+    auto: bool = False
+    auto_note: str = ""
+    acts: bool = True
+    note: str = ""  # for keys that act: where (a method or module), for readers and the key walk
 
     @property
     def spellings(self) -> tuple[str, ...]:
-        """Every accepted spelling of this key, canonical first."""
-        return (self.key, *self.aliases, *self.deprecated)
+        """Every accepted spelling, canonical first."""
+        return (self.name, *self.aliases, *self.deprecated)
 
 
-def spec_field(spec: Spec, default: Any = dataclasses.MISSING) -> Any:
-    """A dataclass field carrying ``spec`` in its metadata (required if no default)."""
-    return dataclasses.field(default=default, metadata={SPEC: spec})
+def key(default: Any, name: str, *aliases: str, deprecated: tuple[str, ...] = (), auto: bool = False,
+        auto_note: str = "", acts: bool = True, note: str = "") -> Any:
+    """A pydantic ``Field`` for DeepSpeed key ``name`` (and its other spellings) carrying its :class:`KeyInfo`."""
+    info = KeyInfo(name, tuple(aliases), tuple(deprecated), auto, auto_note, acts, note)
+    extra: Any = {"key": info}  # read back by key_info; pydantic keeps json_schema_extra as given
+    return Field(default, validation_alias=AliasChoices(*info.spellings), json_schema_extra=extra)
+
+
+def key_info(field: Any) -> KeyInfo | None:
+    """The :class:`KeyInfo` of a pydantic ``FieldInfo``, or None for fields that are not JSON keys."""
+    extra = field.json_schema_extra
+    return extra.get("key") if isinstance(extra, Mapping) else None
 
 
 def is_auto(value: Any) -> bool:
@@ -82,147 +104,127 @@ def _fmt(bound: float) -> str:
     return f"{bound:g}" if isinstance(bound, float) else str(bound)
 
 
-def _bounds_text(spec: Spec) -> str:
-    lo, hi = spec.minimum, spec.maximum
+def bounds_text(lo: float | None, hi: float | None, lo_open: bool = False, hi_open: bool = False) -> str:
+    """`` in [0, 3]``, `` >= 1``, `` > 0``... (empty without bounds)."""
     if lo is not None and hi is not None:
-        left = "(" if spec.exclusive_minimum else "["
-        right = ")" if spec.exclusive_maximum else "]"
-        return f" in {left}{_fmt(lo)}, {_fmt(hi)}{right}"
+        return f" in {'(' if lo_open else '['}{_fmt(lo)}, {_fmt(hi)}{')' if hi_open else ']'}"
     if lo is not None:
-        return f" {'>' if spec.exclusive_minimum else '>='} {_fmt(lo)}"
+        return f" {'>' if lo_open else '>='} {_fmt(lo)}"
     if hi is not None:
-        return f" {'<' if spec.exclusive_maximum else '<='} {_fmt(hi)}"
+        return f" {'<' if hi_open else '<='} {_fmt(hi)}"
     return ""
 
 
-def describe(spec: Spec) -> str:
-    """Human description of what ``spec`` accepts, e.g. ``an integer >= 0``."""
-    if spec.kind == "bool":
-        text = "true or false"
-    elif spec.kind == "str":
-        text = "one of " + ", ".join(repr(c) for c in spec.choices) if spec.choices else "a string"
-    elif spec.kind == "pair":
-        text = "a pair [a, b] of numbers" + _bounds_text(spec)
-    elif spec.kind == "floats":
-        text = "a number or a list of numbers (one per param group)" + _bounds_text(spec)
-    else:
-        text = ("an integer" if spec.kind == "int" else "a number") + _bounds_text(spec)
-    if spec.optional:
-        text += " or null"
-    if spec.auto_default:
-        text += ' or "auto" (the default)'
-    return text
-
-
-def _invalid(value: Any, spec: Spec, key: str) -> ConfigError:
-    return ConfigError(f"{key} = {show(value)} is invalid: expected {describe(spec)}", key=key, value=value)
-
-
-def _to_int(value: Any, spec: Spec, key: str) -> int:
-    if isinstance(value, bool):
-        raise _invalid(value, spec, key)
-    if isinstance(value, int):
-        return int(value)
-    if isinstance(value, float) and math.isfinite(value) and value.is_integer():
-        return int(value)  # JSON writers emit 5e7 for integer sizes; accept when integral
-    raise _invalid(value, spec, key)
-
-
-def _to_float(value: Any, spec: Spec, key: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise _invalid(value, spec, key)
-    if not math.isfinite(value):
-        raise _invalid(value, spec, key)
-    return float(value)
-
-
-def _to_bool(value: Any, spec: Spec, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise _invalid(value, spec, key)
-    return value
-
-
-def _to_str(value: Any, spec: Spec, key: str) -> str:
-    if not isinstance(value, str):
-        raise _invalid(value, spec, key)
-    if not spec.choices:
-        return value
-    for choice in spec.choices:
-        if choice.lower() == value.lower():
-            return choice
-    raise _invalid(value, spec, key)
-
-
-def _all_numbers(items: Any) -> bool:
-    return all(isinstance(m, (int, float)) and not isinstance(m, bool) and math.isfinite(m) for m in items)
-
-
-def _to_pair(value: Any, spec: Spec, key: str) -> tuple[float, float]:
-    if not isinstance(value, (list, tuple)) or len(value) != 2 or not _all_numbers(value):
-        raise _invalid(value, spec, key)
-    return (float(value[0]), float(value[1]))
-
-
-def _to_floats(value: Any, spec: Spec, key: str) -> float | tuple[float, ...]:
-    if not isinstance(value, (list, tuple)):
-        return _to_float(value, spec, key)
-    if not value or not _all_numbers(value):
-        raise _invalid(value, spec, key)
-    return tuple(float(m) for m in value)
-
-
-_CONVERTERS: Mapping[str, Callable[[Any, Spec, str], Any]] = MappingProxyType(
-    {"int": _to_int, "float": _to_float, "bool": _to_bool, "str": _to_str, "pair": _to_pair, "floats": _to_floats}
-)
-
-
-def _in_bounds(number: float, spec: Spec) -> bool:
-    lo, hi = spec.minimum, spec.maximum
-    if lo is not None and (number <= lo if spec.exclusive_minimum else number < lo):
+def _in_bounds(x: float, lo: float | None, hi: float | None, lo_open: bool, hi_open: bool) -> bool:
+    if lo is not None and (x <= lo if lo_open else x < lo):
         return False
-    if hi is not None and (number >= hi if spec.exclusive_maximum else number > hi):
-        return False
-    return True
+    return not (hi is not None and (x >= hi if hi_open else x > hi))
 
 
-def coerce(value: Any, spec: Spec, key: str) -> Any:
-    """Validate ``value`` against ``spec`` and return it in canonical typed form.
+def _checked(expected: str, convert: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """A before-validator: ``convert`` or a :class:`ValueProblem` (``"auto"`` gets its own)."""
 
-    Pure and idempotent: ``coerce(coerce(v, s, k), s, k) == coerce(v, s, k)``.
-    ``"auto"`` reaching this point is an error (callers resolve ``auto_default`` keys
-    before calling), with a message telling the user which key to set.
-    """
-    if value is None:
-        if spec.optional:
+    def validate(value: Any) -> Any:
+        if is_auto(value):
+            raise ValueProblem(expected, auto=True)
+        result = convert(value)
+        if result is _BAD:
+            raise ValueProblem(expected)
+        return result
+
+    return validate
+
+
+_BAD = object()
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def integer(lo: int | None = None, hi: int | None = None) -> BeforeValidator:
+    """An int in bounds; an integral float (JSON writers emit ``5e7``) counts; bools and strings do not."""
+
+    def convert(v: Any) -> Any:
+        if isinstance(v, float) and _is_number(v) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or not _in_bounds(v, lo, hi, False, False):
+            return _BAD
+        return v
+
+    return BeforeValidator(_checked("an integer" + bounds_text(lo, hi), convert))
+
+
+def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
+           hi_open: bool = False) -> BeforeValidator:
+    """A finite float in bounds (ints accepted and converted)."""
+
+    def convert(v: Any) -> Any:
+        return float(v) if _is_number(v) and _in_bounds(v, lo, hi, lo_open, hi_open) else _BAD
+
+    return BeforeValidator(_checked("a number" + bounds_text(lo, hi, lo_open, hi_open), convert))
+
+
+def _bool(v: Any) -> Any:
+    return v if isinstance(v, bool) else _BAD
+
+
+boolean = BeforeValidator(_checked("true or false", _bool))
+text = BeforeValidator(_checked("a string", lambda v: v if isinstance(v, str) else _BAD))
+
+
+def choice(*choices: str) -> BeforeValidator:
+    """One of ``choices``, matched case-insensitively, returned canonical."""
+    by_lower = MappingProxyType({c.lower(): c for c in choices})
+
+    def convert(v: Any) -> Any:
+        return by_lower.get(v.lower(), _BAD) if isinstance(v, str) else _BAD
+
+    return BeforeValidator(_checked("one of " + ", ".join(repr(c) for c in choices), convert))
+
+
+def pair(lo: float, hi: float, hi_open: bool) -> BeforeValidator:
+    """A pair ``[a, b]`` of numbers in bounds, as a tuple of floats."""
+
+    def convert(v: Any) -> Any:
+        if (not isinstance(v, (list, tuple)) or len(v) != 2 or not all(_is_number(m) for m in v)
+                or not all(_in_bounds(m, lo, hi, False, hi_open) for m in v)):
+            return _BAD
+        return (float(v[0]), float(v[1]))
+
+    expected = "a pair [a, b] of numbers" + bounds_text(lo, hi, False, hi_open)
+    return BeforeValidator(_checked(expected, convert))
+
+
+def floats(lo: float, *, nullable: bool = False) -> BeforeValidator:
+    """A number or a non-empty list of numbers (one per param group), each >= ``lo``; lists become tuples."""
+
+    def convert(v: Any) -> Any:
+        if v is None and nullable:
             return None
-        raise _invalid(value, spec, key)
-    if is_auto(value):
-        raise ConfigError(
-            f"{key} = 'auto' cannot be resolved: 'auto' is filled in by the Hugging Face Trainer, "
-            f"and there is none here; set {key} explicitly to {describe(spec)}",
-            key=key,
-            value=value,
-        )
-    typed = _CONVERTERS[spec.kind](value, spec, key)
-    numbers = typed if isinstance(typed, tuple) else (typed,)
-    if spec.kind in ("int", "float", "pair", "floats") and not all(_in_bounds(n, spec) for n in numbers):
-        raise _invalid(value, spec, key)
-    return typed
+        items = v if isinstance(v, (list, tuple)) else [v]
+        if not items or not all(_is_number(m) and m >= lo for m in items):
+            return _BAD
+        return tuple(float(m) for m in v) if isinstance(v, (list, tuple)) else float(v)
+
+    expected = "a number or a list of numbers (one per param group)" + bounds_text(lo, None)
+    expected += " or null" if nullable else ""
+    return BeforeValidator(_checked(expected, convert))
 
 
-def validate_fields(obj: Any, prefix: str) -> None:
-    """Coerce every spec-carrying field of the frozen dataclass ``obj`` in place.
+def optional(validator: BeforeValidator) -> BeforeValidator:
+    """``validator`` that also admits JSON ``null``; the problem text gains ``or null``."""
+    inner = validator.func
 
-    Used from ``__post_init__`` so that direct construction enforces the same
-    invariants as :func:`hybridzero.config.load_config`. Error keys are
-    ``prefix + "." + spec.key``.
-    """
-    for f in dataclasses.fields(obj):
-        spec = f.metadata.get(SPEC)
-        if spec is None:
-            continue
-        key = f"{prefix}.{spec.key}" if prefix else spec.key
-        object.__setattr__(obj, f.name, coerce(getattr(obj, f.name), spec, key))
+    def validate(value: Any) -> Any:
+        if value is None:
+            return None
+        try:
+            return inner(value)  # type: ignore[call-arg]
+        except ValueProblem as problem:
+            raise ValueProblem(problem.expected + " or null", auto=problem.auto) from None
+
+    return BeforeValidator(validate)
 
 
 def freeze(value: Any) -> Any:

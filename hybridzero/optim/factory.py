@@ -10,11 +10,11 @@ Two entry points:
   optimizer corresponds to group ``i`` of the client optimizer (and of any LR scheduler).
 
 DeepSpeed rules reproduced by :func:`build_optimizer` (``_configure_basic_optimizer`` in
-``deepspeed/runtime/engine.py`` and ``DeepSpeedConfig``):
+``deepspeed/runtime/engine.py`` and ``DeepSpeedConfig``). The type and ``params`` are validated by
+:mod:`hybridzero.config.optim` -- the same functions that judge the ``optimizer`` block at config load -- so every
+rule below holds whichever way the optimizer is described:
 
-* ``"Adam"``/``"AdamW"`` are matched case-insensitively (DeepSpeed lower-cases names in
-  its own optimizer list); any other name is looked up verbatim on ``torch.optim``, so only
-  the exact spelling ``"SGD"`` is accepted for SGD.
+* Type names are matched case-insensitively (DeepSpeed lower-cases them): ``"adam"``, ``"AdamW"``, ``"sgd"``.
 * ``adam_w_mode`` (default ``True``) selects decoupled weight decay.  The effective mode is
   ``type == "AdamW" or adam_w_mode``: ``"Adam"`` is AdamW unless ``adam_w_mode: false``;
   ``"AdamW"`` is always decoupled.
@@ -41,6 +41,9 @@ from typing import Any
 
 import torch
 
+from hybridzero.config import canonical_optimizer_type, validate_optimizer_params
+from hybridzero.config.optim import OPTIMIZER_TYPES
+
 __all__ = [
     "SUPPORTED_OPTIMIZERS",
     "build_optimizer",
@@ -48,106 +51,24 @@ __all__ = [
     "rebuild_optimizer",
 ]
 
-SUPPORTED_OPTIMIZERS: tuple[str, ...] = ("Adam", "AdamW", "SGD")
-
-# torch implementation switches passed straight through (they never change the math).
-_TORCH_FLAGS: frozenset[str] = frozenset({"maximize", "foreach", "differentiable", "fused"})
-# Keys DeepSpeed's Adam path understands (FusedAdam / CPU Adam signature + the two switches),
-# plus torch.optim.Adam's own flags since the torch implementation always runs here.
-_ADAM_KEYS: frozenset[str] = _TORCH_FLAGS | {
-    "lr",
-    "betas",
-    "eps",
-    "weight_decay",
-    "amsgrad",
-    "bias_correction",
-    "set_grad_none",
-    "torch_adam",
-    "adam_w_mode",
-    "capturable",
-}
-_SGD_KEYS: frozenset[str] = _TORCH_FLAGS | {
-    "lr",
-    "momentum",
-    "dampening",
-    "weight_decay",
-    "nesterov",
-}
+SUPPORTED_OPTIMIZERS: tuple[str, ...] = OPTIMIZER_TYPES
 # FusedAdam / DeepSpeedCPUAdam default weight decay (torch.optim.AdamW would use 1e-2).
 _DEEPSPEED_ADAM_WEIGHT_DECAY: float = 0.0
+# DeepSpeed-only switches: they pick an implementation, torch's constructors do not take them.
+_DEEPSPEED_SWITCHES: tuple[str, ...] = ("torch_adam", "adam_w_mode", "bias_correction", "set_grad_none")
 
 
-def _canonical_type(opt_type: str) -> str:
-    """Map a config ``type`` to one of :data:`SUPPORTED_OPTIMIZERS` (DeepSpeed's casing rules).
-
-    Raises:
-        ValueError: the type is not supported; the message names it and lists the choices.
-    """
-    if isinstance(opt_type, str):
-        lowered = opt_type.lower()
-        if lowered == "adam":
-            return "Adam"
-        if lowered == "adamw":
-            return "AdamW"
-        if opt_type == "SGD":
-            return "SGD"
-    raise ValueError(
-        f"optimizer type {opt_type!r} is not supported; supported types: "
-        f"{', '.join(SUPPORTED_OPTIMIZERS)} (Adam/AdamW case-insensitive, SGD exact)"
-    )
-
-
-def _check_keys(opt_type: str, params: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    """Raise ``ValueError`` naming the first config key that ``opt_type`` does not accept."""
-    if "max_grad_norm" in params:
-        raise ValueError(
-            f"optimizer param 'max_grad_norm'={params['max_grad_norm']!r} is not supported; "
-            "use the top-level 'gradient_clipping' setting instead"
-        )
-    for key in params:
-        if key not in allowed:
-            raise ValueError(
-                f"unknown optimizer param {key!r}={params[key]!r} for type {opt_type!r}; "
-                f"accepted params: {', '.join(sorted(allowed))}"
-            )
-
-
-def _require_bool(key: str, value: Any) -> bool:
-    """Return ``value`` if it is a real bool, else raise ``ValueError`` naming ``key``."""
-    if not isinstance(value, bool):
-        raise ValueError(f"optimizer param {key!r} must be a bool, got {value!r}")
-    return value
-
-
-def _adam_kwargs(params: Mapping[str, Any]) -> tuple[bool, bool, dict[str, Any]]:
-    """Split an Adam config into ``(torch_adam, adam_w_mode, torch_kwargs)``.
-
-    Invariant: the returned kwargs only contain names accepted by ``torch.optim.Adam``.
-    """
-    kwargs = dict(params)
-    torch_adam = _require_bool("torch_adam", kwargs.pop("torch_adam", False))
-    adam_w_mode = _require_bool("adam_w_mode", kwargs.pop("adam_w_mode", True))
-    if not _require_bool("bias_correction", kwargs.pop("bias_correction", True)):
-        raise ValueError(
-            "optimizer param 'bias_correction'=False is not supported: torch's Adam/AdamW "
-            "always apply bias correction"
-        )
-    # set_grad_none only changes FusedAdam.zero_grad; torch's zero_grad already sets None.
-    _require_bool("set_grad_none", kwargs.pop("set_grad_none", True))
-    amsgrad = _require_bool("amsgrad", kwargs.get("amsgrad", False))
-    if amsgrad and not torch_adam:
-        raise ValueError(
-            "optimizer param 'amsgrad'=True requires 'torch_adam': true "
-            "(DeepSpeed's FusedAdam/CPU Adam do not support AMSGrad)"
-        )
-    if "betas" in kwargs:
-        betas = kwargs["betas"]
-        if not isinstance(betas, (list, tuple)) or len(betas) != 2:
-            raise ValueError(f"optimizer param 'betas' must be a pair of floats, got {betas!r}")
-        kwargs["betas"] = (float(betas[0]), float(betas[1]))
-    if not torch_adam:
+def _torch_class_and_kwargs(
+    canonical: str, params: Mapping[str, Any]
+) -> tuple[type[torch.optim.Optimizer], dict[str, Any]]:
+    """The torch class and constructor kwargs for validated ``params`` of optimizer type ``canonical``."""
+    if canonical == "SGD":
+        return torch.optim.SGD, dict(params)
+    kwargs = {k: v for k, v in params.items() if k not in _DEEPSPEED_SWITCHES}
+    if not params.get("torch_adam", False):
         kwargs.setdefault("weight_decay", _DEEPSPEED_ADAM_WEIGHT_DECAY)
-    return torch_adam, adam_w_mode, kwargs
+    decoupled = canonical == "AdamW" or params.get("adam_w_mode", True)
+    return (torch.optim.AdamW if decoupled else torch.optim.Adam), kwargs
 
 
 def build_optimizer(
@@ -167,19 +88,11 @@ def build_optimizer(
         ``torch.optim.SGD``.
 
     Raises:
-        ValueError: unknown type, unknown/unsupported param, or torch rejecting a value.
+        ConfigError (a ValueError): unknown type or param, or an invalid value (naming ``optimizer.type`` or
+            ``optimizer.params.<name>``); ValueError: torch rejecting a value.
     """
-    canonical = _canonical_type(opt_type)
-    params = {} if params is None else params
-    if canonical == "SGD":
-        _check_keys(canonical, params, _SGD_KEYS)
-        cls: type[torch.optim.Optimizer] = torch.optim.SGD
-        kwargs: dict[str, Any] = dict(params)
-    else:
-        _check_keys(canonical, params, _ADAM_KEYS)
-        _torch_adam, adam_w_mode, kwargs = _adam_kwargs(params)
-        decoupled = canonical == "AdamW" or adam_w_mode
-        cls = torch.optim.AdamW if decoupled else torch.optim.Adam
+    canonical = canonical_optimizer_type(opt_type)
+    cls, kwargs = _torch_class_and_kwargs(canonical, validate_optimizer_params(canonical, params))
     groups = [dict(group) for group in param_groups]
     try:
         return cls(groups, **kwargs)
@@ -278,7 +191,7 @@ def rebuild_optimizer(
     ]
     try:
         rebuilt = cls(groups, **_constructor_kwargs(cls, client.defaults))
-    except Exception as exc:  # noqa: BLE001 - any constructor failure is reported the same way
+    except Exception as exc:
         raise ValueError(
             f"could not rebuild optimizer class {cls.__module__}.{cls.__qualname__} as "
             f"cls(params, **defaults): {exc}"

@@ -25,9 +25,11 @@ Formulas (``N = max(2, warmup_num_steps)``, as DeepSpeed clamps it):
 Defaults (DeepSpeed's): warmup_min_lr=0.0, warmup_num_steps=1000, warmup_type="log";
 WarmupLR's warmup_max_lr defaults to each group's current lr, WarmupDecayLR's to 0.001;
 WarmupCosineLR: warmup_min_ratio=0.0, cos_min_ratio=1e-4.  ``total_num_steps`` is required
-for the decaying schedules.  Unlike DeepSpeed (which warns and carries on), invalid values
-raise ``ValueError``.  ``last_batch_iteration`` (default -1) is accepted as in DeepSpeed:
-a value ``>= 0`` resumes at that iteration and leaves the optimizer's lrs untouched until
+for the decaying schedules.  Type names match case-insensitively; names, types and ranges of
+``params`` are checked by :mod:`hybridzero.config.optim` (the rules of the config's ``scheduler``
+block); unlike DeepSpeed (which warns and carries on), invalid values raise ``ValueError``
+(a ``ConfigError`` naming ``scheduler.params.<name>``).  ``last_batch_iteration`` (default -1)
+is accepted as in DeepSpeed: a value ``>= 0`` resumes at that iteration and leaves the optimizer's lrs untouched until
 the next ``step()``.
 """
 
@@ -35,11 +37,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from types import MappingProxyType
 from typing import Any
 
 import torch
 from torch.optim.lr_scheduler import LRScheduler
+
+from hybridzero.config import canonical_scheduler_type, validate_scheduler_params
+from hybridzero.config.optim import SCHEDULER_TYPES
 
 __all__ = [
     "SUPPORTED_SCHEDULERS",
@@ -51,23 +55,11 @@ __all__ = [
     "warmup_lr_factor",
 ]
 
-SUPPORTED_SCHEDULERS: tuple[str, ...] = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+SUPPORTED_SCHEDULERS: tuple[str, ...] = SCHEDULER_TYPES
 WARMUP_TYPES: tuple[str, ...] = ("log", "linear")
 _DECAY_DEFAULT_MAX_LR: float = 0.001
 _COS_DEFAULT_MIN_RATIO: float = 0.0001
 _DEFAULT_WARMUP_STEPS: int = 1000
-
-_COMMON_KEYS: frozenset[str] = frozenset(
-    {"warmup_num_steps", "warmup_type", "last_batch_iteration"}
-)
-_ALLOWED_KEYS: Mapping[str, frozenset[str]] = MappingProxyType(
-    {
-        "WarmupLR": _COMMON_KEYS | {"warmup_min_lr", "warmup_max_lr"},
-        "WarmupDecayLR": _COMMON_KEYS | {"total_num_steps", "warmup_min_lr", "warmup_max_lr"},
-        "WarmupCosineLR": _COMMON_KEYS | {"total_num_steps", "warmup_min_ratio", "cos_min_ratio"},
-    }
-)
-
 
 # ----------------------------------------------------------------------------- pure math
 
@@ -201,22 +193,6 @@ def _warmup_type(value: Any) -> str:
     return value
 
 
-def _check_type_and_keys(sched_type: str, params: Mapping[str, Any]) -> None:
-    """Reject an unsupported scheduler type or a param key that type does not take."""
-    if sched_type not in SUPPORTED_SCHEDULERS:
-        raise ValueError(
-            f"scheduler type {sched_type!r} is not supported; supported types: "
-            f"{', '.join(SUPPORTED_SCHEDULERS)}"
-        )
-    allowed = _ALLOWED_KEYS[sched_type]
-    for key in params:
-        if key not in allowed:
-            raise ValueError(
-                f"unknown scheduler param {key!r}={params[key]!r} for {sched_type}; "
-                f"accepted params: {', '.join(sorted(allowed))}"
-            )
-
-
 def _total_steps(params: Mapping[str, Any], warmup_steps: int, strict: bool) -> int:
     """``total_num_steps`` (required) checked against the clamped warmup length."""
     if "total_num_steps" not in params:
@@ -256,7 +232,8 @@ class DeepSpeedWarmupScheduler(LRScheduler):
         self, optimizer: torch.optim.Optimizer, sched_type: str, params: Mapping[str, Any]
     ) -> None:
         """Validate ``params`` for ``sched_type`` and apply the pre-start lrs."""
-        _check_type_and_keys(sched_type, params)
+        sched_type = canonical_scheduler_type(sched_type)
+        params = validate_scheduler_params(sched_type, params)  # the config's rules: names, types, ranges
         self.sched_type = sched_type
         num_groups = len(optimizer.param_groups)
         self.org_lrs = [float(group["lr"]) for group in optimizer.param_groups]

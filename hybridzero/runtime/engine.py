@@ -35,7 +35,7 @@ from hybridzero.zero.groups import ShardedGroup, ShardMode
 from hybridzero.zero.partition import plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.qgz import HierarchicalQuantizedReduce
-from hybridzero.zero.reduce import GradReducer
+from hybridzero.zero.reduce import GradReducer, reduction_scales
 
 _LOG = logging.getLogger("hybridzero")
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -88,8 +88,12 @@ class Engine:
         self._cast_buffers()
         z = config.zero
         self.prefetcher = Prefetcher(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
-        self.reducer = GradReducer(comm, z.reduce_bucket_size, overlap=z.overlap_comm, quantized=self._qgz())
-        self.coordinator = ZeroCoordinator(self.module, self.groups, self.reducer, self.prefetcher, self.events)
+        scales = reduction_scales(config.gradient_allreduce_op, config.prescale_gradients,
+                                  config.gradient_predivide_factor, comm.world_size)
+        self.reducer = GradReducer(comm, z.reduce_bucket_size, overlap=z.overlap_comm, quantized=self._qgz(),
+                                   scales=scales)
+        self.coordinator = ZeroCoordinator(self.module, self.groups, self.reducer, self.prefetcher, self.events,
+                                           check_unused=z.stage in (1, 2) and not z.ignore_unused_parameters)
         if comm.world_size > 1 and config.zero.stage == 3:
             # Hugging Face's protocol for sharded engines: generate() then keeps every rank stepping (synced_gpus)
             # until all ranks are done, so a rank that finished early still joins the gathers. No other state of
@@ -225,7 +229,13 @@ class Engine:
             if self.is_gradient_accumulation_boundary():
                 self._apply_update()
                 self.global_steps += 1
+                self._report_progress()
             self.micro_steps += 1
+
+    def _report_progress(self) -> None:
+        """DeepSpeed's progress line every ``steps_per_print`` optimizer steps (rank 0, ``logging`` INFO)."""
+        if self.comm.rank == 0 and self.global_steps % self.config.steps_per_print == 0:
+            _LOG.info("step=%d, skipped=%d, lr=%s", self.global_steps, self.skipped_steps, self.get_lr())
 
     def _apply_update(self) -> None:
         if self.optimizer is None:

@@ -67,8 +67,13 @@ class ZeroCoordinator:
     """Owns the hooks on one module and drives its groups through the phases."""
 
     def __init__(self, module: nn.Module, groups: list[ShardedGroup], reducer: GradReducer,
-                 prefetcher: Prefetcher, events: list[tuple[str, str, str]] | None = None) -> None:
+                 prefetcher: Prefetcher, events: list[tuple[str, str, str]] | None = None,
+                 check_unused: bool = False) -> None:
         self.module = module
+        # ``ignore_unused_parameters: false`` (DeepSpeed, stages 1/2): a trainable parameter without a gradient at
+        # the end of a backward is an error. ``_delivered`` holds (group, slot) of the gradients of this backward.
+        self.check_unused = check_unused
+        self._delivered: set[tuple[int, int]] = set()
         self.groups = groups
         self.reducer = reducer
         self.prefetcher = prefetcher
@@ -168,6 +173,7 @@ class ZeroCoordinator:
         hpZ secondaries, release everything. The engine is quiescent again (the failed micro-step contributes
         nothing beyond what was already reduced)."""
         self.reducer.abort()
+        self._delivered = set()
         for group in self.groups:
             group.take_grad_full()
             group.drop_secondary()
@@ -289,6 +295,7 @@ class ZeroCoordinator:
             self._begin_backward()
             grad, param.grad = param.grad, None
             assert grad is not None
+            self._delivered.add((group.index, slot_index))
             if group.accept_grad(slot_index, grad):
                 self.reducer.submit(group, group.take_grad_full())
                 if not group.has_frozen:
@@ -296,6 +303,7 @@ class ZeroCoordinator:
         return hook
 
     def _end_backward(self) -> None:
+        unused = self._unused_parameters()
         for group in self.groups:
             if group.grad_full is not None:
                 self.reducer.submit(group, group.take_grad_full())
@@ -303,6 +311,19 @@ class ZeroCoordinator:
         for group in self.groups:
             group.drop_secondary()  # consumed: the next forward builds fresh ones
         self.end_phase()
+        if unused:  # raised after the collectives completed, so every rank stays in step and quiescent
+            raise RuntimeError(
+                f"{len(unused)} trainable parameter(s) got no gradient in this backward: {', '.join(unused)}; "
+                "zero_optimization.ignore_unused_parameters is false, so this is an error (as in DeepSpeed). Set it "
+                "to true (the default) if parts of the model are unused on purpose, or freeze those parameters")
+
+    def _unused_parameters(self) -> list[str]:
+        """Names of trainable parameters with no gradient in this backward (only when checking); resets the record."""
+        delivered, self._delivered = self._delivered, set()
+        if not self.check_unused:
+            return []
+        return [slot.spec.name for group in self.groups for i, slot in enumerate(group.slots)
+                if slot.trainable and (group.index, i) not in delivered]
 
     # --- checks -------------------------------------------------------------------------------------------------
     def is_quiescent(self) -> bool:

@@ -2,8 +2,15 @@
 
 A group's flat gradient ``[W * S]`` is viewed as ``[W, S]`` (row ``r`` = rank ``r``'s slice). Pieces of whole
 columns from one or more groups fill a bucket of at most ``reduce_bucket_size`` elements; one reduce-scatter of the
-bucket's rank-major copy gives every rank the sum of its columns, which is divided by the world size exactly once
-and added into the group's fp32 ``grad_shard`` (so accumulation across micro-steps is a plain sum).
+bucket's rank-major copy gives every rank the sum of its columns, which is scaled by :class:`ReductionScales` and
+added into the group's fp32 ``grad_shard`` (so accumulation across micro-steps is a plain sum).
+
+Scaling (DeepSpeed's ``gradient_allreduce_op``, ``prescale_gradients``, ``gradient_predivide_factor``; see
+:func:`reduction_scales`): each rank's contribution may be divided by ``pre`` before the exchange and the sum by
+``post`` after it. The rule that replaces "divide exactly once": with the defaults (``mean``, no prescale,
+predivide 1) the sum is divided by the world size exactly once, after the sum, as before; in every case the
+divisors applied multiply to the world size ``W`` for ``mean`` and to the predivide factor ``f`` for ``sum``
+(DeepSpeed's result, ``sum / f``), and each is applied at most once per element.
 
 The reduction is order-deterministic: the transport only exchanges slices (an all-to-all that moves exactly a
 reduce-scatter's bytes) and every rank sums the ``W`` contributions for its columns in rank order, in fp32. The
@@ -31,6 +38,42 @@ from hybridzero.zero.ordered import ordered_sum
 from hybridzero.zero.qgz import HierarchicalQuantizedReduce
 
 
+@dataclass(frozen=True)
+class ReductionScales:
+    """Divisors of one gradient reduction: ``pre`` divides each rank's contribution before the exchange, ``post``
+    divides the rank-ordered sum after it; ``None`` leaves the tensor untouched (no rounding at all)."""
+
+    pre: float | None = None
+    post: float | None = None
+
+
+def reduction_scales(op: str, prescale: bool, predivide: float, world_size: int) -> ReductionScales:
+    """DeepSpeed's scaling of a data-parallel gradient reduction (``DeepSpeedEngine.allreduce_bucket``), pure.
+
+    * ``mean`` with ``prescale``: every contribution is divided by ``W`` before the sum.
+    * ``mean`` otherwise: contributions divided by ``f = predivide`` (if ``f != 1``), the sum by ``W / f`` (if
+      that is not 1). With the defaults that is one division of the sum by ``W``, bit for bit the old rule.
+    * ``sum``: contributions divided by ``f`` (if ``f != 1``), the sum left as it is, as DeepSpeed does
+      (``prescale`` with ``sum`` is refused by the config).
+    Invariant: ``(pre or 1) * (post or 1)`` is ``W`` for ``mean`` and ``f`` for ``sum``.
+    """
+    if op not in ("mean", "sum"):
+        raise ValueError(f"gradient_allreduce_op = {op!r} is invalid: expected 'mean' or 'sum'")
+    if op == "sum":
+        if prescale:
+            raise ValueError("prescale_gradients = true contradicts gradient_allreduce_op = 'sum'")
+        return ReductionScales(pre=predivide if predivide != 1.0 else None)
+    if prescale:
+        return ReductionScales(pre=float(world_size))
+    post = world_size / predivide
+    return ReductionScales(pre=predivide if predivide != 1.0 else None, post=None if post == 1.0 else post)
+
+
+def _scaled(total: torch.Tensor, divisor: float | None) -> torch.Tensor:
+    """``total`` divided in place by ``divisor`` (untouched for None)."""
+    return total if divisor is None else total.div_(divisor)
+
+
 @dataclass
 class _Piece:
     group: ShardedGroup
@@ -42,8 +85,9 @@ class GradReducer:
     """Buckets group gradients and reduce-scatters them; owns every reduction it has in flight."""
 
     def __init__(self, comm: Comm, bucket_elems: int, overlap: bool,
-                 quantized: HierarchicalQuantizedReduce | None = None) -> None:
+                 quantized: HierarchicalQuantizedReduce | None = None, scales: ReductionScales | None = None) -> None:
         self.comm = comm
+        self.scales = ReductionScales(post=comm.world_size) if scales is None else scales  # default: mean
         self.world = comm.world_size
         self.cap_cols = max(1, bucket_elems // self.world)
         self.overlap = overlap
@@ -77,16 +121,18 @@ class GradReducer:
             inp = pieces[0].cols.reshape(-1)
         else:
             inp = torch.cat([p.cols for p in pieces], dim=1).reshape(-1)
+        post = self.scales.post
+        _scaled(inp, self.scales.pre)  # the reducer owns the flat gradients it was handed: scale in place
         if self.quantized is not None:
             summed = self.quantized.reduce(inp, inp.numel() // self.world)
-            self._distribute(pieces, summed.div_(self.world))
+            self._distribute(pieces, _scaled(summed, post))
             return
         recv = inp if self.world == 1 else torch.empty_like(inp)  # one rank: nothing to exchange, no copy
         handle = self.comm.exchange_for_reduce(recv, inp, phase="backward", async_op=self.overlap)
 
         def finish() -> None:
             assert inp.numel() == recv.numel()  # holds ``inp`` alive until the collective completed
-            self._distribute(pieces, ordered_sum(recv.view(self.world, -1)).div_(self.world))
+            self._distribute(pieces, _scaled(ordered_sum(recv.view(self.world, -1)), post))
 
         if self.overlap:
             self._inflight.append((handle, finish))
@@ -117,8 +163,8 @@ class GradReducer:
             self._complete(self._inflight.pop(0))
         for group, grad in self._replicated:
             recv = torch.empty(self.world * grad.numel(), dtype=grad.dtype, device=grad.device)
-            self.comm.all_gather(recv, grad, phase="backward", label="grad_all_gather")
-            group.grad_shard.add_(ordered_sum(recv.view(self.world, -1)).div_(self.world))
+            self.comm.all_gather(recv, _scaled(grad, self.scales.pre), phase="backward", label="grad_all_gather")
+            group.grad_shard.add_(_scaled(ordered_sum(recv.view(self.world, -1)), self.scales.post))
         self._replicated.clear()
 
     def abort(self) -> None:

@@ -60,7 +60,8 @@ def test_defaults_match_deepspeed() -> None:
     assert (cfg.train_batch_size, cfg.train_micro_batch_size_per_gpu, cfg.gradient_accumulation_steps) == (2, 2, 1)
     assert cfg.gradient_clipping == 0.0 and cfg.steps_per_print == 10 and cfg.seed is None
     assert cfg.communication_data_type is None and cfg.gradient_predivide_factor == 1.0
-    assert not (cfg.wall_clock_breakdown or cfg.prescale_gradients)
+    assert not (cfg.wall_clock_breakdown or cfg.prescale_gradients or cfg.skip_nonfinite_steps)
+    assert cfg.gradient_allreduce_op == "mean"
     assert cfg.optimizer is None and cfg.scheduler is None
     assert cfg.zero == ZeroConfig() and cfg.fp16 == FP16Config() and cfg.bf16 == BF16Config()
     assert cfg.hybrid_engine == HybridEngineConfig()
@@ -78,6 +79,7 @@ def test_zero_defaults() -> None:
     assert not (z.quantized_weights or z.quantized_gradients or z.quantized_nontrainable_weights)
     assert z.offload_optimizer == z.offload_param == OffloadConfig(device="none", pin_memory=False)
     assert not z.gather_16bit_weights_on_model_save and not z.offload_param.enabled
+    assert z.ignore_unused_parameters  # DeepSpeed's default
 
 
 def test_fp16_bf16_hybrid_defaults() -> None:
@@ -139,13 +141,17 @@ MAPPINGS: list[tuple[str, str, Any, str, Any]] = [
     (Z, "stage3_gather_16bit_weights_on_model_save", True, "zero.gather_16bit_weights_on_model_save", True),
     (Z, "gather_16bit_weights_on_model_save", True, "zero.gather_16bit_weights_on_model_save", True),
     (Z, "stage3_gather_fp16_weights_on_model_save", True, "zero.gather_16bit_weights_on_model_save", True),
-    (Z, "offload_optimizer", {"device": "cpu", "pin_memory": True}, "zero.offload_optimizer",
-     OffloadConfig("cpu", True)),
-    (Z, "offload_param", {"device": "nvme", "nvme_path": "/n"}, "zero.offload_param",
-     OffloadConfig("nvme", False, "/n")),
-    (Z, "offload_param", {"device": "CPU"}, "zero.offload_param.device", "cpu"),
-    (Z, "cpu_offload", True, "zero.offload_optimizer", OffloadConfig("cpu")),
-    (Z, "cpu_offload_param", True, "zero.offload_param", OffloadConfig("cpu")),
+    (Z, "offload_optimizer", {"device": "none", "pin_memory": True}, "zero.offload_optimizer",
+     OffloadConfig("none", True)),
+    (Z, "offload_param", {"device": "none", "nvme_path": "/n"}, "zero.offload_param",
+     OffloadConfig("none", False, "/n")),
+    (Z, "offload_param", {"device": "NONE"}, "zero.offload_param.device", "none"),
+    (Z, "offload_param", None, "zero.offload_param", OffloadConfig()),
+    (Z, "cpu_offload", False, "zero.offload_optimizer", OffloadConfig()),
+    (Z, "cpu_offload_param", False, "zero.offload_param", OffloadConfig()),
+    (Z, "ignore_unused_parameters", False, "zero.ignore_unused_parameters", False),
+    (Z, "zero_quantization_block_size", 64, "zero.quantization_block_size", 64),
+    (Z, "zero_quantized_gradients_bits", 4, "zero.quantized_gradients_bits", 4),
     (Z, "reduce_bucket_size", "auto", "zero.reduce_bucket_size", 500_000_000),
     (Z, "stage3_prefetch_bucket_size", "auto", "zero.prefetch_bucket_size", 50_000_000),
     (Z, "stage3_param_persistence_threshold", "auto", "zero.param_persistence_threshold", 100_000),
@@ -173,6 +179,9 @@ MAPPINGS: list[tuple[str, str, Any, str, Any]] = [
     ("", "wall_clock_breakdown", True, "wall_clock_breakdown", True),
     ("", "prescale_gradients", True, "prescale_gradients", True),
     ("", "gradient_predivide_factor", 2, "gradient_predivide_factor", 2.0),
+    ("", "gradient_allreduce_op", "SUM", "gradient_allreduce_op", "sum"),
+    ("", "gradient_allreduce_op", "mean", "gradient_allreduce_op", "mean"),
+    ("", "skip_nonfinite_steps", True, "skip_nonfinite_steps", True),
     ("", "seed", 1234, "seed", 1234),
     ("", "zero_optimization", True, "zero.stage", 1),  # DeepSpeed's deprecated boolean form
 ]
@@ -308,10 +317,10 @@ IGNORED_SAMPLE = {
     "zero_force_ds_cpu_optimizer": False,
     "zero_optimization": {
         "allgather_partitions": True, "load_from_fp32_weights": True, "round_robin_gradients": False,
-        "ignore_unused_parameters": True, "stage3_module_granularity_threshold": 0,
+        "stage3_module_granularity_threshold": 0,
         "log_trace_cache_warnings": False, "mics_shard_size": -1, "memory_efficient_linear": True,
         "elastic_checkpoint": False, "zeropp_loco_param": None,
-        "offload_optimizer": {"device": "cpu", "fast_init": False, "ratio": 1.0},
+        "offload_optimizer": {"device": "none", "fast_init": False, "ratio": 1.0},
     },
     "fp16": {"auto_cast": False, "fp16_master_weights_and_grads": False},
     "bf16": {"immediate_grad_update": False},
@@ -347,11 +356,12 @@ def test_clean_config_does_not_warn() -> None:
     "extra, fragment",
     [
         ({"zero_optimization": {"stage3_gather_fp16_weights_on_model_save": True}}, "deprecated"),
-        ({"zero_optimization": {"cpu_offload": True}}, "deprecated"),
+        ({"zero_optimization": {"cpu_offload": False}}, "deprecated"),
         ({"bfloat16": {"enabled": True}}, "deprecated"),
         ({"zero_optimization": True}, "deprecated"),
         ({"gradient_clipping": "auto"}, "gradient_clipping = 'auto'"),
-        ({"zero_optimization": {"stage": 2, "offload_param": {"device": "cpu"}}}, "no effect below ZeRO stage 3"),
+        ({"zero_optimization": {"stage": 3, "ignore_unused_parameters": False}}, "only acts at ZeRO stages 1 and 2"),
+        ({"zero_optimization": {"stage": 0, "ignore_unused_parameters": False}}, "no effect at"),
         ({"zero_optimization": {"stage": 1, "zero_quantized_weights": True}}, "ZeRO-3"),
     ],
 )
@@ -381,7 +391,20 @@ def test_deprecations_and_no_effect_settings_warn(extra: dict[str, Any], fragmen
         ({"zero_optimization": {"offload_param": {"device": "gpu"}}},
          ["zero_optimization.offload_param.device = 'gpu'", "'none', 'cpu', 'nvme'"]),
         ({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}},
-         ["zero_optimization.offload_optimizer.device = 'nvme'", "nvme_path"]),
+         ["zero_optimization.offload_optimizer.device = 'nvme'", "not implemented"]),
+        ({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": True}}},
+         ["zero_optimization.offload_optimizer.device = 'cpu'", "not implemented"]),
+        ({"zero_optimization": {"stage": 3, "offload_param": {"device": "CPU"}}},
+         ["zero_optimization.offload_param.device = 'cpu'", "not implemented"]),
+        ({"zero_optimization": {"cpu_offload": True}}, ["zero_optimization.cpu_offload = true", "not implemented"]),
+        ({"zero_optimization": {"cpu_offload_param": True}},
+         ["zero_optimization.cpu_offload_param = true", "not implemented"]),
+        ({"zero_optimization": {"cpu_offload": "yes"}}, ["zero_optimization.cpu_offload = 'yes'", "true or false"]),
+        ({"zero_optimization": {"ignore_unused_parameters": 0}}, ["zero_optimization.ignore_unused_parameters = 0"]),
+        ({"gradient_allreduce_op": "max"}, ["gradient_allreduce_op = 'max'", "'mean', 'sum'"]),
+        ({"gradient_allreduce_op": "sum", "prescale_gradients": True}, ["prescale_gradients", "'sum'"]),
+        ({"skip_nonfinite_steps": "no"}, ["skip_nonfinite_steps = 'no'", "true or false"]),
+        ({"world_size": 2}, ["unknown config key 'world_size'"]),
         ({"zero_optimization": {"offload_optimizer": "cpu"}},
          ["zero_optimization.offload_optimizer = 'cpu'", "JSON object"]),
         ({"zero_optimization": {"cpu_offload": True, "offload_optimizer": {"device": "cpu"}}},

@@ -153,17 +153,24 @@ def test_torch_flags_pass_through() -> None:
 def test_amsgrad_only_with_torch_adam() -> None:
     opt = build_optimizer("Adam", {"amsgrad": True, "torch_adam": True}, [{"params": _leaves()}])
     assert opt.defaults["amsgrad"] is True
-    with pytest.raises(ValueError, match=r"'amsgrad'=True"):
+    with pytest.raises(ValueError, match=r"optimizer.params.amsgrad = true requires optimizer.params.torch_adam"):
         build_optimizer("Adam", {"amsgrad": True}, [{"params": _leaves()}])
 
 
-@pytest.mark.parametrize("bad_type", ["Lamb", "sgd", "OneBitAdam", ""])
+@pytest.mark.parametrize("bad_type", ["Lamb", "SGDW", "OneBitAdam", ""])
 def test_unknown_type_names_type_and_lists_supported(bad_type: str) -> None:
     with pytest.raises(ValueError) as info:
         build_optimizer(bad_type, {}, [{"params": _leaves()}])
     message = str(info.value)
     assert repr(bad_type) in message
     assert "Adam, AdamW, SGD" in message
+
+
+@pytest.mark.parametrize(("spelling", "cls"), [("sgd", torch.optim.SGD), ("SGD", torch.optim.SGD),
+                                               ("adamw", torch.optim.AdamW), ("ADAM", torch.optim.AdamW)])
+def test_type_names_are_case_insensitive_like_deepspeed(spelling: str, cls: type) -> None:
+    """One rule for every type (the config's): DeepSpeed lower-cases optimizer names before matching."""
+    assert type(build_optimizer(spelling, {}, [{"params": _leaves()}])) is cls
 
 
 @pytest.mark.parametrize(
@@ -178,19 +185,19 @@ def test_unknown_type_names_type_and_lists_supported(bad_type: str) -> None:
 def test_unknown_param_names_key_and_value(opt_type: str, key: str, value: object) -> None:
     with pytest.raises(ValueError) as info:
         build_optimizer(opt_type, {key: value}, [{"params": _leaves()}])
-    assert repr(key) in str(info.value)
-    assert repr(value) in str(info.value)
+    assert f"unknown config key 'optimizer.params.{key}'" in str(info.value)
 
 
 @pytest.mark.parametrize(
     ("params", "fragment"),
     [
-        ({"max_grad_norm": 1.0}, "'max_grad_norm'=1.0 is not supported; use the top-level 'gradient_clipping'"),
-        ({"bias_correction": False}, "'bias_correction'=False"),
-        ({"adam_w_mode": "yes"}, "'adam_w_mode' must be a bool, got 'yes'"),
-        ({"torch_adam": 1}, "'torch_adam' must be a bool, got 1"),
-        ({"betas": [0.9]}, "'betas' must be a pair of floats, got [0.9]"),
-        ({"lr": -1.0}, "AdamW"),
+        ({"max_grad_norm": 1.0}, "optimizer.params.max_grad_norm = 1.0 is not supported (as in DeepSpeed); set the "
+                                 "top-level 'gradient_clipping'"),
+        ({"bias_correction": False}, "optimizer.params.bias_correction = false is not supported"),
+        ({"adam_w_mode": "yes"}, "optimizer.params.adam_w_mode = 'yes' is invalid: expected true or false"),
+        ({"torch_adam": 1}, "optimizer.params.torch_adam = 1 is invalid: expected true or false"),
+        ({"betas": [0.9]}, "optimizer.params.betas = [0.9] is invalid: expected a pair [a, b] of numbers"),
+        ({"lr": -1.0}, "optimizer.params.lr = -1.0 is invalid: expected a number >= 0"),
     ],
 )
 def test_invalid_adam_params(params: dict, fragment: str) -> None:

@@ -1,0 +1,208 @@
+"""The blocks of the DeepSpeed JSON below the top level: ``zero_optimization`` (with its offload blocks), ``fp16``,
+``bf16`` and ``hybrid_engine``.
+
+Every accepted key is either a typed field (``acts=False`` on the ones hybridzero does not act on) or listed in the
+block's ``_ignored`` set; both kinds without effect warn once by name (:mod:`.load`). Defaults are DeepSpeed's
+effective defaults; the deliberate differences (bucket sizes must be >= 1; offload devices other than ``none``
+are refused until offload is implemented) are noted where they occur.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Annotated, Any, ClassVar
+
+from pydantic import model_validator
+
+from .base import Block
+from .errors import show
+from .values import BlockProblem, boolean, choice, integer, key, number, optional, text
+
+__all__ = ["BF16Config", "FP16Config", "HybridEngineConfig", "OffloadConfig", "ZeroConfig"]
+
+_SIZE = Annotated[int, integer(0)]  # element counts may be 0
+_BUCKET = Annotated[int, integer(1)]  # a 0-element bucket never fills
+_NO_OFFLOAD = ("offloading is not implemented in hybridzero yet (it is planned); remove the block or set "
+               "{0} to 'none'")
+
+
+class OffloadConfig(Block):
+    """One ``zero_optimization.offload_*`` block.
+
+    Invariant: ``device == "none"`` -- any other device is refused at load, naming the key, because offload is not
+    implemented yet; ``pin_memory``, ``nvme_path`` and the tuning keys are accepted and warned about.
+    """
+
+    _prefix: ClassVar[str] = "offload"
+    _ignored: ClassVar[frozenset[str]] = frozenset(
+        {"buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init", "ratio",
+         "nvme_path_per_local_rank", "super_offload", "cpuadam_cores_perc"})
+
+    device: Annotated[str, choice("none", "cpu", "nvme")] = key("none", "device",
+                                                               note="refused unless 'none' (offload not built)")
+    pin_memory: Annotated[bool, boolean] = key(False, "pin_memory", acts=False)
+    nvme_path: Annotated[str | None, optional(text)] = key(None, "nvme_path", acts=False)
+
+    @model_validator(mode="after")
+    def _refuse_offload(self) -> OffloadConfig:
+        if self.device != "none":
+            raise BlockProblem("{0} = " + repr(self.device) + ": " + _NO_OFFLOAD, ("device",), self.device)
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        """True when something is offloaded (never, until offload is implemented)."""
+        return self.device != "none"
+
+
+class ZeroConfig(Block):
+    """The ``zero_optimization`` block.
+
+    Invariants: ``0 <= stage <= 3``; sizes/thresholds are ints >= 0 and bucket sizes ints >= 1 (elements, not
+    bytes); ``hpz_partition_size >= 1``; ``overlap_comm`` is a bool -- omitted or ``null`` gives DeepSpeed's
+    effective default, ``stage == 3``. The deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` mean an
+    offload block with device ``cpu`` (so ``true`` is refused like one).
+    """
+
+    _prefix: ClassVar[str] = "zero_optimization"
+    _ignored: ClassVar[frozenset[str]] = frozenset({
+        "allgather_partitions", "use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "elastic_checkpoint",
+        "round_robin_gradients", "legacy_stage1", "grad_hooks", "cpu_offload_use_pin_memory",
+        "stage3_model_persistence_threshold", "model_persistence_threshold", "stage3_module_granularity_threshold",
+        "module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
+        "stage3_allgather_sequential", "allgather_sequential", "zeropp_loco_param", "mics_shard_size",
+        "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
+        "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
+        "save_muon_momentum_buffer_in_memory", "leaf_module", "zenflow", "compute_grad_norm", "parameter_alignment"})
+
+    stage: Annotated[int, integer(0, 3)] = key(0, "stage")
+    prefetch_bucket_size: _SIZE = key(50_000_000, "stage3_prefetch_bucket_size", "prefetch_bucket_size", auto=True)
+    param_persistence_threshold: _SIZE = key(100_000, "stage3_param_persistence_threshold",
+                                             "param_persistence_threshold", auto=True)
+    max_live_parameters: _SIZE = key(1_000_000_000, "stage3_max_live_parameters", "max_live_parameters", auto=True)
+    max_reuse_distance: _SIZE = key(1_000_000_000, "stage3_max_reuse_distance", "max_reuse_distance", auto=True)
+    reduce_bucket_size: _BUCKET = key(500_000_000, "reduce_bucket_size", auto=True)
+    allgather_bucket_size: _BUCKET = key(500_000_000, "allgather_bucket_size", auto=True, acts=False)
+    overlap_comm: Annotated[bool, boolean] = key(False, "overlap_comm")
+    contiguous_gradients: Annotated[bool, boolean] = key(True, "contiguous_gradients", acts=False)
+    reduce_scatter: Annotated[bool, boolean] = key(True, "reduce_scatter", acts=False)
+    sub_group_size: _BUCKET = key(1_000_000_000, "sub_group_size", auto=True, acts=False)
+    hpz_partition_size: Annotated[int, integer(1)] = key(1, "zero_hpz_partition_size")
+    quantized_weights: Annotated[bool, boolean] = key(False, "zero_quantized_weights")
+    quantized_gradients: Annotated[bool, boolean] = key(False, "zero_quantized_gradients")
+    quantized_nontrainable_weights: Annotated[bool, boolean] = key(False, "zero_quantized_nontrainable_weights")
+    # hybridzero extensions (not DeepSpeed keys): the qwZ/qgZ block size and the qgZ bit width (8, or 4)
+    quantization_block_size: Annotated[int, integer(2)] = key(2048, "zero_quantization_block_size")
+    quantized_gradients_bits: Annotated[int, integer(4, 8)] = key(8, "zero_quantized_gradients_bits")
+    offload_optimizer: OffloadConfig = key(OffloadConfig(), "offload_optimizer")
+    offload_param: OffloadConfig = key(OffloadConfig(), "offload_param")
+    # acts through engine.save_16bit_model (consolidated 16-bit weights on save)
+    gather_16bit_weights_on_model_save: Annotated[bool, boolean] = key(
+        False, "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
+        deprecated=("stage3_gather_fp16_weights_on_model_save",), note="engine.save_16bit_model")
+    # DeepSpeed's default true; false raises at stages 1 and 2 on a trainable parameter with no gradient
+    ignore_unused_parameters: Annotated[bool, boolean] = key(True, "ignore_unused_parameters",
+                                                             note="zero.coordinator (stages 1/2)")
+
+    _legacy: ClassVar[Mapping[str, str]] = MappingProxyType(
+        {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"})
+
+    @classmethod
+    def _translate(cls, data: dict[str, Any]) -> dict[str, Any]:
+        for name in ("offload_optimizer", "offload_param"):
+            if name in data and data[name] is None:  # null block: the defaults
+                del data[name]
+        if data.get("overlap_comm") is None:
+            data["overlap_comm"] = data.get("stage") == 3
+        for legacy, new in cls._legacy.items():
+            if legacy not in data:
+                continue
+            if new in data:
+                raise BlockProblem("'{0}' (deprecated) and '{1}' are both set; give only '{1}'", (legacy, new))
+            value = data.pop(legacy)
+            if not isinstance(value, bool):
+                shown = show(value).replace("{", "{{").replace("}", "}}")  # the template's own braces stay
+                raise BlockProblem(f"{{0}} = {shown} is invalid: expected true or false", (legacy,), value)
+            if value:
+                raise BlockProblem("{0} = true: offloading is not implemented in hybridzero yet (it is planned); "
+                                   "remove it or set it to false", (legacy,), True)
+        return data
+
+
+class FP16Config(Block):
+    """The ``fp16`` block (DeepSpeed's defaults: dynamic scaling from 2**16).
+
+    Invariants: ``loss_scale >= 0`` (0 = dynamic); with fp16 enabled and dynamic scaling, ``loss_scale_window >= 1``,
+    ``hysteresis >= 1`` and ``min_loss_scale > 0`` (DeepSpeed only checks these when they take effect).
+    """
+
+    _prefix: ClassVar[str] = "fp16"
+    _ignored: ClassVar[frozenset[str]] = frozenset({"auto_cast", "fp16_master_weights_and_grads"})
+
+    enabled: Annotated[bool, boolean] = key(False, "enabled")
+    loss_scale: Annotated[float, number(0.0)] = key(0.0, "loss_scale")
+    initial_scale_power: Annotated[int, integer(0)] = key(16, "initial_scale_power")
+    loss_scale_window: Annotated[int, integer()] = key(1000, "loss_scale_window")
+    hysteresis: Annotated[int, integer()] = key(2, "hysteresis")
+    consecutive_hysteresis: Annotated[bool, boolean] = key(False, "consecutive_hysteresis")
+    min_loss_scale: Annotated[float, number()] = key(1.0, "min_loss_scale")
+
+    @model_validator(mode="after")
+    def _check_dynamic_scaling(self) -> FP16Config:
+        if not self.dynamic_loss_scale:
+            return self
+        rules = (("loss_scale_window", self.loss_scale_window >= 1, "an integer >= 1"),
+                 ("hysteresis", self.hysteresis >= 1, "an integer >= 1"),
+                 ("min_loss_scale", self.min_loss_scale > 0, "a number > 0"))
+        for name, ok, expected in rules:
+            if not ok:
+                value = getattr(self, name)
+                raise BlockProblem(f"{{0}} = {value!r} is invalid with dynamic loss scaling ({{1}} = 0): "
+                                   f"expected {expected}", (name, "loss_scale"), value)
+        return self
+
+    @property
+    def dynamic_loss_scale(self) -> bool:
+        """True when fp16 is on and the loss scale is dynamic (``loss_scale == 0``)."""
+        return self.enabled and self.loss_scale == 0.0
+
+    @property
+    def initial_loss_scale(self) -> float:
+        """The scale training starts at: ``2**initial_scale_power`` if dynamic, else ``loss_scale``."""
+        return float(2**self.initial_scale_power) if self.loss_scale == 0.0 else self.loss_scale
+
+
+class BF16Config(Block):
+    """The ``bf16`` block (legacy spelling ``bfloat16``). bf16 needs no loss scaling."""
+
+    _prefix: ClassVar[str] = "bf16"
+    _ignored: ClassVar[frozenset[str]] = frozenset(
+        {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads", "bf16_optimizer_states"})
+
+    enabled: Annotated[bool, boolean] = key(False, "enabled")
+
+
+class HybridEngineConfig(Block):
+    """The ``hybrid_engine`` block (train <-> generate switching).
+
+    Invariants: ``max_out_tokens >= 1``; ``tp_gather_partition_size >= 1``; ``inference_tp_size == 1``
+    (tensor-parallel inference is not supported). Only ``max_out_tokens`` acts: ``engine.generate`` works whether
+    ``enabled`` is set or not, and the others tune DeepSpeed's inference kernels, which hybridzero does not use.
+    """
+
+    _prefix: ClassVar[str] = "hybrid_engine"
+
+    enabled: Annotated[bool, boolean] = key(False, "enabled", acts=False)
+    max_out_tokens: Annotated[int, integer(1)] = key(512, "max_out_tokens", note="runtime.hybrid")
+    inference_tp_size: Annotated[int, integer(1)] = key(1, "inference_tp_size", acts=False)
+    release_inference_cache: Annotated[bool, boolean] = key(False, "release_inference_cache", acts=False)
+    pin_parameters: Annotated[bool, boolean] = key(True, "pin_parameters", acts=False)
+    tp_gather_partition_size: Annotated[int, integer(1)] = key(8, "tp_gather_partition_size", acts=False)
+
+    @model_validator(mode="after")
+    def _no_tensor_parallel(self) -> HybridEngineConfig:
+        if self.inference_tp_size != 1:
+            raise BlockProblem(f"{{0}} = {self.inference_tp_size} is not supported: tensor-parallel inference is "
+                               "not supported by hybridzero; use 1", ("inference_tp_size",), self.inference_tp_size)
+        return self
