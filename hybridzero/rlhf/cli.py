@@ -100,11 +100,11 @@ def _demo_monitor() -> Any:
 def _plot(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from hybridzero.rlhf.plot import plot_run
+    from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
 
     try:
         paths = plot_run(Path(args.run_dir), Path(args.out) if args.out else None)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, PlotsUnavailable) as exc:
         print(f"plot: error: {exc}", file=sys.stderr)
         return 1
     print(f"plot: wrote {len(paths)} PNG files: {', '.join(str(p) for p in paths)}")

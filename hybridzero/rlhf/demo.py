@@ -130,9 +130,14 @@ def run_demo(out_dir: str = "runs/demo", quick: bool = False) -> dict[str, Any]:
                "evaluation": results, "models": {"sft": sft_s.output_dir, "reward": reward_s.output_dir,
                                                  **ppo_m["models"]}}
     if rank == 0:
-        from hybridzero.rlhf.plot import plot_run
+        from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
 
-        plots = [str(p) for d in (sft_s.output_dir, reward_s.output_dir, ppo_s.output_dir) for p in plot_run(Path(d))]
+        try:
+            plots = [str(p) for d in (sft_s.output_dir, reward_s.output_dir, ppo_s.output_dir)
+                     for p in plot_run(Path(d))]
+        except PlotsUnavailable as exc:
+            plots = []
+            echo(f"plots skipped: {exc}")
         summary["plots"] = plots
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         _verdict(results, echo)
