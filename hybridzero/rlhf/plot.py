@@ -59,7 +59,8 @@ class PlotsUnavailable(RuntimeError):
 Figure = tuple[str, tuple[Panel, ...]]  # (figure name, panels)
 
 _FRACTION = "fraction (0-1)"
-_LOSS: Figure = ("loss", (Panel("language-model loss (training and held-out)", "nats per token", ("loss", "train_loss", "eval_loss")),))
+_LOSS: Figure = ("loss", (Panel("language-model loss (training and held-out)", "nats per token",
+                                ("loss", "train_loss", "eval_loss")),))
 _PHASE_FIGURES: Mapping[str, tuple[Figure, ...]] = MappingProxyType({
     "ppo": (
         ("reward", (Panel("reward model score", "score", ("reward", "ema_reward")),
@@ -79,7 +80,7 @@ _PHASE_FIGURES: Mapping[str, tuple[Figure, ...]] = MappingProxyType({
     ),
 })
 _PHASE_ALIASES: Mapping[str, str] = MappingProxyType({"grpo": "ppo", "rm": "reward"})
-# Throughput keys (hybridzero.rlhf.throughput) are grouped in every phase.
+# Throughput keys (hybridzero.rlhf.report) are grouped in every phase.
 _COMMON_FIGURES: tuple[Figure, ...] = (
     ("throughput", (Panel("throughput", "samples per second", ("samples_per_s",)),)),
     ("tflops", (Panel("achieved compute", "TFLOP/s", ("e2e_tflops", "gen_tflops", "train_tflops")),)),

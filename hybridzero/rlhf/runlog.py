@@ -22,6 +22,8 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
+from tqdm import tqdm
+
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
     from typing_extensions import Self
@@ -185,3 +187,15 @@ def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
     if skipped:
         warnings.warn(f"{path}: skipped {skipped} malformed line(s)", stacklevel=2)
     return list(merged.values())
+
+
+def echo_fn(progress: bool) -> Callable[[str], None]:
+    """``tqdm.write`` when a progress bar is live (keeps the bar at the bottom), else ``print``."""
+    if progress:
+        return lambda line: tqdm.write(line)
+    return lambda line: print(line, flush=True)
+
+
+def open_runlog(output_dir: str, rank: int, tensorboard: bool, progress: bool) -> RunLog:
+    """The step's :class:`RunLog` in ``output_dir`` (rank 0 writes, others no-op)."""
+    return RunLog(Path(output_dir), rank, tensorboard=tensorboard, echo=echo_fn(progress))

@@ -24,8 +24,9 @@ def _write_run(run_dir: Path) -> None:
             lines.append({"phase": "reward_eval", "step": step, "time": 0.0, "eval_accuracy": 0.6})
         lines.append({"phase": "reward", "step": step, "time": 0.0, "loss": 0.7 - step / 100,
                       "accuracy": 0.5 + step / 50})
-        lines.append({"phase": "ppo", "step": step, "time": 0.0, "reward": math.sin(step), "ema_reward": 0.1 * step, "rule_score": step / 40,
-                      "kl": "nan" if step == 7 else 0.01 * step, "actor_loss": -0.1, "critic_loss": 0.2,
+        lines.append({"phase": "ppo", "step": step, "time": 0.0, "reward": math.sin(step), "ema_reward": 0.1 * step,
+                      "rule_score": step / 40, "kl": "nan" if step == 7 else 0.01 * step, "actor_loss": -0.1,
+                      "critic_loss": 0.2,
                       "samples_per_s": 4.0, "e2e_tflops": 1.0, "gen_tflops": 0.5, "note": "text",
                       "e2e_s": 2.0, "e2e_latency_s": 2.0, "global_batch_size": 8.0, "critic_params_b": "nan"})
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -81,7 +82,8 @@ def test_fold_eval_phases() -> None:
         {"phase": "sft", "step": 5, "time": 1.0, "loss": 1.0},
     ]
     assert plan_charts(fold_eval_phases(records)) == [
-        ChartSpec("sft", "loss", (Panel("language-model loss (training and held-out)", "nats per token", ("loss", "eval_loss")),)),
+        ChartSpec("sft", "loss", (Panel("language-model loss (training and held-out)", "nats per token",
+                                        ("loss", "eval_loss")),)),
         ChartSpec("sft", "perplexity", (Panel("perplexity", "perplexity", ("eval_perplexity",)),)),
     ]
 
