@@ -186,11 +186,11 @@ def ema_smooth(values: Sequence[float], weight: float) -> list[float]:
 
 
 def smoothing_weight(n_points: int) -> float:
-    """EMA weight ``1 - 2 / (w + 1)`` of a window ``w`` of a twentieth of the run (at least 3 points); 0 (no
+    """EMA weight ``1 - 2 / (w + 1)`` of a window ``w`` of a twelfth of the run (at least 3 points); 0 (no
     smoothing) for runs shorter than ``_SMOOTH_MIN_POINTS``."""
     if n_points < _SMOOTH_MIN_POINTS:
         return 0.0
-    window = max(n_points / 20.0, 3.0)
+    window = max(n_points / 12.0, 3.0)
     return 1.0 - 2.0 / (window + 1.0)
 
 

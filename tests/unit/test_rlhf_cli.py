@@ -3,6 +3,7 @@ keys and impossible batch arithmetic fail before anything starts, naming the fla
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,13 @@ def test_non_finite_settings_in_a_config_file(tmp_path: Path, capsys: pytest.Cap
     assert "--kl_ctl nan: Input should be a finite number" in capsys.readouterr().err
     with pytest.raises(ValueError, match="finite"):
         PPOSettings(cliprange=float("inf"))
+
+
+def test_plot_without_matplotlib_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"phase": "sft", "step": 1, "time": 0.0, "loss": 1.0}\n')
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as without the `plots` extra
+    assert main(["plot", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == "plot: error: plotting needs matplotlib: pip install 'hybridzero[plots]'\n"
+    assert not (tmp_path / "plots").exists() or not list((tmp_path / "plots").iterdir())
