@@ -69,6 +69,8 @@ _PHASE_FIGURES: Mapping[str, tuple[Figure, ...]] = MappingProxyType({
         ("losses", (Panel("actor (policy) loss", "loss", ("actor_loss",)),
                     Panel("critic (value) loss", "loss", ("critic_loss",)),
                     Panel("unsupervised (ptx) loss", "nats per token", ("ptx_loss",)))),
+        ("policy_update", (Panel("policy drift per update (approximate KL)", "nats per token", ("approx_kl",)),
+                           Panel("tokens whose ratio was clipped", _FRACTION, ("clip_fraction",)))),
     ),
     "sft": (_LOSS, ("perplexity", (Panel("perplexity", "perplexity",
                                          ("perplexity", "train_perplexity", "eval_perplexity", "ppl", "eval_ppl")),))),
@@ -77,6 +79,8 @@ _PHASE_FIGURES: Mapping[str, tuple[Figure, ...]] = MappingProxyType({
                         ("loss", "train_loss", "eval_loss")),)),
         ("accuracy", (Panel("pairs ranked correctly", _FRACTION,
                             ("accuracy", "acc", "train_accuracy", "eval_accuracy", "eval_acc")),)),
+        ("scores", (Panel("reward-model score of the chosen and the rejected answer", "score",
+                          ("chosen_score", "rejected_score", "eval_chosen_score", "eval_rejected_score")),)),
     ),
 })
 _PHASE_ALIASES: Mapping[str, str] = MappingProxyType({"grpo": "ppo", "rm": "reward"})
@@ -85,7 +89,8 @@ _COMMON_FIGURES: tuple[Figure, ...] = (
     ("throughput", (Panel("throughput", "samples per second", ("samples_per_s",)),)),
     ("tflops", (Panel("achieved compute", "TFLOP/s", ("e2e_tflops", "gen_tflops", "train_tflops")),)),
     ("latency", (Panel("time per step", "seconds", ("e2e_latency_s", "gen_latency_s", "train_latency_s", "e2e_s",
-                                                    "generation_s", "training_s")),)),
+                                                    "generation_s", "training_s", "step_time_s")),)),
+    ("lr", (Panel("learning rate (schedule)", "learning rate", ("lr", "actor_lr")),)),
 )
 # Report-line constants of the throughput dict (no curve to see) and timing keys that duplicate a
 # ``*_latency_s`` key when both are logged.
@@ -194,7 +199,20 @@ def smoothing_weight(n_points: int) -> float:
     return 1.0 - 2.0 / (window + 1.0)
 
 
+_LEGEND: Mapping[str, str] = MappingProxyType({
+    "e2e_latency_s": "end to end", "gen_latency_s": "generation", "train_latency_s": "training",
+    "e2e_s": "end to end", "generation_s": "generation", "training_s": "training", "step_time_s": "optimizer step",
+    "e2e_tflops": "end to end", "gen_tflops": "generation", "train_tflops": "training", "lr": "learning rate",
+    "actor_lr": "actor learning rate", "samples_per_s": "samples/s", "ema_reward": "EMA actor's reward",
+})
+
+
 def _label(key: str) -> str:
+    """Legend text: a readable name; ``eval_x`` is "x (held-out)"."""
+    if key in _LEGEND:
+        return _LEGEND[key]
+    if key.startswith("eval_"):
+        return f"{key.removeprefix('eval_').replace('_', ' ')} (held-out)"
     return key.replace("_", " ")
 
 
