@@ -393,3 +393,20 @@ class Engine:
             for slot in group.slots:
                 out[slot.spec.name] = flat[slot.spec.offset:slot.spec.end].view(slot.spec.shape).clone()
         return out
+
+    def ema_update_from(self, source: Engine, beta: float) -> None:
+        """``self = beta * self + (1 - beta) * source`` on this rank's fp32 master shards, then written through
+        :meth:`ShardedGroup.write_shard` (no communication). Both engines must hold the same model with the same
+        layout (same ZeRO stage and world); a mismatch raises naming the group before anything is written."""
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"ema_update_from: beta = {beta!r} must be in [0, 1]")
+        if len(self.groups) != len(source.groups):
+            raise ValueError(f"ema_update_from: this engine has {len(self.groups)} groups, the source "
+                             f"{len(source.groups)}: build both from the same model with the same ZeRO stage")
+        for mine, theirs in zip(self.groups, source.groups):
+            if mine.master.shape != theirs.master.shape or mine.layout.specs != theirs.layout.specs:
+                raise ValueError(f"ema_update_from: group {mine.name!r} does not match the source's layout")
+        with torch.no_grad():
+            for mine, theirs in zip(self.groups, source.groups):
+                mine.master.mul_(beta).add_(theirs.master, alpha=1.0 - beta)
+                mine.write_shard()
