@@ -17,6 +17,6 @@ from hybridzero.runtime.initialize import initialize
 from hybridzero.runtime.pretrained import from_pretrained
 from hybridzero.zero.gathered import GatheredParameters
 
-__all__ = ["initialize", "init_distributed", "add_config_arguments", "comm", "zero", "utils", "Engine",
-           "ConfigError", "PeerFailure", "GatheredParameters", "from_pretrained"]
+__all__ = ["ConfigError", "Engine", "GatheredParameters", "PeerFailure", "add_config_arguments", "comm",
+           "from_pretrained", "init_distributed", "initialize", "utils", "zero"]
 __version__ = "0.1.0"

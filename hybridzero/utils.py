@@ -20,10 +20,18 @@ import torch
 from hybridzero.runtime.fragments import TensorFragments
 from hybridzero.zero.registry import REGISTRY
 
-__all__ = ["safe_get_full_fp32_param", "safe_get_full_grad", "safe_get_full_optimizer_state",
-           "safe_set_full_fp32_param", "safe_set_full_optimizer_state", "safe_get_local_fp32_param",
-           "safe_get_local_grad", "safe_get_local_optimizer_state", "safe_set_local_fp32_param",
-           "safe_set_local_optimizer_state"]
+__all__ = [
+    "safe_get_full_fp32_param",
+    "safe_get_full_grad",
+    "safe_get_full_optimizer_state",
+    "safe_get_local_fp32_param",
+    "safe_get_local_grad",
+    "safe_get_local_optimizer_state",
+    "safe_set_full_fp32_param",
+    "safe_set_full_optimizer_state",
+    "safe_set_local_fp32_param",
+    "safe_set_local_optimizer_state",
+]
 
 
 def _fragments(param: torch.Tensor, what: str, required: bool) -> TensorFragments | None:

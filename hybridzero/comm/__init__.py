@@ -38,11 +38,35 @@ from torch.distributed import (
 
 from hybridzero.comm import collectives
 
-__all__ = ["init_distributed", "is_available", "is_initialized", "get_rank", "get_world_size", "get_local_rank",
-           "get_global_rank", "get_backend", "barrier", "all_reduce", "all_gather", "all_gather_into_tensor",
-           "all_gather_object", "reduce_scatter_tensor", "reduce", "broadcast", "broadcast_object_list", "gather",
-           "scatter", "all_to_all_single", "send", "recv", "isend", "irecv", "new_group", "destroy_process_group",
-           "ReduceOp"]
+__all__ = [
+    "ReduceOp",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_object",
+    "all_reduce",
+    "all_to_all_single",
+    "barrier",
+    "broadcast",
+    "broadcast_object_list",
+    "destroy_process_group",
+    "gather",
+    "get_backend",
+    "get_global_rank",
+    "get_local_rank",
+    "get_rank",
+    "get_world_size",
+    "init_distributed",
+    "irecv",
+    "is_available",
+    "is_initialized",
+    "isend",
+    "new_group",
+    "recv",
+    "reduce",
+    "reduce_scatter_tensor",
+    "scatter",
+    "send",
+]
 
 _DEFAULT_PORT = 29500  # DeepSpeed's TORCH_DISTRIBUTED_DEFAULT_PORT
 

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero import comm as comm_api
+from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.comm.collectives import Comm
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config

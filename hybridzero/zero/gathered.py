@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import AbstractContextManager, ExitStack, contextmanager
 from types import TracebackType
-from typing import Protocol
+from typing import Protocol, cast
 
 import torch
 from torch import nn
@@ -35,7 +35,7 @@ from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.groups import GroupState, ShardedGroup, Slot
 from hybridzero.zero.registry import REGISTRY, ParamOwner
 
-__all__ = ["GatheredParameters", "ZeroParamOwner", "HasParamOwner", "content_checksum"]
+__all__ = ["GatheredParameters", "HasParamOwner", "ZeroParamOwner", "content_checksum"]
 
 _PHASE = "gathered_parameters"
 _BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
@@ -215,8 +215,8 @@ def _as_list(params: torch.Tensor | Iterable[torch.Tensor] | None) -> list[nn.Pa
     if params is None:
         return []
     if isinstance(params, torch.Tensor):
-        return [params]  # type: ignore[list-item]
-    return [p for p in params if p is not None]
+        return [cast(nn.Parameter, params)]
+    return [cast(nn.Parameter, p) for p in params if p is not None]
 
 
 class GatheredParameters:

@@ -11,7 +11,6 @@ import torch
 from tests.distributed.test_zero3_parity import compare
 from tests.harness.parity import RunSpec, batches_for, build_model, reference_run
 from tests.workers.dropin import (
-    FRAGMENT_PARAMS,
     comm_face,
     edit_without_modifier,
     fragments_run,
@@ -56,8 +55,8 @@ def reference_grads(spec: RunSpec, world_size: int, step: int) -> dict[str, torc
                 for n in acc:
                     g = model.get_parameter(n).grad
                     total[n] = g.clone() if r == 0 else total[n].add_(g)
-            for n in acc:
-                acc[n].add_(total[n].div_(world_size))
+            for n, value in acc.items():
+                value.add_(total[n].div_(world_size))
         return acc
     finally:
         torch.set_num_threads(threads)
