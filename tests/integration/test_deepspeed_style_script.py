@@ -11,11 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import deepspeed_style_train as script  # examples/ is on sys.path (tests/conftest.py)
 import pytest
 import torch
 from torch.utils.data import DistributedSampler
-
-import deepspeed_style_train as script  # examples/ is on sys.path (tests/conftest.py)
 
 _REPO = Path(__file__).resolve().parents[2]
 _SCRIPT = _REPO / "examples" / "deepspeed_style_train.py"
@@ -97,6 +96,6 @@ def test_deepspeed_style_script_matches_reference(tmp_path: Path, world: int, st
         for step, got in enumerate(rec["grads"]):
             for name, values in got.items():
                 torch.testing.assert_close(torch.tensor(values), ref["grads"][step][name], rtol=1e-5, atol=1e-7,
-                                           msg=lambda m, s=step, n=name: f"rank {r} step {s} {n}: {m}")
+                                           msg=lambda m, s=step, n=name, k=r: f"rank {k} step {s} {n}: {m}")
         for name, values in rec["final"].items():
             torch.testing.assert_close(torch.tensor(values), ref["final"][name], rtol=1e-5, atol=1e-6)
