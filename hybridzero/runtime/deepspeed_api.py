@@ -165,11 +165,10 @@ class DeepSpeedEngineAPI:
         """The wrapped module's state dict with full values (a collective at ZeRO-3: every rank calls it)."""
         base = self.module.state_dict(prefix=prefix, keep_vars=True)
         full: dict[int, torch.Tensor] = {}
-        with self.param_owner.zero.each_gathered("state_dict") as groups:
-            for group in groups:
-                for slot in group.slots:
-                    value = slot.param if keep_vars and group.always_full else slot.param.detach()
-                    full[id(slot.param)] = value if group.always_full else value.clone()
+        for group in self.param_owner.zero.each_gathered("state_dict"):
+            for slot in group.slots:
+                value = slot.param if keep_vars and group.always_full else slot.param.detach()
+                full[id(slot.param)] = value if group.always_full else value.clone()
         out: dict[str, Any] = destination if destination is not None else OrderedDict()
         for key, value in base.items():
             if exclude_frozen_parameters and isinstance(value, nn.Parameter) and not value.requires_grad:
@@ -200,6 +199,12 @@ class DeepSpeedEngineAPI:
         if strict and (missing or unexpected):
             raise RuntimeError(f"engine.load_state_dict: missing keys {missing}, unexpected keys {unexpected}")
         by_param = {id(t): values[k] for k, t in expected.items() if k in values}
+        for group in self.param_owner.zero.groups:  # every shape checked before anything is written
+            for slot in group.slots:
+                value = by_param.get(id(slot.param))
+                if value is not None and tuple(value.shape) != tuple(slot.spec.shape):
+                    raise ValueError(f"engine.load_state_dict: {slot.spec.name!r} has shape {tuple(value.shape)}, "
+                                     f"the parameter has {tuple(slot.spec.shape)}")
         with torch.no_grad():
             for key, tensor in expected.items():
                 if key in values and not isinstance(tensor, nn.Parameter):

@@ -107,22 +107,19 @@ class ZeroParamOwner:
             raise RuntimeError(f"{what}: group '{group.name}' is gathered (inside a forward or a GatheredParameters "
                                f"block); call it outside, or edit inside GatheredParameters(..., modifier_rank=r)")
 
-    @contextmanager
-    def each_gathered(self, phase: str) -> Iterator[Iterator[ShardedGroup]]:
-        """Yields an iterator over the groups, each gathered (and pinned) while it is current, released after
-        unless it was gathered before. At most one ZeRO-3 group is held by this at a time."""
-        def walk() -> Iterator[ShardedGroup]:
-            for group in self.groups:
-                was = group.state is GroupState.GATHERED
-                group.pins += 1
-                try:
-                    group.wait(phase)
-                    yield group
-                finally:
-                    group.pins -= 1
-                    if not was:
-                        self.coordinator.release(group)
-        yield walk()
+    def each_gathered(self, phase: str) -> Iterator[ShardedGroup]:
+        """Every group in order, each gathered (and pinned) while it is current and released after unless it was
+        gathered before: at most one ZeRO-3 group is held by this at a time. Consume it to the end (or close it)."""
+        for group in self.groups:
+            was = group.state is GroupState.GATHERED
+            group.pins += 1
+            try:
+                group.wait(phase)
+                yield group
+            finally:
+                group.pins -= 1
+                if not was:
+                    self.coordinator.release(group)
 
     @contextmanager
     def gathered(self, params: list[nn.Parameter], modifier_rank: int | None) -> Iterator[None]:

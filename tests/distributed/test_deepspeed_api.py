@@ -125,6 +125,16 @@ def test_fragments_every_stage_and_world(world, world_size: int, stage: int) -> 
     _check_fragments(results, spec, world_size)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("edit_via", ["gathered", "safe_set"])
+def test_fragments_with_hpz(world, edit_via: str) -> None:
+    """hpZ (2 of 4 ranks per node): the edits go through write_shard, which drops the secondary shards."""
+    spec = _spec(3, accumulation=2).replace(extra_zero={"zero_hpz_partition_size": 2})
+    results = world(4, env={"LOCAL_WORLD_SIZE": "2"}).run(fragments_run, spec, edit_via)
+    compare(results, reference_run(spec, 4))
+    _check_fragments(results, spec, 4)
+
+
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_set_optimizer_state_and_local_roundtrip(world, stage: int) -> None:
     got = world(3).run(set_state_roundtrip, _spec(stage))
