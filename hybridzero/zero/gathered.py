@@ -136,13 +136,13 @@ class ZeroParamOwner:
         was_gathered = {g.index for g, _ in touched if g.state is GroupState.GATHERED}
         for group, _ in touched:
             group.pins += 1  # all pinned before any gather, so the exit never unpins what it did not pin
-        sums: list[torch.Tensor] | None = None
+        sums: list[tuple[int, torch.Tensor]] | None = None
         body_failed = False
         try:
             for group, _ in touched:
                 group.wait(_PHASE)
             if modifier_rank is None:
-                sums = [_slots_checksum(g, slots) for g, slots in touched]
+                sums = [(g.version, _slots_checksum(g, slots)) for g, slots in touched]
             yield
         except BaseException:
             body_failed = True
@@ -151,7 +151,7 @@ class ZeroParamOwner:
             self._exit(touched, modifier_rank, sums, was_gathered, report=not body_failed)
 
     def _exit(self, touched: list[tuple[ShardedGroup, list[Slot]]], modifier_rank: int | None,
-              sums: list[torch.Tensor] | None, was_gathered: set[int], report: bool) -> None:
+              sums: list[tuple[int, torch.Tensor]] | None, was_gathered: set[int], report: bool) -> None:
         editors: list[int] = []
         with torch.no_grad():
             for group, _ in touched:
@@ -175,9 +175,12 @@ class ZeroParamOwner:
                 f"modifier_rank, so the edit cannot be kept consistently; it was undone on every rank. Pass "
                 f"modifier_rank=<the rank whose values to keep> (its values are broadcast to every rank).")
 
-    def _editors(self, touched: list[tuple[ShardedGroup, list[Slot]]], sums: list[torch.Tensor]) -> list[int]:
-        """Ranks whose named parameters changed inside the block (agreed on by every rank: one all-reduce)."""
-        mine = any(not torch.equal(_slots_checksum(g, slots), before) for (g, slots), before in zip(touched, sums))
+    def _editors(self, touched: list[tuple[ShardedGroup, list[Slot]]],
+                 sums: list[tuple[int, torch.Tensor]]) -> list[int]:
+        """Ranks whose named parameters changed inside the block (agreed on by every rank: one all-reduce). A group
+        whose master was written through ``write_shard`` inside the block (its version moved) changed legitimately."""
+        mine = any(g.version == version and not torch.equal(_slots_checksum(g, slots), before)
+                   for (g, slots), (version, before) in zip(touched, sums))
         flags = torch.zeros(self.comm.world_size, dtype=torch.float32, device=touched[0][0].device)
         flags[self.comm.rank] = float(mine)
         self.comm.all_reduce(flags, phase=_PHASE)
