@@ -162,7 +162,8 @@ class DeepSpeedEngineAPI:
     # --- state dicts ----------------------------------------------------------------------------------------------
     def module_state_dict(self, destination: dict[str, Any] | None = None, prefix: str = "",
                           keep_vars: bool = False, exclude_frozen_parameters: bool = False) -> dict[str, Any]:
-        """The wrapped module's state dict with full values (a collective at ZeRO-3: every rank calls it)."""
+        """The wrapped module's state dict with full values in the compute dtype, as the module computes with them
+        (a collective at ZeRO-3: every rank calls it). ``safe_get_full_fp32_param`` gives the fp32 masters."""
         base = self.module.state_dict(prefix=prefix, keep_vars=True)
         full: dict[int, torch.Tensor] = {}
         for group in self.param_owner.zero.each_gathered("state_dict"):

@@ -135,6 +135,18 @@ def test_fragments_with_hpz(world, edit_via: str) -> None:
     _check_fragments(results, spec, 4)
 
 
+def test_full_grad_is_unscaled_under_fp16(world) -> None:
+    """fp16 with a loss scale of 2**8: ``safe_get_full_grad`` is the true gradient (fp16-close to the fp32
+    reference), not the scaled one."""
+    spec = _spec(3).replace(dtype="fp16", fp16={"initial_scale_power": 8}, edit=())
+    results = world(2).run(fragments_run, spec, "safe_set")
+    want = reference_grads(spec.replace(dtype="fp32"), 2, 0)
+    for name, got in results[0]["grads"][0].items():
+        if got is not None:
+            scale = want[name].abs().max().item()
+            torch.testing.assert_close(got, want[name], rtol=0.05, atol=0.02 * scale, msg=lambda m, n=name: f"{n}: {m}")
+
+
 @pytest.mark.parametrize("stage", [0, 2, 3])
 def test_set_optimizer_state_and_local_roundtrip(world, stage: int) -> None:
     got = world(3).run(set_state_roundtrip, _spec(stage))
