@@ -38,7 +38,8 @@ import torch
 from safetensors.torch import save_file
 
 from hybridzero.checkpoint.hf_source import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
-from hybridzero.checkpoint.saved import SavedSource, load_rank_file, read_meta, resolve_tag
+from hybridzero.checkpoint.format import SavedSource, open_tag
+from hybridzero.checkpoint.paths import find_tag, list_tags
 
 __all__ = ["EXPORT_DTYPES", "ShardEntry", "ShardPlan", "consolidated_state_dict", "export_hf", "plan_shards"]
 
@@ -77,11 +78,14 @@ class ShardPlan:
 
 
 def _open(ckpt_dir: str | os.PathLike[str], tag: str | None) -> tuple[dict[str, Any], SavedSource]:
-    """The tag's metadata and a reader of its fp32 master weights (rank files memory-mapped)."""
-    path = resolve_tag(ckpt_dir, tag)
-    meta = read_meta(path)
-    shards = [load_rank_file(path, r) for r in range(int(meta["world_size"]))]
-    return meta, SavedSource(path, meta, shards, "master")
+    """The tag's metadata and a reader of its fp32 master weights, after the full verification of
+    :func:`~hybridzero.checkpoint.format.open_tag` (checksums, metadata consistency, rank-file headers)."""
+    path = find_tag(ckpt_dir, tag)
+    if path is None:
+        raise FileNotFoundError(f"checkpoint {'latest' if tag is None else repr(tag)} not found in {ckpt_dir}; "
+                                f"complete tags: {list_tags(ckpt_dir)}")
+    saved = open_tag(path)
+    return saved.meta, SavedSource(saved, "master")
 
 
 def _read(source: SavedSource, entry: ShardEntry, dtype: torch.dtype) -> torch.Tensor:
@@ -91,6 +95,8 @@ def _read(source: SavedSource, entry: ShardEntry, dtype: torch.dtype) -> torch.T
 
 def consolidated_state_dict(ckpt_dir: str | os.PathLike[str], tag: str | None = None) -> dict[str, torch.Tensor]:
     """Every parameter's full fp32 master value by canonical name (tied weights once, under their first name).
+
+    The checkpoint is verified first (checksums, metadata): a damaged one raises CheckpointError naming the file.
 
     ``tag`` defaults to the one ``latest`` names. The values equal the engine's ``full_parameters()`` bitwise.
     """

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from hybridzero.checkpoint.hf_source import TensorSource
+from hybridzero.tensor_source import TensorSource
 from hybridzero.comm.collectives import Comm, init_distributed
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config
