@@ -1,7 +1,10 @@
 """Per-rank functions for checkpoint tests: interrupted vs uninterrupted runs, resharding, crashes, bad input."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -122,3 +125,14 @@ def save_inside_accumulation_window(spec: RunSpec, ckpt: str) -> tuple[dict[str,
     loaded = {"params": fresh.full_parameters(), "micro_steps": fresh.micro_steps,
               "global_steps": fresh.global_steps, "grad_norm": grads}
     return saved, loaded
+
+
+def edit_json(tag_dir: str | os.PathLike[str], name: str, edit: Any) -> None:
+    """Rewrite ``tag_dir/name`` (a JSON file) through ``edit(obj) -> obj`` and re-sign it in the manifest, as an
+    attacker who also controls the manifest would: only the consistency checks can catch what follows."""
+    file = Path(tag_dir) / name
+    file.write_text(json.dumps(edit(json.loads(file.read_text()))))
+    manifest_file = Path(tag_dir) / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["files"][name] = hashlib.sha256(file.read_bytes()).hexdigest()
+    manifest_file.write_text(json.dumps(manifest))
