@@ -16,9 +16,11 @@ Tied weights are stored under a single name (GPT-2 and OPT save the embedding, n
 from __future__ import annotations
 
 import json
+import re
 import math
 import os
 from pathlib import Path
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType, TracebackType
 from typing import Any
 
@@ -28,7 +30,7 @@ from torch import nn
 
 from hybridzero.tensor_source import TensorSource, resolve_name
 
-__all__ = ["CheckpointFileError", "HFCheckpointSource", "ModuleSource", "TensorSource", "check_range", "resolve_name"]
+__all__ = ["CheckpointFileError", "HFCheckpointSource", "check_against_model", "ModuleSource", "TensorSource", "check_range", "resolve_name"]
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -278,3 +280,27 @@ class ModuleSource(TensorSource):
             raise ValueError(f"parameter {name!r} of {self!r} is on the meta device")
         check_range(name, param.numel(), lo, hi)
         return param.detach().reshape(-1)[lo:hi].clone()
+
+
+def check_against_model(source: TensorSource, params: Mapping[str, tuple[Sequence[str], torch.Size]],
+                        allowed_extra: Sequence[str] = (), ignore_patterns: Sequence[str] = ()) -> None:
+    """Raise ValueError unless ``source`` holds every parameter (under some alias) with the model's shape and no
+    tensor that is neither a parameter alias, in ``allowed_extra`` (buffers) nor matched by ``ignore_patterns``
+    (regexes, transformers' ``_keys_to_ignore_on_load_unexpected``), as transformers' loader rejects them.
+
+    ``params`` maps each parameter's first name to (every alias, shape). Reads headers only."""
+    stored = set(source.names())
+    problems: list[str] = []
+    known = set(allowed_extra)
+    for first, (aliases, shape) in params.items():
+        known.update(aliases)
+        hit = next((a for a in aliases if a in stored), None)
+        if hit is None:
+            problems.append(f"missing '{first}'" + (f" (or {list(aliases[1:])})" if len(aliases) > 1 else ""))
+        elif source.shape(hit) != torch.Size(shape):
+            problems.append(f"'{hit}' has shape {list(source.shape(hit))}, the model expects {list(shape)}")
+    unexpected = sorted(n for n in stored - known if not any(re.search(p, n) for p in ignore_patterns))
+    problems += [f"unexpected '{n}'" for n in unexpected[:10]]
+    if problems:
+        more = f" (and {len(unexpected) - 10} more unexpected)" if len(unexpected) > 10 else ""
+        raise ValueError(f"checkpoint {source!r} does not match the model: {'; '.join(problems)}{more}")
