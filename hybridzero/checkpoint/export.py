@@ -1,9 +1,9 @@
-"""Turn an engine checkpoint (:mod:`hybridzero.checkpoint.saved`) into full tensors or a Hugging Face directory.
+"""Turn an engine checkpoint (:mod:`hybridzero.checkpoint.format`) into full tensors or a Hugging Face directory.
 
 * :func:`consolidated_state_dict` is the ``zero_to_fp32`` use case: every parameter's fp32 master value in full,
   keyed by its canonical (first) name; a tied tensor appears once. It holds the whole model by design.
 * :func:`export_hf` writes ``config.json`` plus safetensors weights that ``from_pretrained`` loads, **streaming**:
-  parameters are read one at a time from the rank files (memory-mapped), converted to the export dtype and
+  parameters are read one at a time from the rank files (safetensors slices), converted to the export dtype and
   collected for one shard file only; the file is written and its tensors freed before the next shard is read.
   Peak memory is therefore about one shard (``max_shard_bytes``, or the largest tensor if that is bigger) plus one
   parameter in fp32, never the whole model.
@@ -37,8 +37,8 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from hybridzero.checkpoint.hf_source import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from hybridzero.checkpoint.format import SavedSource, open_tag
+from hybridzero.checkpoint.hf_source import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from hybridzero.checkpoint.paths import find_tag, list_tags
 
 __all__ = ["EXPORT_DTYPES", "ShardEntry", "ShardPlan", "consolidated_state_dict", "export_hf", "plan_shards"]

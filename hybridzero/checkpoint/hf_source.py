@@ -16,11 +16,11 @@ Tied weights are stored under a single name (GPT-2 and OPT save the embedding, n
 from __future__ import annotations
 
 import json
-import re
 import math
 import os
-from pathlib import Path
+import re
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import Any
 
@@ -30,7 +30,8 @@ from torch import nn
 
 from hybridzero.tensor_source import TensorSource, resolve_name
 
-__all__ = ["CheckpointFileError", "HFCheckpointSource", "check_against_model", "ModuleSource", "TensorSource", "check_range", "resolve_name"]
+__all__ = ["CheckpointFileError", "HFCheckpointSource", "ModuleSource", "TensorSource", "check_against_model",
+           "check_range", "resolve_name"]
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"

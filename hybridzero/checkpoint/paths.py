@@ -11,6 +11,7 @@ Invariants:
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
@@ -132,7 +133,8 @@ def write_latest(root: Path, tag: str, nonce: str) -> None:
 
 def find_tag(root: str | os.PathLike[str], tag: str | None) -> Path | None:
     """The directory of ``tag`` (default: the one ``latest`` names), or None when there is nothing to load (no
-    ``latest`` file, or no such directory), as DeepSpeed's ``load_checkpoint`` treats it. Hostile tags and
+    ``latest`` file, or no such directory), as DeepSpeed's ``load_checkpoint`` treats it; a version of ``tag``
+    moved aside by an interrupted re-save (:func:`publish`) is found too. Hostile tags and
     ``latest`` contents raise :class:`CheckpointError`."""
     base = Path(root)
     if tag is None:
@@ -140,4 +142,10 @@ def find_tag(root: str | os.PathLike[str], tag: str | None) -> Path | None:
         if tag is None:
             return None
     path = tag_path(base, tag)
-    return path if path.exists() or path.is_symlink() else None
+    if path.exists() or path.is_symlink():
+        return path
+    # A re-save of ``tag`` killed between moving the old version aside and publishing the new one: the old
+    # version is complete under its aside name (see :func:`publish`).
+    aside = sorted((p for p in base.glob(f"{glob.escape(tag)}{PARTIAL}old-*") if is_ours(p)),
+                   key=lambda p: p.stat().st_mtime)
+    return aside[-1] if aside else None

@@ -31,11 +31,29 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from hybridzero.checkpoint.format import (META, RANK_HEADER_KEY, STATE_JSON, STATE_TENSORS, SavedSource,
-                                          SavedTag, manifest_text, open_tag, rank_file, sha256_file)
+from hybridzero.checkpoint.format import (
+    META,
+    RANK_HEADER_KEY,
+    STATE_JSON,
+    STATE_TENSORS,
+    SavedSource,
+    SavedTag,
+    manifest_text,
+    open_tag,
+    rank_file,
+    sha256_file,
+)
 from hybridzero.checkpoint.jsontree import check_plain_json, dumps, encode
-from hybridzero.checkpoint.paths import (MANIFEST, PARTIAL, CheckpointError, check_replaceable, check_tag, find_tag,
-                                         publish, write_latest)
+from hybridzero.checkpoint.paths import (
+    MANIFEST,
+    PARTIAL,
+    CheckpointError,
+    check_replaceable,
+    check_tag,
+    find_tag,
+    publish,
+    write_latest,
+)
 from hybridzero.comm.collectives import Comm
 from hybridzero.optim.loss_scaler import LossScaler
 from hybridzero.runtime import optim_state
@@ -81,7 +99,8 @@ def agree(comm: Comm, error: str | None, what: str) -> None:
                               + "; ".join(failed))
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception (what the agreement reports)."""
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -159,6 +178,23 @@ def _write_rank0(engine: Checkpointable, partial: Path, tag: str, client_state: 
     (partial / MANIFEST).write_text(manifest_text(digests, tag))
 
 
+def _finish(engine: Checkpointable, root: Path, partial: Path, tag: str, nonce: str, client_state: Any,
+            gathered: list[Any], save_latest: bool, exclude_frozen: bool) -> None:
+    """Rank 0, after every rank wrote its file: state, meta, manifest, publication, ``latest``."""
+    failed = [f"rank {r}: {res}" for r, (res, _) in enumerate(gathered) if isinstance(res, str)]
+    if failed:
+        raise CheckpointError("; ".join(failed))
+    merged: dict[str, dict[str, Any]] = {}
+    for _, part in gathered:  # non-element state per optimizer group: the first rank's value of each key
+        for k, values in part.items():
+            merged[k] = {**values, **merged.get(k, {})}
+    digests = {rank_file(r): res[0] for r, (res, _) in enumerate(gathered)}
+    _write_rank0(engine, partial, tag, client_state, merged, [res[1] for res, _ in gathered], digests, exclude_frozen)
+    publish(root, partial, tag, nonce)
+    if save_latest:
+        write_latest(root, tag, nonce)
+
+
 def save(engine: Checkpointable, save_dir: str | os.PathLike[str], tag: str | None = None,
          client_state: dict[str, Any] | None = None, save_latest: bool = True,
          exclude_frozen_parameters: bool = False) -> bool:
@@ -174,7 +210,7 @@ def save(engine: Checkpointable, save_dir: str | os.PathLike[str], tag: str | No
             root.mkdir(parents=True, exist_ok=True)
             check_replaceable(root, tag)
     except (OSError, TypeError, CheckpointError) as exc:
-        error = _describe(exc)
+        error = describe(exc)
     agree(comm, error, f"save_checkpoint(tag={tag!r}) in {root}")
     if engine.micro_steps % engine.gradient_accumulation_steps and comm.rank == 0:
         _LOG.warning("save_checkpoint inside a gradient-accumulation window (micro-step %d of %d): parameters, "
@@ -189,27 +225,16 @@ def save(engine: Checkpointable, save_dir: str | os.PathLike[str], tag: str | No
         result = _write_rank_file(engine, partial, exclude_frozen_parameters)
         other = optim_state.capture_other(engine.optimizer, engine.groups)
     except (OSError, TypeError, ValueError, RuntimeError) as exc:
-        result, other = _describe(exc), {}
+        result, other = describe(exc), {}
     gathered = comm.all_gather_object((result, other), phase=_PHASE)
-    failed = [f"rank {r}: {res}" for r, (res, _) in enumerate(gathered) if isinstance(res, str)]
     error = None
     if comm.rank == 0:
         try:
-            if failed:
-                raise CheckpointError("; ".join(failed))
-            merged: dict[str, dict[str, Any]] = {}
-            for _, part in gathered:
-                for k, values in part.items():
-                    merged.setdefault(k, {}).update({key: v for key, v in values.items() if key not in merged.get(k, {})})
-            digests = {rank_file(r): res[0] for r, (res, _) in enumerate(gathered)}
-            _write_rank0(engine, partial, tag, client_state or {}, merged, [res[1] for res, _ in gathered], digests,
-                         exclude_frozen_parameters)
-            publish(root, partial, tag, nonce)
-            if save_latest:
-                write_latest(root, tag, nonce)
+            _finish(engine, root, partial, tag, nonce, client_state or {}, gathered, save_latest,
+                    exclude_frozen_parameters)
         except (OSError, TypeError, ValueError, RuntimeError) as exc:
             shutil.rmtree(partial, ignore_errors=True)
-            error = _describe(exc)
+            error = describe(exc)
     agree(comm, error, f"save_checkpoint(tag={tag!r}) in {root}")
     return True
 
@@ -314,7 +339,7 @@ def prepare_load(engine: Checkpointable, load_dir: str | os.PathLike[str], tag: 
             staged = _stage(engine, path, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
                             load_module_only)
     except Exception as exc:  # noqa: BLE001 - any failure while reading untrusted files is agreed on, not fatal
-        error = _describe(exc)
+        error = describe(exc)
     agree(engine.comm, error, f"load_checkpoint({str(load_dir)!r}, tag={tag!r})")
     found = engine.comm.all_gather_object(staged is not None, phase=_PHASE)
     if any(found) and not all(found):
@@ -349,55 +374,3 @@ def apply_load(engine: Checkpointable, staged: StagedLoad) -> tuple[str, Any]:
             torch.cuda.set_rng_state_all(cuda)
     engine.zero_grad()
     return str(staged.path), staged.client_state
-
-
-# --- 16-bit model --------------------------------------------------------------------------------------------------
-def save_16bit_model(engine: Checkpointable, full: dict[str, torch.Tensor] | None, save_dir: str | os.PathLike[str],
-                     save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False) -> bool:
-    """DeepSpeed's ``save_16bit_model``: the module's consolidated ``state_dict`` (every parameter name, tied ones
-    included, in the compute dtype, plus persistent buffers) written by rank 0 to ``save_dir/save_filename`` —
-    ``torch.save`` format, or safetensors when the name ends in ``.safetensors``. ``full`` is the engine's
-    ``full_parameters()`` (gathered by the caller on every rank), or None at stage 3 without
-    ``stage3_gather_16bit_weights_on_model_save``: then, as DeepSpeed does, nothing is written and False returned."""
-    if full is None:
-        if engine.comm.rank == 0:
-            _LOG.warning("save_16bit_model: zero_optimization.stage3_gather_16bit_weights_on_model_save is false, "
-                         "nothing saved (DeepSpeed behaviour); enable it, or use save_checkpoint + hybridzero export")
-        return False
-    error = None
-    if engine.comm.rank == 0:
-        try:
-            check_tag(save_filename, where="save_filename")
-            trainable = {s.spec.name: s.trainable for g in engine.groups for s in g.slots}
-            out: dict[str, torch.Tensor] = {}
-            params = set()
-            for first, names in param_aliases(engine.module).items():
-                params.update(names)
-                if exclude_frozen_parameters and not trainable[first]:
-                    continue
-                value = full[first].to(engine.compute_dtype)
-                for name in names:
-                    out[name] = value
-            for name, t in engine.module.state_dict(keep_vars=True).items():
-                if name not in params and isinstance(t, torch.Tensor):
-                    out[name] = t.detach().cpu().clone()
-            _write_weights(Path(save_dir), save_filename, out)
-        except (OSError, TypeError, ValueError, RuntimeError) as exc:
-            error = _describe(exc)
-    agree(engine.comm, error, f"save_16bit_model({str(save_dir)!r}, {save_filename!r})")
-    return True
-
-
-def _write_weights(root: Path, name: str, tensors: dict[str, torch.Tensor]) -> None:
-    """Atomically write ``tensors`` to ``root/name`` (safetensors needs distinct storage per name: tied copies)."""
-    root.mkdir(parents=True, exist_ok=True)
-    tmp = root / f".{name}{PARTIAL}{uuid.uuid4().hex}"
-    try:
-        if name.endswith(".safetensors"):
-            save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(tmp),
-                      metadata={"format": "pt"})
-        else:
-            torch.save({k: v.detach().cpu() for k, v in tensors.items()}, tmp)
-        os.replace(tmp, root / name)
-    finally:
-        tmp.unlink(missing_ok=True)

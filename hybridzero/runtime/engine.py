@@ -28,7 +28,7 @@ from hybridzero.optim import sharded
 from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
-from hybridzero.runtime import checkpointing
+from hybridzero.runtime import checkpointing, weights16
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import materialize
@@ -365,7 +365,7 @@ class Engine:
         self.release_held()
         gather = self.config.zero.stage != 3 or self.config.zero.gather_16bit_weights_on_model_save
         full = self.full_parameters() if gather else None
-        return checkpointing.save_16bit_model(self, full, save_dir, save_filename, exclude_frozen_parameters)
+        return weights16.save_16bit_model(self, full, save_dir, save_filename, exclude_frozen_parameters)
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank."""
