@@ -18,6 +18,7 @@ from tests.harness.parity import RunSpec
 from tests.harness.spawn import RemoteError
 from tests.workers.ckpt import edit_json
 from tests.workers.ckpt_trust import (
+    deepspeed_load_options,
     failing_load,
     hostile_save,
     killed_save,
@@ -310,3 +311,30 @@ def test_save_16bit_model(world, tmp_path: Path, name: str) -> None:
     for k, v in expected.items():
         assert got[k].dtype == torch.bfloat16 and torch.equal(got[k], v), k
     assert sorted(os.listdir(tmp_path / "on")) == [name]
+
+
+@pytest.mark.parametrize("exclude_frozen", [False, True])
+def test_deepspeed_load_options(world, tmp_path: Path, exclude_frozen: bool) -> None:
+    """load_module_only loads parameters only (counters and optimizer kept, client state returned);
+    load_optimizer_states=False keeps the optimizer; a full load restores everything. With
+    exclude_frozen_parameters the frozen parameters are not saved and keep the loading engine's (equal) values."""
+    spec = SPEC.replace(frozen=("embed_positions",) if exclude_frozen else ())
+
+    out = world(2).run(deepspeed_load_options, spec, str(tmp_path), exclude_frozen)
+    for r in out:
+        only, no_opt, full = r["module_only"], r["no_optimizer"], r["full"]
+        assert only["path_name"] == "a" and only["client"] == {"epoch": 3} == full["client"]
+        assert only["params_loaded"] and only["opt_kept"] and only["sched_kept"] and only["counters"] == (1, 1, 0)
+        assert no_opt["params_loaded"] and no_opt["opt_kept"] and no_opt["sched_kept"]
+        assert no_opt["counters"] == (2, 2, 0)
+        assert full["params_loaded"] and full["opt_loaded"] and not full["sched_kept"] and full["counters"] == (2, 2, 0)
+    if exclude_frozen:
+        meta = json.loads((tmp_path / "a" / "meta.json").read_text())
+        assert meta["excluded"] and all("embed_positions" in n for n in meta["excluded"])
+
+
+def test_save_16bit_model_refuses_a_path_as_file_name(world, tmp_path: Path) -> None:
+    spec = RunSpec(model="opt", steps=1, stage=2)
+    with pytest.raises(RemoteError, match="save_filename"):
+        world(2).run(save_16bit, spec, str(tmp_path / "w"), "../escape.bin", True)
+    assert not (tmp_path / "escape.bin").exists()

@@ -212,3 +212,24 @@ def save_16bit(spec: RunSpec, out: str, name: str, gather: bool) -> dict[str, An
     names = {n: full[first].to(engine.compute_dtype)
              for first, ns in param_aliases(engine.module).items() for n in ns}
     return {"result": result, "expected": names if rank == 0 else None}
+
+
+def deepspeed_load_options(spec: RunSpec, root: str, exclude_frozen: bool) -> dict[str, Any]:
+    """Save after two steps (optionally without frozen parameters); load into engines that trained one step with
+    DeepSpeed's options. What each load replaced (params / optimizer state / counters) versus kept."""
+    engine, _, rank = trained(spec, 2)
+    engine.save_checkpoint(root, tag="a", client_state={"epoch": 3}, exclude_frozen_parameters=exclude_frozen)
+    saved = {"params": engine.full_parameters(), "opt": snapshot(engine)["opt"]}
+    out: dict[str, Any] = {}
+    for label, kwargs in {"module_only": {"load_module_only": True},
+                          "no_optimizer": {"load_optimizer_states": False, "load_lr_scheduler_states": False},
+                          "full": {}}.items():
+        fresh, _, _ = trained(spec, 1)
+        before = snapshot(fresh)
+        path, client = fresh.load_checkpoint(root, "a", **kwargs)
+        after = snapshot(fresh)
+        out[label] = {"path_name": Path(path).name, "client": client,
+                      "params_loaded": same(fresh.full_parameters(), saved["params"]),
+                      "opt_kept": same(after["opt"], before["opt"]), "opt_loaded": same(after["opt"], saved["opt"]),
+                      "sched_kept": same(after["sched"], before["sched"]), "counters": after["counters"]}
+    return out
