@@ -338,3 +338,11 @@ def test_save_16bit_model_refuses_a_path_as_file_name(world, tmp_path: Path) -> 
     with pytest.raises(RemoteError, match="save_filename"):
         world(2).run(save_16bit, spec, str(tmp_path / "w"), "../escape.bin", True)
     assert not (tmp_path / "escape.bin").exists()
+
+
+@pytest.mark.parametrize("tag", ["../good", "/etc", "x.partial-1"])
+def test_export_refuses_hostile_tags(ckpt: Path, tmp_path: Path, tag: str, capsys: pytest.CaptureFixture[str]) -> None:
+    before = digest(tmp_path)
+    assert main(["export", str(ckpt), str(tmp_path / "out"), "--tag", tag]) == 1
+    assert "invalid checkpoint tag" in capsys.readouterr().err
+    assert digest(tmp_path) == before
