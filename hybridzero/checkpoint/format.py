@@ -147,7 +147,9 @@ def validate_meta(meta: Any, file: Path) -> None:
         for g, part in entry.items():
             if g not in groups or not isinstance(part, dict):
                 raise _fail(file, f"rank {r}: unknown group {g!r}")
-            lo, hi, keys = part.get("lo"), part.get("hi"), part.get("keys")
+            lo: Any = part.get("lo")
+            hi: Any = part.get("hi")
+            keys = part.get("keys")
             if not (_is_int(lo) and _is_int(hi) and lo <= hi <= groups[g]["padded_numel"]):
                 raise _fail(file, f"rank {r}, group '{g}': range [{lo}, {hi}) is outside [0, "
                                   f"{groups[g]['padded_numel']})")

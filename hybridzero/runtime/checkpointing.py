@@ -151,7 +151,7 @@ def _meta(engine: Checkpointable, tag: str, ranks: list[dict[str, Any]], exclude
                 continue
             params[slot.spec.name] = {"group": g.name, "offset": slot.spec.offset, "numel": slot.spec.numel,
                                       "shape": list(slot.spec.shape), "aliases": aliases[slot.spec.name]}
-    hf = getattr(engine.module, "config", None)
+    hf: Any = getattr(engine.module, "config", None)
     gas = engine.gradient_accumulation_steps
     return {"format": 2, "tag": tag, "world_size": engine.comm.world_size, "stage": engine.config.zero.stage,
             "global_steps": engine.global_steps, "micro_steps": engine.micro_steps - engine.micro_steps % gas,
@@ -282,6 +282,9 @@ def _missing_params(engine: Checkpointable, tag: SavedTag, strict: bool) -> set[
 
 
 def _check_state_keys(what: str, saved: Any, current: dict[str, Any], where: Path) -> dict[str, Any]:
+    if saved is None:
+        raise ValueError(f"{where}: no {what} state saved (load with load_lr_scheduler_states=False to keep the "
+                         "engine's)")
     if not isinstance(saved, dict) or set(saved) != set(current):
         got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(f"{where}: {what} state has keys {got}, the engine's has {sorted(current)}")

@@ -96,10 +96,10 @@ def _saved_keys(tag: SavedTag) -> dict[str, dict[str, str]]:
     return out
 
 
-def _keys_for(tag: SavedTag, g: ShardedGroup, lo: int, hi: int, aliases: Mapping[str, Sequence[str]],
+def _keys_for(by_alias: Mapping[str, str], g: ShardedGroup, lo: int, hi: int, aliases: Mapping[str, Sequence[str]],
               keys: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
-    """Per-element keys saved for any parameter overlapping flat range ``[lo, hi)`` of ``g``."""
-    by_alias = {a: info["group"] for info in tag.meta["params"].values() for a in info["aliases"]}
+    """Per-element keys saved for any parameter overlapping flat range ``[lo, hi)`` of ``g`` (``by_alias``: saved
+    parameter name -> saved group)."""
     out: dict[str, str] = {}
     for spec in g.layout.specs:
         if spec.offset < hi and lo < spec.end:
@@ -129,11 +129,12 @@ def stage_optimizer_state(optimizer: torch.optim.Optimizer, groups: Sequence[Sha
             for v in other.values()):
         raise ValueError(f"{where}: malformed per-group state")
     keys = _saved_keys(tag)
+    by_alias = {a: info["group"] for info in tag.meta["params"].values() for a in info["aliases"]}
     new: dict[torch.Tensor, dict[str, Any]] = {}
     for k, leaf, g, a, b in leaf_ranges(optimizer, groups):
         lo = 0 if g.master_is_whole else g.layout.shard_range(rank)[0]
         state: dict[str, Any] = {}
-        for key, dtype in _keys_for(tag, g, lo + a, lo + b, aliases, keys).items():
+        for key, dtype in _keys_for(by_alias, g, lo + a, lo + b, aliases, keys).items():
             value = read_range(g.layout.specs, lo + a, lo + b, SavedSource(tag, key), aliases, skip=missing)
             state[key] = value.to(device=leaf.device, dtype=DTYPES[dtype])
         for key, entry in other.get(str(k), {}).items():
