@@ -11,15 +11,18 @@ from typing import Any
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from hybridzero.checkpoint import CheckpointError, list_tags, verify_tag
 from hybridzero.cli import main
+from tests.harness.models import tiny_llama
 from tests.harness.parity import RunSpec
 from tests.harness.spawn import RemoteError
 from tests.workers.ckpt import edit_json
 from tests.workers.ckpt_trust import (
     deepspeed_load_options,
     failing_load,
+    from_pretrained_error,
     hostile_save,
     killed_save,
     load_params,
@@ -304,7 +307,6 @@ def test_save_16bit_model(world, tmp_path: Path, name: str) -> None:
     if name.endswith(".bin"):
         got = torch.load(file, weights_only=True)
     else:
-        from safetensors.torch import load_file
         got = load_file(file)
     expected = on[0]["expected"]
     assert set(expected) <= set(got) and "lm_head.weight" in got
@@ -346,3 +348,18 @@ def test_export_refuses_hostile_tags(ckpt: Path, tmp_path: Path, tag: str, capsy
     assert main(["export", str(ckpt), str(tmp_path / "out"), "--tag", tag]) == 1
     assert "invalid checkpoint tag" in capsys.readouterr().err
     assert digest(tmp_path) == before
+
+
+@pytest.mark.parametrize("damage", ["transposed", "oversized"])
+def test_from_pretrained_checks_every_shape(world, tmp_path: Path, damage: str) -> None:
+    model = tiny_llama(seed=0)
+    model.save_pretrained(tmp_path, safe_serialization=True)
+    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+    victim = "model.layers.1.self_attn.o_proj.weight"
+    w = state[victim]
+    state[victim] = w.t().contiguous() if damage == "transposed" else torch.cat([w, w[:1]])
+    if damage == "transposed":
+        assert state[victim].shape != w.shape  # the tiny model's dims are not square
+    save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    out = world(1).run(from_pretrained_error, str(tmp_path))[0]
+    assert out.startswith("ValueError") and victim in out and "shape" in out, out

@@ -233,3 +233,14 @@ def deepspeed_load_options(spec: RunSpec, root: str, exclude_frozen: bool) -> di
                       "opt_kept": same(after["opt"], before["opt"]), "opt_loaded": same(after["opt"], saved["opt"]),
                       "sched_kept": same(after["sched"], before["sched"]), "counters": after["counters"]}
     return out
+
+
+def from_pretrained_error(path: str) -> str:
+    """``hybridzero.from_pretrained`` of a damaged HF directory: the error text (or 'loaded')."""
+    hybridzero.init_distributed()
+    cfg = ds_config(RunSpec(stage=3), torch.distributed.get_world_size())
+    try:
+        hybridzero.from_pretrained(path, cfg)
+        return "loaded"
+    except ValueError as exc:
+        return f"ValueError: {exc}"
