@@ -36,6 +36,11 @@ SPEC = RunSpec(model="opt", steps=3, optimizer="client", scheduler=True)
 TAG = "global_step1"
 
 
+def quick_first(values: list[Any]) -> list[Any]:
+    """Parameters for a family of cases: the first in the quick subset, the rest marked slow (CI runs all)."""
+    return [v if i == 0 else pytest.param(v, marks=pytest.mark.slow) for i, v in enumerate(values)]
+
+
 def digest(root: Path) -> str:
     """Hash of every path and file content under ``root``."""
     h = hashlib.sha256()
@@ -84,7 +89,7 @@ PICKLE_TARGETS = ["rank_00000.safetensors", "rank_00001.safetensors", "meta.json
                   "state.safetensors", "manifest.json"]
 
 
-@pytest.mark.parametrize("target", PICKLE_TARGETS)
+@pytest.mark.parametrize("target", quick_first(PICKLE_TARGETS))
 def test_pickle_in_checkpoint_never_runs_on_load(world, ckpt: Path, good: Path, tmp_path: Path, target: str) -> None:
     marker = tmp_path / "pwned"
     (ckpt / TAG / target).write_bytes(payload_bytes(str(marker)))
@@ -92,7 +97,7 @@ def test_pickle_in_checkpoint_never_runs_on_load(world, ckpt: Path, good: Path, 
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("target", PICKLE_TARGETS)
+@pytest.mark.parametrize("target", quick_first(PICKLE_TARGETS))
 def test_pickle_in_checkpoint_never_runs_on_export(ckpt: Path, tmp_path: Path, target: str,
                                                    capsys: pytest.CaptureFixture[str]) -> None:
     marker = tmp_path / "pwned"
@@ -122,7 +127,7 @@ HOSTILE_TAGS = ["../escaped", "/tmp/abs-tag", "a/b", ".", "..", "x.partial-1", "
                 "back\\slash"]
 
 
-@pytest.mark.parametrize("tag", HOSTILE_TAGS)
+@pytest.mark.parametrize("tag", quick_first(HOSTILE_TAGS))
 def test_hostile_tag_refused_on_save(world, tmp_path: Path, tag: str) -> None:
     root = tmp_path / "save"
     (tmp_path / "escaped").mkdir()
@@ -134,15 +139,15 @@ def test_hostile_tag_refused_on_save(world, tmp_path: Path, tag: str) -> None:
     assert not Path("/tmp/abs-tag").exists()
 
 
-@pytest.mark.parametrize("tag", HOSTILE_TAGS)
+@pytest.mark.parametrize("tag", quick_first(HOSTILE_TAGS))
 def test_hostile_tag_refused_on_load(world, ckpt: Path, good: Path, tag: str) -> None:
     before = digest(ckpt.parent)
     refused(world, ckpt, good, "invalid checkpoint tag", tag=tag)
     assert digest(ckpt.parent) == before
 
 
-@pytest.mark.parametrize("content", [b"../ckpt/global_step1", b"/etc", b"a/b", b"..", b"", b"\xff\xfe",
-                                     b"global_step1.partial-x", b"x" * 5000])
+@pytest.mark.parametrize("content", quick_first([b"../ckpt/global_step1", b"/etc", b"a/b", b"..", b"", b"\xff\xfe",
+                                                 b"global_step1.partial-x", b"x" * 5000]))
 def test_hostile_latest_refused(world, ckpt: Path, good: Path, content: bytes) -> None:
     (ckpt / "latest").write_bytes(content)
     before = digest(ckpt.parent)
@@ -175,7 +180,8 @@ def _flip(file: Path, at: int) -> None:
     file.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("target", ["rank_00001.safetensors", "meta.json", "state.json", "state.safetensors"])
+@pytest.mark.parametrize("target", quick_first(["rank_00001.safetensors", "meta.json", "state.json",
+                                                "state.safetensors"]))
 def test_flipped_byte(world, ckpt: Path, good: Path, target: str) -> None:
     _flip(ckpt / TAG / target, -20)
     refused(world, ckpt, good, target, "checksum mismatch")
@@ -229,7 +235,7 @@ METADATA_DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(METADATA_DAMAGE))
+@pytest.mark.parametrize("case", quick_first(sorted(METADATA_DAMAGE)))
 def test_inconsistent_metadata(world, ckpt: Path, good: Path, case: str) -> None:
     """The manifest is re-signed: only the consistency checks stand between this file and the engine."""
     edit, needle = METADATA_DAMAGE[case]
@@ -248,7 +254,7 @@ STATE_DAMAGE = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(STATE_DAMAGE))
+@pytest.mark.parametrize("case", quick_first(sorted(STATE_DAMAGE)))
 def test_inconsistent_state(world, ckpt: Path, good: Path, case: str) -> None:
     edit, needle = STATE_DAMAGE[case]
     edit_json(ckpt / TAG, "state.json", edit)
@@ -274,7 +280,7 @@ def test_verify_tag(ckpt: Path) -> None:
 
 
 # --- a killed save leaves the previous checkpoint loadable ----------------------------------------------------
-@pytest.mark.parametrize("point", ["rank_file", "publish", "latest", "resave_aside", "resave_publish"])
+@pytest.mark.parametrize("point", quick_first(["publish", "rank_file", "latest", "resave_aside", "resave_publish"]))
 def test_killed_save_leaves_a_loadable_checkpoint(world, tmp_path: Path, point: str) -> None:
     pool = world(2, env={"HYBRIDZERO_TEST": f"kill-{point}"})
     with pytest.raises(RemoteError):
