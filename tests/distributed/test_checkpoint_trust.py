@@ -369,3 +369,12 @@ def test_from_pretrained_checks_every_shape(world, tmp_path: Path, damage: str) 
     save_file(state, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     out = world(1).run(from_pretrained_error, str(tmp_path))[0]
     assert out.startswith("ValueError") and victim in out and "shape" in out, out
+
+
+def test_export_refuses_inconsistent_metadata(ckpt: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``world_size: 0`` once loaded as an all-zero model and exported with status 0."""
+    edit_json(ckpt / TAG, "meta.json", lambda m: {**m, "world_size": 0})
+    assert main(["export", str(ckpt), str(tmp_path / "out")]) == 1
+    assert "meta.json" in capsys.readouterr().err and not (tmp_path / "out").exists()
+    with pytest.raises(CheckpointError, match="world_size must be an integer > 0"):
+        verify_tag(ckpt)
