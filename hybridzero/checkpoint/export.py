@@ -228,6 +228,10 @@ def export_hf(ckpt_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     out = Path(out_dir)
     _check_out_dir(out)
     meta, source = _open(ckpt_dir, tag)
+    if meta.get("excluded"):
+        raise ValueError(f"checkpoint saved with exclude_frozen_parameters: {len(meta['excluded'])} parameters "
+                         f"(e.g. {meta['excluded'][0]!r}) are not in it, so it cannot become a complete model; "
+                         "save without exclude_frozen_parameters to export")
     config = _hf_config(meta, dtype)
     plan = plan_shards(_entries(meta), torch.empty((), dtype=torch_dtype).element_size(), max_shard_bytes)
     out.parent.mkdir(parents=True, exist_ok=True)

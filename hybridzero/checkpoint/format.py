@@ -134,6 +134,9 @@ def validate_meta(meta: Any, file: Path) -> None:
     for key in ("global_steps", "micro_steps", "skipped_steps"):
         if not _is_int(meta.get(key)):
             raise _fail(file, f"{key} must be an integer >= 0, got {meta.get(key)!r}")
+    excluded = meta.get("excluded", [])
+    if not isinstance(excluded, list) or not all(isinstance(n, str) for n in excluded):
+        raise _fail(file, "excluded must be a list of parameter names")
     groups, ranks, params = meta.get("groups"), meta.get("ranks"), meta.get("params")
     if not isinstance(groups, dict) or not all(_is_int(g.get("padded_numel") if isinstance(g, dict) else None)
                                                for g in groups.values()):

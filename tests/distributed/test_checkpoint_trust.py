@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hybridzero.checkpoint import CheckpointError, list_tags, verify_tag
+from hybridzero.checkpoint.export import export_hf
 from hybridzero.cli import main
 from tests.harness.models import tiny_llama
 from tests.harness.parity import RunSpec
@@ -339,6 +340,8 @@ def test_deepspeed_load_options(world, tmp_path: Path, exclude_frozen: bool) -> 
     if exclude_frozen:
         meta = json.loads((tmp_path / "a" / "meta.json").read_text())
         assert meta["excluded"] and all("embed_positions" in n for n in meta["excluded"])
+        with pytest.raises(ValueError, match="exclude_frozen_parameters"):  # not a complete model
+            export_hf(tmp_path, tmp_path / "out", "a")
 
 
 def test_save_16bit_model_refuses_a_path_as_file_name(world, tmp_path: Path) -> None:
