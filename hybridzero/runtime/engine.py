@@ -28,15 +28,16 @@ from hybridzero.optim import sharded
 from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
+from hybridzero.runtime import checkpointing, weights16
 from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
 from hybridzero.runtime.fragments import TensorFragments
 from hybridzero.runtime.hybrid import generation_mode, hybrid_generate
 from hybridzero.zero.coordinator import ZeroCoordinator
-from hybridzero.checkpoint.hf_source import TensorSource
+from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import materialize
 from hybridzero.zero.gathered import GatheredParameters, ZeroParamOwner
 from hybridzero.zero.groups import ShardedGroup, ShardMode
-from hybridzero.zero.partition import plan_groups
+from hybridzero.zero.partition import param_aliases, plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.qgz import HierarchicalQuantizedReduce
 from hybridzero.zero.reduce import GradReducer, reduction_scales
@@ -121,10 +122,7 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         stage = self.config.zero.stage
         threshold = self.config.zero.param_persistence_threshold if stage == 3 else 0
         mode = {0: ShardMode.DDP, 1: ShardMode.PARAMS_WHOLE, 2: ShardMode.PARAMS_WHOLE, 3: ShardMode.ZERO3}[stage]
-        by_id: dict[int, list[str]] = {}
-        for name, p in self.module.named_parameters(remove_duplicate=False):
-            by_id.setdefault(id(p), []).append(name)
-        aliases = {names[0]: names for names in by_id.values()}
+        aliases = param_aliases(self.module)
         meta = materialize.has_meta(self.module)
         init_fn = materialize.default_init_fn(self.module)
         if meta:
@@ -340,22 +338,32 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         return generation_mode(self.coordinator, max_gathered_bytes)
 
     def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict[str, Any] | None = None,
-                        save_latest: bool = True) -> Any:
-        """Write a sharded, atomic checkpoint (every rank calls it); see :mod:`hybridzero.checkpoint.engine_io`."""
-        from hybridzero.checkpoint.engine_io import save
+                        save_latest: bool = True, exclude_frozen_parameters: bool = False) -> bool:
+        """DeepSpeed's ``save_checkpoint``: a sharded, checksummed, atomic checkpoint (every rank calls it; also
+        inside an accumulation window, without the partial gradients). See :mod:`hybridzero.runtime.checkpointing`."""
+        return checkpointing.save(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
 
-        self.release_held()
+    def load_checkpoint(self, load_dir: str, tag: str | None = None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False) -> tuple[str | None, Any]:
+        """DeepSpeed's ``load_checkpoint``: ``(load_path, client_state)``, ``(None, None)`` when there is nothing to
+        load. Verified on every rank before anything changes: a bad checkpoint raises ``CheckpointError`` on every
+        rank and leaves the engine as it was."""
+        staged = checkpointing.prepare_load(self, load_dir, tag, load_module_strict, load_optimizer_states,
+                                            load_lr_scheduler_states, load_module_only)
+        if staged is None:
+            return None, None
         with failure_guard(self.comm):
-            return save(self, save_dir, tag, client_state, save_latest)
+            return checkpointing.apply_load(self, staged)
 
-    def load_checkpoint(self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True,
-                        load_lr_scheduler_states: bool = True) -> tuple[Any, Any]:
-        """Restore from a checkpoint of any world size; returns ``(path, client_state)`` like DeepSpeed."""
-        from hybridzero.checkpoint.engine_io import load
-
+    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """DeepSpeed's ``save_16bit_model``: consolidated weights in the compute dtype, written by rank 0 (every
+        rank calls it); False and nothing written at stage 3 without ``stage3_gather_16bit_weights_on_model_save``."""
         self.release_held()
-        with failure_guard(self.comm):
-            return load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
+        gather = self.config.zero.stage != 3 or self.config.zero.gather_16bit_weights_on_model_save
+        full = self.full_parameters() if gather else None
+        return weights16.save_16bit_model(self, full, save_dir, save_filename, exclude_frozen_parameters)
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank."""

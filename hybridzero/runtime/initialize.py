@@ -17,11 +17,11 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from hybridzero import comm as comm_api
-from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.comm.collectives import Comm
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config
 from hybridzero.runtime.engine import Engine, failure_guard
+from hybridzero.tensor_source import TensorSource
 
 _LOG = logging.getLogger("hybridzero")
 
