@@ -31,6 +31,7 @@ from hybridzero.optim.schedulers import build_scheduler
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.zero import materialize
+from hybridzero.zero.init_source import built_under_init, release_from_init, stage_group
 from hybridzero.zero.groups import ShardedGroup, ShardMode
 from hybridzero.zero.partition import plan_groups
 from hybridzero.zero.prefetch import Prefetcher
@@ -68,7 +69,10 @@ class Engine:
         self.config = config
         self.comm = comm
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.module = module if materialize.has_meta(module) else module.to(self.device)
+        if built_under_init(module):  # zero.Init: parameters are placeholders, their shards come from its store
+            self.module = materialize.move_buffers(module, self.device)
+        else:
+            self.module = module if materialize.has_meta(module) else module.to(self.device)
         self.compute_dtype = config.compute_dtype
         self.reduce_dtype = _DTYPES[config.communication_data_type] if config.communication_data_type else self.compute_dtype
         self.global_steps = 0
@@ -112,6 +116,7 @@ class Engine:
             by_id.setdefault(id(p), []).append(name)
         aliases = {names[0]: names for names in by_id.values()}
         meta = materialize.has_meta(self.module)
+        init_built = built_under_init(self.module)
         init_fn = materialize.default_init_fn(self.module)
         if meta:
             materialize.materialize_buffers(self.module, self.device, init_fn)
@@ -124,10 +129,14 @@ class Engine:
                 params = [self.module.get_parameter(n) for n in plan.param_names]
             named = sharded.order_for_optimizer(list(zip(plan.param_names, params)), index_of)
             group_mode = ShardMode.PERSISTENT if plan.replicated else mode
+            # zero.Init: this rank's pieces of the group, gathered one parameter at a time from the Init store
+            group_source = stage_group(named, group_mode, self.comm) if init_built else source
             groups.append(ShardedGroup(i, plan.name, plan.owner, named, self.comm, self.compute_dtype,
-                                       self.reduce_dtype, self.device, mode=group_mode, source=source,
+                                       self.reduce_dtype, self.device, mode=group_mode, source=group_source,
                                        aliases={n: aliases[n] for n, _ in named}, hpz=self.hpz,
                                        quantize_block=self._qwz_block(plan.name, named)))
+        if init_built:
+            release_from_init(slot.param for group in groups for slot in group.slots)
         return groups
 
     def _qwz_block(self, name: str, named: list[tuple[str, nn.Parameter]]) -> int | None:

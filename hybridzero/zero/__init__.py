@@ -1,0 +1,1 @@
+from hybridzero.zero.init import Init as Init  # DeepSpeed: deepspeed.zero.Init
