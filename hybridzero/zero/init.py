@@ -33,7 +33,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils import _pytree as pytree
 from torch.utils.hooks import RemovableHandle
 
 from hybridzero.comm.collectives import Comm, init_distributed
@@ -59,7 +58,7 @@ class _OpenOnUse(TorchFunctionMode):
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if not self.store.busy:
-            self._prepare([a for a in pytree.tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)])
+            self._prepare(_tensors_in((args, kwargs)))
         return func(*args, **kwargs)
 
     def _prepare(self, tensors: list[torch.Tensor]) -> None:
@@ -67,10 +66,21 @@ class _OpenOnUse(TorchFunctionMode):
         wanted = [t for t in tensors if store.owns(t)]
         open_params = store.open_params()
         if open_params:
-            by_storage = {_storage_ptr(p): p for p in open_params}
+            by_storage = {ptr: p for p in open_params if (ptr := _storage_ptr(p)) != 0}
             wanted += [by_storage[ptr] for ptr in map(_storage_ptr, tensors) if ptr in by_storage]
         if wanted:
             store.use(wanted, MAX_OPEN)
+
+
+def _tensors_in(obj: Any) -> list[torch.Tensor]:
+    """Every tensor in ``obj``, looking inside tuples, lists and dict values (how torch calls pass tensors)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for item in obj for t in _tensors_in(item)]
+    if isinstance(obj, dict):
+        return [t for item in obj.values() for t in _tensors_in(item)]
+    return []
 
 
 def _storage_ptr(t: torch.Tensor) -> int:

@@ -43,6 +43,7 @@ def test_enabled_false_is_eager_and_exceptions_remove_hooks(world) -> None:
         assert r["hooks"][0] == r["hooks"][1]
         assert len(r["errors"]) == 3
         assert "remote_device='nvme'" in r["errors"][0] and "mpu" in r["errors"][1] and "dtype" in r["errors"][2]
+        assert "call it after the block" in r["initialize_inside"]
 
 
 @pytest.mark.slow
@@ -52,14 +53,15 @@ def test_init_never_holds_the_whole_model(world) -> None:
     What a rank may hold at its peak: its slices (1/W of the model), up to ``MAX_OPEN`` parameters whole between
     torch calls, and while one more is opened or partitioned three transient full copies of it (the gathered or
     freshly built value, the padded broadcast buffer, the slice being cut) — so (MAX_OPEN + 3) × the largest
-    parameter — plus 48 MiB for the allocator and the communication library. That bound is 0.56 of the model's
-    bytes; the measured RSS high-water growth must stay below it, and after the block the live tensors are 1/W."""
+    parameter — plus 16 MiB for allocator bookkeeping and the communication library's buffers. That bound is 0.50 of
+    the model's bytes; the RSS high-water growth (reset before the block; allocations of 32 KiB and more mmapped so
+    freed memory leaves at once) must stay below it (measured: 0.36, against 1.0 for eager construction), and after
+    the block the live tensors are 1/W of the model."""
     results = world(4, env={"HYBRIDZERO_TEST": "zero_init_memory"}).run(init_peak_memory, 12, timeout=500)
     for r in results:
         model_bytes = 4 * r["numel"]
-        bound = model_bytes / 4 + (MAX_OPEN + 3) * 4 * r["largest"] + 48 * 2**20
-        print(r, bound, model_bytes)
-        assert bound < 0.6 * model_bytes
+        bound = model_bytes / 4 + (MAX_OPEN + 3) * 4 * r["largest"] + 16 * 2**20
+        assert bound < 0.55 * model_bytes
         assert r["rss_growth"] < bound, (r, bound)
         assert r["open_after"] == 0
         assert r["held"] < model_bytes / 4 * 1.01

@@ -3,6 +3,7 @@ made by constructors survive, the hooks do not outlive the block, and no rank ev
 from __future__ import annotations
 
 import contextlib
+import ctypes
 from typing import Any
 
 import torch
@@ -10,7 +11,7 @@ from torch import nn
 
 from tests.harness.models import MODEL_FACTORIES
 from tests.harness.parity import RunSpec, batches_for, ds_config
-from tests.workers.construction import _large_allocations_return_to_os, live_tensor_bytes
+from tests.workers.construction import live_tensor_bytes
 
 
 def _gathered(params: list[nn.Parameter], modifier_rank: int | None) -> contextlib.AbstractContextManager[None]:
@@ -172,8 +173,15 @@ def enabled_false_and_exceptions() -> dict[str, Any]:
             hybridzero.zero.Init(**kwargs)
         except ValueError as exc:
             bad.append(str(exc))
+    inside = ""
+    with hybridzero.zero.Init():
+        small = nn.Sequential(nn.Linear(5, 3), nn.Linear(3, 7))
+        try:
+            hybridzero.initialize(model=small, config=ds_config(RunSpec(), torch.distributed.get_world_size()))
+        except RuntimeError as exc:
+            inside = str(exc)
     return {"eager_ok": eager_ok, "unowned": unowned, "raised": raised, "hooks": (hooks, after_hooks),
-            "whole_after": whole, "errors": bad}
+            "whole_after": whole, "errors": bad, "initialize_inside": inside}
 
 
 def big_llama(layers: int) -> nn.Module:
@@ -182,6 +190,15 @@ def big_llama(layers: int) -> nn.Module:
 
     return tiny_llama(hidden_size=512, intermediate_size=2047, num_attention_heads=8, num_key_value_heads=2,
                       head_dim=64, vocab_size=101, num_hidden_layers=layers)
+
+
+def _allocations_return_to_os() -> None:
+    """glibc: serve every allocation of 32 KiB or more with its own mmap (also the per-rank shards of 1M-element
+    parameters, just under 1 MiB at world 4), so freed temporaries leave the process at once and the RSS high-water
+    mark measures live memory rather than heap the allocator keeps."""
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallopt(-3, 32 << 10)  # M_MMAP_THRESHOLD
+    libc.mallopt(-1, 32 << 10)  # M_TRIM_THRESHOLD
 
 
 def _reset_peak_rss() -> int:
@@ -204,7 +221,7 @@ def init_peak_memory(layers: int) -> dict[str, Any]:
     (reset just before) during construction, the live tensor bytes after it, and the model's sizes."""
     import hybridzero
 
-    _large_allocations_return_to_os()
+    _allocations_return_to_os()
     hybridzero.init_distributed()
     big_llama(1)  # import and warm up the model classes outside the measurement
     live0 = live_tensor_bytes()
