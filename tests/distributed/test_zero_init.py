@@ -28,6 +28,14 @@ def test_hf_model_built_under_init_equals_eager(world, model: str, world_size: i
         assert r["store_released"] and r["owner_is_not_init"]
 
 
+@pytest.mark.parametrize("stage", [0, 2])
+def test_lower_stages_take_their_shards_from_init(world, stage: int) -> None:
+    """Stages 0-2 keep parameters whole after ``initialize``; their groups still read from the Init store."""
+    for r in world(2).run(hf_model_matches_eager, "llama", stage, timeout=300):
+        assert r["mismatched"] == [] and r["losses"][0] == r["losses"][1]
+        assert r["store_released"] and r["owner_is_not_init"]
+
+
 @pytest.mark.parametrize("nested", [False, True])
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_constructor_writes_survive(world, world_size: int, nested: bool) -> None:
