@@ -11,6 +11,7 @@ from tests.workers.zero_init import (
     enabled_false_and_exceptions,
     hf_model_matches_eager,
     init_peak_memory,
+    module_argument_partitions_a_built_model,
 )
 
 
@@ -43,6 +44,11 @@ def test_constructor_writes_survive(world, world_size: int, nested: bool) -> Non
     inside ``__init__``, tied weights and a top-level parameter: equal to the eager module built as rank 0."""
     for r in world(world_size).run(custom_module_matches_eager, nested, timeout=300):
         assert r == {"before": [], "after": [], "names": True, "tied": True, "padding_row": r["padding_row"]}
+
+
+def test_module_argument_partitions_a_built_model(world) -> None:
+    assert world(3).run(module_argument_partitions_a_built_model, timeout=300) == [
+        {"placeholders": True, "mismatched": [], "names": True}] * 3
 
 
 def test_enabled_false_is_eager_and_exceptions_remove_hooks(world) -> None:

@@ -63,6 +63,23 @@ def hf_model_matches_eager(model: str, stage: int) -> dict[str, Any]:
             "owner_is_not_init": all(REGISTRY.owner_of(p) is not init.store for p in engine.module.parameters())}
 
 
+def module_argument_partitions_a_built_model() -> dict[str, Any]:
+    """``zero.Init(module=model)`` partitions an eagerly built model at once; ``initialize`` then equals eager."""
+    import hybridzero
+
+    hybridzero.init_distributed()
+    model = MODEL_FACTORIES["gpt2_tied"](seed=0)
+    want = {n: p.detach().clone() for n, p in model.named_parameters()}
+    init = hybridzero.zero.Init(module=model)
+    assert init.store is not None
+    placeholders = all(p.stride() == (0,) * p.dim() for p in model.parameters())
+    engine, *_ = hybridzero.initialize(model=model, config=ds_config(RunSpec(model="gpt2_tied"),
+                                                                     torch.distributed.get_world_size()))
+    got = engine.full_parameters()
+    return {"placeholders": placeholders, "mismatched": [n for n in want if not torch.equal(want[n], got[n])],
+            "names": sorted(got) == sorted(want)}
+
+
 def custom_init_(module: nn.Module) -> None:
     """A user's init function: xavier for every Linear weight, then halved through ``.data``."""
     for m in module.modules():
