@@ -20,7 +20,7 @@ subclass's ``__init__`` for the duration of the block. We replace nothing. Two p
 
 Invariants: every rank runs the same constructor, so opens and closes (collectives) line up; the context owns no
 state beyond its store, its mode and its hook handles, and an exception inside the block removes the hooks and
-leaves no parameter open (no collective is issued on that path). Nested contexts: the outermost one partitions (its
+leaves no parameter open (the context's exit issues no collective on that path). Nested contexts: the outermost one partitions (its
 hooks run first and a parameter is claimed only while nobody owns it); inner ones only see parameters they own.
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from types import TracebackType
-from typing import Any
+from typing import Any, Self, cast
 
 import torch
 from torch import nn
@@ -41,7 +41,7 @@ from hybridzero.config import load_config
 from hybridzero.zero.init_store import InitStore
 from hybridzero.zero.registry import REGISTRY
 
-__all__ = ["Init", "MAX_OPEN"]
+__all__ = ["MAX_OPEN", "Init"]
 
 MAX_OPEN = 4
 """Parameters kept whole between torch calls (least recently used closed first): enough for ``b.data.copy_(a.data)``
@@ -63,7 +63,7 @@ class _OpenOnUse(TorchFunctionMode):
 
     def _prepare(self, tensors: list[torch.Tensor]) -> None:
         store = self.store
-        wanted = [t for t in tensors if store.owns(t)]
+        wanted = [cast(nn.Parameter, t) for t in tensors if store.owns(t)]
         open_params = store.open_params()
         if open_params:
             by_storage = {ptr: p for p in open_params if (ptr := _storage_ptr(p)) != 0}
@@ -146,7 +146,7 @@ class Init:
             self._partition_tree(module)
 
     # --- context manager ------------------------------------------------------------------------------------------
-    def __enter__(self) -> "Init":
+    def __enter__(self) -> Self:
         if self.store is None:
             return self
         if self.store.active:

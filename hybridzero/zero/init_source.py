@@ -24,7 +24,7 @@ from hybridzero.zero.init_store import InitStore
 from hybridzero.zero.layout import build_layout, intersect
 from hybridzero.zero.registry import REGISTRY
 
-__all__ = ["StagedSource", "init_store_of", "built_under_init", "stage_group", "release_from_init"]
+__all__ = ["StagedSource", "built_under_init", "init_store_of", "release_from_init", "stage_group"]
 
 
 class StagedSource:

@@ -22,11 +22,10 @@ Invariants:
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-
-import weakref
 
 import torch
 from torch import nn
@@ -38,7 +37,7 @@ from hybridzero.zero.layout import padded_numel
 __all__ = ["InitStore", "placeholder"]
 
 
-def _nothing(store: "InitStore") -> None:
+def _nothing(store: InitStore) -> None:
     """Finalizer of a partitioned parameter: holds its store until the parameter dies (see the invariants)."""
     del store
 
