@@ -8,6 +8,7 @@ import pytest
 from hybridzero.zero.init import MAX_OPEN
 from tests.workers.zero_init import (
     custom_module_matches_eager,
+    differently_seeded_ranks_agree_on_rank_0,
     enabled_false_and_exceptions,
     hf_model_matches_eager,
     init_peak_memory,
@@ -44,6 +45,10 @@ def test_constructor_writes_survive(world, world_size: int, nested: bool) -> Non
     inside ``__init__``, tied weights and a top-level parameter: equal to the eager module built as rank 0."""
     for r in world(world_size).run(custom_module_matches_eager, nested, timeout=300):
         assert r == {"before": [], "after": [], "names": True, "tied": True, "padding_row": r["padding_row"]}
+
+
+def test_differently_seeded_ranks_agree_on_rank_0(world) -> None:
+    assert world(2).run(differently_seeded_ranks_agree_on_rank_0, timeout=300) == [[], []]
 
 
 def test_module_argument_partitions_a_built_model(world) -> None:

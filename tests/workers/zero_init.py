@@ -63,6 +63,21 @@ def hf_model_matches_eager(model: str, stage: int) -> dict[str, Any]:
             "owner_is_not_init": all(REGISTRY.owner_of(p) is not init.store for p in engine.module.parameters())}
 
 
+def differently_seeded_ranks_agree_on_rank_0() -> list[str]:
+    """Each rank seeds differently (``seed=rank``); the Init-built model is rank 0's eager model on every rank, as
+    an eager-built model handed to ``initialize`` is (every partition and re-partition broadcasts from rank 0)."""
+    import hybridzero
+
+    hybridzero.init_distributed()
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    want = {n: p.detach().clone() for n, p in MODEL_FACTORIES["llama"](seed=0).named_parameters()}
+    with hybridzero.zero.Init():
+        model = MODEL_FACTORIES["llama"](seed=rank)
+    engine, *_ = hybridzero.initialize(model=model, config=ds_config(RunSpec(), world))
+    got = engine.full_parameters()
+    return [n for n in want if not torch.equal(want[n], got[n])]
+
+
 def module_argument_partitions_a_built_model() -> dict[str, Any]:
     """``zero.Init(module=model)`` partitions an eagerly built model at once; ``initialize`` then equals eager."""
     import hybridzero
