@@ -31,7 +31,7 @@ from hybridzero.optim.schedulers import build_scheduler
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.zero import materialize
-from hybridzero.zero.init_source import built_under_init, release_from_init, stage_group
+from hybridzero.zero.init_source import init_stores, release_from_init, stage_group
 from hybridzero.zero.groups import ShardedGroup, ShardMode
 from hybridzero.zero.partition import plan_groups
 from hybridzero.zero.prefetch import Prefetcher
@@ -69,7 +69,8 @@ class Engine:
         self.config = config
         self.comm = comm
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        if built_under_init(module):  # zero.Init: parameters are placeholders, their shards come from its store
+        self._init_stores = init_stores(module)  # zero.Init: parameters are placeholders, shards in these stores
+        if self._init_stores:
             self.module = materialize.move_buffers(module, self.device)
         else:
             self.module = module if materialize.has_meta(module) else module.to(self.device)
@@ -116,7 +117,6 @@ class Engine:
             by_id.setdefault(id(p), []).append(name)
         aliases = {names[0]: names for names in by_id.values()}
         meta = materialize.has_meta(self.module)
-        init_built = built_under_init(self.module)
         init_fn = materialize.default_init_fn(self.module)
         if meta:
             materialize.materialize_buffers(self.module, self.device, init_fn)
@@ -130,13 +130,13 @@ class Engine:
             named = sharded.order_for_optimizer(list(zip(plan.param_names, params)), index_of)
             group_mode = ShardMode.PERSISTENT if plan.replicated else mode
             # zero.Init: this rank's pieces of the group, gathered one parameter at a time from the Init store
-            group_source = stage_group(named, group_mode, self.comm) if init_built else source
+            group_source = stage_group(named, group_mode, self.comm, self._init_stores) if self._init_stores else source
             groups.append(ShardedGroup(i, plan.name, plan.owner, named, self.comm, self.compute_dtype,
                                        self.reduce_dtype, self.device, mode=group_mode, source=group_source,
                                        aliases={n: aliases[n] for n, _ in named}, hpz=self.hpz,
                                        quantize_block=self._qwz_block(plan.name, named)))
-        if init_built:
-            release_from_init(slot.param for group in groups for slot in group.slots)
+        release_from_init(self._init_stores, [slot.param for group in groups for slot in group.slots])
+        self._init_stores = []  # released: the engine is the only owner now
         return groups
 
     def _qwz_block(self, name: str, named: list[tuple[str, nn.Parameter]]) -> int | None:

@@ -24,7 +24,7 @@ from hybridzero.zero.init_store import InitStore
 from hybridzero.zero.layout import build_layout, intersect
 from hybridzero.zero.registry import REGISTRY
 
-__all__ = ["StagedSource", "built_under_init", "init_store_of", "release_from_init", "stage_group"]
+__all__ = ["StagedSource", "init_store_of", "init_stores", "release_from_init", "stage_group"]
 
 
 class StagedSource:
@@ -53,21 +53,24 @@ class StagedSource:
 
 
 def init_store_of(param: torch.Tensor) -> InitStore | None:
-    """The ``zero.Init`` store that holds ``param``'s slices, or ``None``."""
+    """The ``zero.Init`` store that holds ``param``'s slices (found through the registry), or ``None``."""
     owner = REGISTRY.owner_of(param)
     return owner if isinstance(owner, InitStore) and owner.owns(param) else None
 
 
-def built_under_init(module: nn.Module) -> bool:
-    """True if any parameter of ``module`` is held by a ``zero.Init`` store; raises while that context is open."""
+def init_stores(module: nn.Module) -> list[InitStore]:
+    """The ``zero.Init`` stores holding parameters of ``module`` (empty when it was built eagerly); raises while
+    one of those contexts is still open. The engine keeps this list, so later changes of owner in the registry
+    cannot hide a store from it."""
     stores = {id(s): s for s in (init_store_of(p) for p in module.parameters()) if s is not None}
     if any(s.active for s in stores.values()):
         raise RuntimeError("hybridzero.initialize() was called inside the zero.Init block that built the model; "
                            "call it after the block")
-    return bool(stores)
+    return list(stores.values())
 
 
-def stage_group(named: Sequence[tuple[str, nn.Parameter]], mode: ShardMode, comm: Comm) -> StagedSource:
+def stage_group(named: Sequence[tuple[str, nn.Parameter]], mode: ShardMode, comm: Comm,
+                stores: Sequence[InitStore]) -> StagedSource:
     """This rank's pieces of a group of ``mode`` whose parameters are ``named`` in layout order (a collective).
 
     The range mirrors :class:`~hybridzero.zero.groups.ShardedGroup`: the whole buffer for DDP and persistent
@@ -78,7 +81,7 @@ def stage_group(named: Sequence[tuple[str, nn.Parameter]], mode: ShardMode, comm
     lo, hi = (0, layout.padded_numel) if whole else layout.shard_range(comm.rank)
     shapes, dtypes, pieces = {}, {}, {}
     for spec, (name, param) in zip(layout.specs, named):
-        full = _full_value(param, comm)
+        full = _full_value(param, comm, stores)
         shapes[name], dtypes[name] = spec.shape, full.dtype
         hit = intersect((lo, hi), (spec.offset, spec.end))
         if hit is not None:
@@ -88,8 +91,8 @@ def stage_group(named: Sequence[tuple[str, nn.Parameter]], mode: ShardMode, comm
     return StagedSource(shapes, dtypes, pieces)
 
 
-def _full_value(param: nn.Parameter, comm: Comm) -> torch.Tensor:
-    store = init_store_of(param)
+def _full_value(param: nn.Parameter, comm: Comm, stores: Sequence[InitStore]) -> torch.Tensor:
+    store = next((s for s in stores if s.owns(param)), None)
     if store is not None:
         return store.full_value(param)
     with torch.no_grad():  # built outside zero.Init: whole already; rank 0's value, as for eager-built models
@@ -98,10 +101,10 @@ def _full_value(param: nn.Parameter, comm: Comm) -> torch.Tensor:
     return full
 
 
-def release_from_init(params: Iterable[nn.Parameter]) -> None:
-    """Make the ``zero.Init`` stores forget ``params`` (the engine's groups hold their shards now)."""
-    for p in params:
-        store = init_store_of(p)
-        if store is not None:
-            store.release([p])
-            REGISTRY.unregister([p], store)
+def release_from_init(stores: Sequence[InitStore], params: Iterable[nn.Parameter]) -> None:
+    """Make ``stores`` forget ``params`` (the engine's groups hold their shards now), in the registry too."""
+    plist = list(params)
+    for store in stores:
+        mine = [p for p in plist if store.owns(p)]
+        store.release(mine)
+        REGISTRY.unregister(mine, store)
