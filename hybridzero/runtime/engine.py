@@ -36,6 +36,7 @@ from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import materialize
 from hybridzero.zero.gathered import GatheredParameters, ZeroParamOwner
+from hybridzero.zero.init_source import init_stores, release_from_init, stage_group
 from hybridzero.zero.groups import ShardedGroup, ShardMode
 from hybridzero.zero.partition import param_aliases, plan_groups
 from hybridzero.zero.prefetch import Prefetcher
@@ -76,7 +77,11 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         self.config = config
         self.comm = comm
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.module = module if materialize.has_meta(module) else module.to(self.device)
+        self._init_stores = init_stores(module)  # zero.Init: parameters are placeholders, shards in these stores
+        if self._init_stores:
+            self.module = materialize.move_buffers(module, self.device)
+        else:
+            self.module = module if materialize.has_meta(module) else module.to(self.device)
         self.compute_dtype = config.compute_dtype
         self.reduce_dtype = _DTYPES[config.communication_data_type] if config.communication_data_type else self.compute_dtype
         self.global_steps = 0
@@ -136,10 +141,14 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
                 params = [self.module.get_parameter(n) for n in plan.param_names]
             named = sharded.order_for_optimizer(list(zip(plan.param_names, params)), index_of)
             group_mode = ShardMode.PERSISTENT if plan.replicated else mode
+            # zero.Init: this rank's pieces of the group, gathered one parameter at a time from the Init store
+            group_source = stage_group(named, group_mode, self.comm, self._init_stores) if self._init_stores else source
             groups.append(ShardedGroup(i, plan.name, plan.owner, named, self.comm, self.compute_dtype,
-                                       self.reduce_dtype, self.device, mode=group_mode, source=source,
+                                       self.reduce_dtype, self.device, mode=group_mode, source=group_source,
                                        aliases={n: aliases[n] for n, _ in named}, hpz=self.hpz,
                                        quantize_block=self._qwz_block(plan.name, named)))
+        release_from_init(self._init_stores, [slot.param for group in groups for slot in group.slots])
+        self._init_stores = []  # released: the engine is the only owner now
         return groups
 
     def _qwz_block(self, name: str, named: list[tuple[str, nn.Parameter]]) -> int | None:
