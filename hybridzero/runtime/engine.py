@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 
 from hybridzero.comm import topology
-from hybridzero.comm.collectives import Comm, abort_process_group
+from hybridzero.comm.collectives import Comm
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config
 from hybridzero.optim import sharded
@@ -43,18 +42,16 @@ _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 @contextlib.contextmanager
 def failure_guard(comm: Comm) -> Iterator[None]:
-    """Re-raise any exception after posting it to the peers, so none of them hangs.
-
-    An exception inside a training call is fatal to the job: peers blocked on gloo see the posted failure within
-    about a second and raise :class:`PeerFailure`; on backends whose waits do not poll (NCCL) the process group is
-    also torn down so that peers' collectives fail fast."""
+    """Re-raise any exception after :meth:`Comm.fail`: unless every rank agreed on it, the failure is posted and the
+    process group torn down, so each peer raises :class:`PeerFailure` at its pending or next collective (however
+    fast) and this rank cannot issue collectives that no longer pair with its peers'. A transport error caused by a
+    peer's failure is re-raised as that :class:`PeerFailure`."""
     try:
         yield
     except Exception as exc:
-        if comm.world_size > 1:
-            comm.post_failure("".join(traceback.format_exception_only(type(exc), exc)).strip())
-            if not comm.polls:
-                abort_process_group()
+        instead = comm.fail(exc)
+        if instead is not None:
+            raise instead from exc
         raise
 
 
@@ -82,6 +79,9 @@ class Engine:
             rank=comm.rank, log=_LOG.warning if comm.rank == 0 else None)
         self.skipped_steps = 0
         self.overflow = False
+        # fp32/bf16: skip (on every rank) a boundary step whose gradients hold inf/nan anywhere, as fp16 does
+        self.skip_nonfinite_steps = bool(getattr(config, "skip_nonfinite_steps", False))
+        self.nonfinite_skipped_steps = 0
         self.hpz = self._hpz_comm()
         index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
         self.groups = self._build_groups(blocks, index_of, source)
@@ -235,6 +235,8 @@ class Engine:
         self.overflow = False
         if self.config.fp16.enabled and not self._unscale_or_skip():
             return
+        if not self.config.fp16.enabled and self.skip_nonfinite_steps and self._skip_nonfinite():
+            return
         if self.config.gradient_clipping > 0:
             self.last_grad_norm = float(sharded.clip_grad_shards(self.groups, self.comm, self.config.gradient_clipping))
         trained = [g for g in self.groups if g.n_trainable > 0]  # frozen groups never change: nothing to move
@@ -263,10 +265,26 @@ class Engine:
             group.grad_shard.div_(used)
         return True
 
+    def _skip_nonfinite(self) -> bool:
+        """fp32/bf16 with ``skip_nonfinite_steps``: the fp16 overflow agreement without a loss scale (one MAX
+        all-reduce of a local inf/nan flag). On inf/nan anywhere every rank drops the gradients and skips the update,
+        optimizer and scheduler untouched (True); the step still counts in ``global_steps``."""
+        if not self.check_overflow():
+            return False
+        self.overflow = True
+        self.skipped_steps += 1
+        self.nonfinite_skipped_steps += 1
+        self.zero_grad()
+        if self.comm.rank == 0:
+            _LOG.warning("[hybridzero] OVERFLOW! Rank 0 Skipping step %d. Non-finite (inf/nan) gradients with %s; "
+                         "skipped steps: %d", self.global_steps + 1, self.compute_dtype, self.skipped_steps)
+        return True
+
     def check_overflow(self) -> bool:
-        """fp16: True if any rank's gradient shards hold inf/nan (a counted MAX all-reduce; every rank calls it,
-        before ``step``). Without fp16 it is False and exchanges nothing. Leaves the loss scale alone."""
-        if not self.config.fp16.enabled:
+        """True if any rank's gradient shards hold inf/nan (a counted MAX all-reduce; every rank calls it, before
+        ``step``), with fp16 or ``skip_nonfinite_steps``. Otherwise False, exchanging nothing. Leaves the loss scale
+        alone."""
+        if not (self.config.fp16.enabled or self.skip_nonfinite_steps):
             return False
         flag = overflow_flag([g.grad_shard for g in self.groups], device=self.device)
         self.comm.all_reduce(flag, op="max", phase="step")
@@ -329,11 +347,15 @@ class Engine:
     def generate(self, *args: Any, max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
         """Hybrid-engine generation (HF ``generate`` arguments): parameters gathered once, no collective while
         decoding, shards untouched. See :mod:`hybridzero.runtime.hybrid`."""
-        from hybridzero.runtime.hybrid import hybrid_generate
+        from hybridzero.runtime.hybrid import gathered_bytes, hybrid_generate
 
-        # No failure guard: in full mode nothing is exchanged until exit, so an exception here (a stopping criterion,
-        # a logits processor) is local; it reaches the caller unchanged and the engine stays usable.
-        return hybrid_generate(self, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
+        # Full mode exchanges nothing until exit, so an exception there (a stopping criterion, a logits processor) is
+        # local: it reaches the caller unchanged and the engine stays usable. Bucketed mode (the same test as
+        # generation_mode's) is HF's synced generation over the ZeRO-3 hooks: peers wait in collectives this rank
+        # left, so an exception there is fatal to the group and reaches every peer as PeerFailure.
+        bucketed = max_gathered_bytes is not None and gathered_bytes(self) > max_gathered_bytes
+        with failure_guard(self.comm) if bucketed else contextlib.nullcontext():
+            return hybrid_generate(self, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
 
     def generation_mode(self, max_gathered_bytes: int | None = None) -> Any:
         """``with engine.generation_mode():`` — the module runs on fully gathered parameters inside the block."""

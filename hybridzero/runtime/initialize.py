@@ -23,15 +23,9 @@ from hybridzero.runtime.engine import Engine, failure_guard
 
 
 def agree(comm: Comm, error: BaseException | None, what: str) -> None:
-    """Raise on every rank if any rank has ``error`` (each peer re-raises the first failing rank's exception)."""
-    errors = comm.all_gather_object(error, phase="init")
-    if error is not None:
-        raise error
-    for rank, err in enumerate(errors):
-        if err is not None:
-            if hasattr(err, "add_note"):
-                err.add_note(f"(raised on rank {rank} during {what}; this is rank {comm.rank})")
-            raise err
+    """Raise on every rank if any rank has ``error`` (each peer re-raises the first failing rank's exception); an
+    agreed error leaves the process group up (see :meth:`Comm.agree`)."""
+    comm.agree(error, what, phase="init")
 
 
 def _dataloader(data: Dataset, cfg: Config, comm: Comm, collate_fn: Callable[..., Any] | None) -> DataLoader:
