@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import traceback
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -354,8 +355,27 @@ class Engine:
         # generation_mode's) is HF's synced generation over the ZeRO-3 hooks: peers wait in collectives this rank
         # left, so an exception there is fatal to the group and reaches every peer as PeerFailure.
         bucketed = max_gathered_bytes is not None and gathered_bytes(self) > max_gathered_bytes
-        with failure_guard(self.comm) if bucketed else contextlib.nullcontext():
+        if not bucketed:
             return hybrid_generate(self, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
+        with failure_guard(self.comm):
+            try:
+                return hybrid_generate(self, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
+            except Exception as exc:
+                self._leave_synced_generation(exc)
+                raise
+
+    def _leave_synced_generation(self, exc: BaseException) -> None:
+        """HF's synced generation all-reduces a "still generating" flag (SUM; 0 means every rank is done) before each
+        decode step, with a raw collective no poll can watch. An exception between two forwards (a logits processor,
+        a stopping criterion) leaves every peer waiting there: post the failure, then join that one all-reduce as a
+        finished rank, so each peer either runs its next forward (whose first gather blocks and reports the failure)
+        or leaves generate and reports it at its next collective. After a failed forward nothing is joined: the
+        coordinator has already failed the group and the peers wait in gathers, which poll."""
+        if self.comm.world_size == 1 or self.comm.failures.failed is not None:
+            return
+        self.comm.post_failure("".join(traceback.format_exception_only(type(exc), exc)).strip())
+        finished = torch.zeros((), dtype=torch.float32, device=self.device)
+        self.comm.all_reduce(finished, phase="generate")
 
     def generation_mode(self, max_gathered_bytes: int | None = None) -> Any:
         """``with engine.generation_mode():`` — the module runs on fully gathered parameters inside the block."""
