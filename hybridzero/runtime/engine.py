@@ -399,7 +399,14 @@ class Engine:
 
         self.release_held()
         with failure_guard(self.comm):
-            return load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
+            result, error = None, None
+            try:  # loading exchanges nothing, so every rank gets here: agree, and all raise or none does
+                result = load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
+            except Exception as exc:  # noqa: BLE001 - agreed on below, then re-raised on every rank
+                error = exc
+            self.comm.agree(error, "load_checkpoint", phase="checkpoint")
+            assert result is not None
+            return result
 
     def memory_report(self) -> dict[str, int]:
         """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank."""
