@@ -11,10 +11,8 @@ that no peer hangs.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -28,6 +26,7 @@ from hybridzero.optim import sharded
 from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
+from hybridzero.runtime.failures import failure_guard, leave_synced_generation
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.zero import materialize
@@ -39,21 +38,6 @@ from hybridzero.zero.reduce import GradReducer
 
 _LOG = logging.getLogger("hybridzero")
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@contextlib.contextmanager
-def failure_guard(comm: Comm) -> Iterator[None]:
-    """Re-raise any exception after :meth:`Comm.fail`: unless every rank agreed on it, the failure is posted and the
-    process group torn down, so each peer raises :class:`PeerFailure` at its pending or next collective (however
-    fast) and this rank cannot issue collectives that no longer pair with its peers'. A transport error caused by a
-    peer's failure is re-raised as that :class:`PeerFailure`."""
-    try:
-        yield
-    except Exception as exc:
-        instead = comm.fail(exc)
-        if instead is not None:
-            raise instead from exc
-        raise
 
 
 class Engine:
@@ -361,21 +345,8 @@ class Engine:
             try:
                 return hybrid_generate(self, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
             except Exception as exc:
-                self._leave_synced_generation(exc)
+                leave_synced_generation(self.comm, exc, self.device)
                 raise
-
-    def _leave_synced_generation(self, exc: BaseException) -> None:
-        """HF's synced generation all-reduces a "still generating" flag (SUM; 0 means every rank is done) before each
-        decode step, with a raw collective no poll can watch. An exception between two forwards (a logits processor,
-        a stopping criterion) leaves every peer waiting there: post the failure, then join that one all-reduce as a
-        finished rank, so each peer either runs its next forward (whose first gather blocks and reports the failure)
-        or leaves generate and reports it at its next collective. After a failed forward nothing is joined: the
-        coordinator has already failed the group and the peers wait in gathers, which poll."""
-        if self.comm.world_size == 1 or self.comm.failures.failed is not None:
-            return
-        self.comm.post_failure("".join(traceback.format_exception_only(type(exc), exc)).strip())
-        finished = torch.zeros((), dtype=torch.float32, device=self.device)
-        self.comm.all_reduce(finished, phase="generate")
 
     def generation_mode(self, max_gathered_bytes: int | None = None) -> Any:
         """``with engine.generation_mode():`` — the module runs on fully gathered parameters inside the block."""

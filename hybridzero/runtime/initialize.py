@@ -2,7 +2,7 @@
 
 Invariant: every rank either returns an engine or raises; a failure on one rank during construction is agreed on
 before any parameter collective (so peers raise the same error instead of hanging), and a failure after that point
-tears the process group down (see :func:`hybridzero.runtime.engine.failure_guard`).
+fails the process group on every rank (see :func:`hybridzero.runtime.failures.failure_guard`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.comm.collectives import Comm, init_distributed
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config
-from hybridzero.runtime.engine import Engine, failure_guard
+from hybridzero.runtime.engine import Engine
+from hybridzero.runtime.failures import failure_guard
 
 
 def agree(comm: Comm, error: BaseException | None, what: str) -> None:

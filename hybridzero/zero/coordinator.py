@@ -21,6 +21,10 @@ Phases come from the engine's own root-level events (DESIGN invariant 3)::
   reduction completed and every group released. Forward hooks firing inside BACKWARD (activation-checkpoint
   recomputation) only make sure the group is gathered.
 
+* A root forward that raises (also ``engine.module(...)`` or ``engine.module.generate(...)`` called directly, which no
+  engine guard wraps) ends its phase as usual and then fails the group (:meth:`Comm.fail`): peers waiting in the
+  gathers this rank will never issue raise ``PeerFailure`` instead of waiting for the timeout.
+
 After each phase end :meth:`ZeroCoordinator.is_quiescent` holds (checked by ``engine.assert_quiescent()``).
 """
 from __future__ import annotations

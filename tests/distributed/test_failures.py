@@ -6,9 +6,15 @@ import time
 import pytest
 import torch
 
-from tests.workers.failures import (FAILING_RANK, caught_failure_then_continue, generate_fails_on_one_rank,
-                                    init_with_bad_config_on, nonfinite_loss_run, step_fails_on)
 from tests.harness.spawn import RemoteError
+from tests.workers.failures import (
+    FAILING_RANK,
+    caught_failure_then_continue,
+    generate_fails_on_one_rank,
+    init_with_bad_config_on,
+    nonfinite_loss_run,
+    step_fails_on,
+)
 
 
 @pytest.mark.parametrize(("bad", "words"), [
@@ -53,7 +59,7 @@ _PG_TIMEOUT_S = 120.0  # the pool's gloo timeout: a report that came from it wou
 @pytest.mark.parametrize(("where", "timing", "error"), [
     ("forward", "slow", "IndexError"),
     ("module_forward", "slow", "IndexError"),
-    ("backward", "fast", "injected failure in backward"),
+    pytest.param("backward", "fast", "injected failure in backward", marks=pytest.mark.slow),  # a fresh pool each
     ("backward", "slow", "injected failure in backward"),
     ("step", "fast", "injected failure in optimizer step"),
 ])

@@ -161,8 +161,9 @@ def generate_fails_on_one_rank(kind: str) -> dict[str, Any]:
     ``engine.generate`` on the per-forward path (a logits processor raises at decode step 2); "module" is
     ``engine.module.generate`` under the hooks (block 0's forward raises at its 3rd call). Returns each rank's
     outcome, its next engine call's outcome, and whether the rank marked itself failed."""
-    import hybridzero
     from transformers import LogitsProcessorList
+
+    import hybridzero
 
     hybridzero.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
