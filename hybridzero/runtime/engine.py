@@ -345,7 +345,9 @@ class Engine:
             try:
                 return hybrid_generate(self, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
             except Exception as exc:
-                leave_synced_generation(self.comm, exc, self.device)
+                # HF syncs when asked, or by default for a module that declares itself sharded (ZeRO-3 here)
+                if kwargs.get("synced_gpus", getattr(self.module, "_is_fsdp_managed_module", False)):
+                    leave_synced_generation(self.comm, exc, self.device)
                 raise
 
     def generation_mode(self, max_gathered_bytes: int | None = None) -> Any:

@@ -30,7 +30,8 @@ def failure_guard(comm: Comm) -> Iterator[None]:
 
 
 def leave_synced_generation(comm: Comm, exc: BaseException, device: torch.device) -> None:
-    """After ``exc`` escaped Hugging Face's synced generation (``synced_gpus``) on this rank, before the guard fails it.
+    """After ``exc`` escaped Hugging Face's synced generation (``synced_gpus``) on this rank, before the guard fails it
+    (call it only when generation was synced: otherwise no peer waits in that all-reduce).
 
     HF all-reduces a "still generating" flag (SUM; 0 means every rank is done) before each decode step, with a raw
     collective no poll can watch. An exception between two forwards (a logits processor, a stopping criterion)
