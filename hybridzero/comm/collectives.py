@@ -267,24 +267,23 @@ class Comm:
             self.failures.agreed = raised
             raise raised
 
-    def fail(self, exc: BaseException) -> PeerFailure | None:
+    def fail(self, exc: BaseException) -> None:
         """``exc`` escaped a call that issues collectives on this rank: unless it was agreed (:meth:`agree`), post it
         (first failure wins), mark this rank failed and tear the process group down, so every peer's pending and next
-        collective raises :class:`PeerFailure` at once. Returns the :class:`PeerFailure` to raise instead of ``exc``
-        when ``exc`` is only a consequence of a peer's posted failure (e.g. a transport error in a collective issued
-        outside this wrapper), else ``None``. Idempotent; never raises; a no-op without peers."""
+        collective raises :class:`PeerFailure`. When a peer had already failed, ``exc`` (kept as it is: it may be a
+        genuine error of this rank's own) gets a note naming that first failure. Idempotent; never raises; a no-op
+        without peers."""
         if self._local or _world_info(None)[1] == 1 or self._is_agreed(exc):
-            return None
+            return
         posted = self.peer_failure()
         peer = posted if posted is not None and not posted.startswith(f"rank {self._global_rank()}:") else None
         if peer is None and not isinstance(exc, PeerFailure):
             self.post_failure(_describe(exc))
         if self.failures.failed is None:
             self.failures.failed = peer or f"rank {self._global_rank()}: {_describe(exc)}"
+            if peer is not None and not isinstance(exc, PeerFailure) and hasattr(exc, "add_note"):
+                exc.add_note(f"(a peer failed first: {peer})")
         abort_process_group()
-        if peer is not None and not isinstance(exc, PeerFailure):
-            return PeerFailure(f"collective on group '{self.name}' aborted because {peer}")
-        return None
 
     def _is_agreed(self, exc: BaseException) -> bool:
         agreed, seen = self.failures.agreed, 0

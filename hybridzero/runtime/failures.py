@@ -19,13 +19,11 @@ from hybridzero.comm.collectives import Comm
 def failure_guard(comm: Comm) -> Iterator[None]:
     """Re-raise any exception after :meth:`Comm.fail`: unless every rank agreed on it, the failure is posted and this
     rank issues no further collective, so each peer raises :class:`PeerFailure` at its pending or next collective
-    (however fast). A transport error caused by a peer's failure is re-raised as that :class:`PeerFailure`."""
+    (however fast)."""
     try:
         yield
     except Exception as exc:
-        instead = comm.fail(exc)
-        if instead is not None:
-            raise instead from exc
+        comm.fail(exc)
         raise
 
 
