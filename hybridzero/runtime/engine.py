@@ -11,17 +11,15 @@ that no peer hangs.
 """
 from __future__ import annotations
 
-import contextlib
 import logging
-import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from hybridzero.comm import topology
-from hybridzero.comm.collectives import Comm, abort_process_group
+from hybridzero.comm.collectives import Comm
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config
 from hybridzero.optim import sharded
@@ -30,14 +28,15 @@ from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
 from hybridzero.runtime import checkpointing, weights16
 from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
+from hybridzero.runtime.failures import failure_guard, leave_synced_generation
 from hybridzero.runtime.fragments import TensorFragments
-from hybridzero.runtime.hybrid import generation_mode, hybrid_generate
-from hybridzero.zero.coordinator import ZeroCoordinator
+from hybridzero.runtime.hybrid import gathered_bytes, generation_mode, hybrid_generate
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import materialize
+from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.gathered import GatheredParameters, ZeroParamOwner
-from hybridzero.zero.init_source import init_stores, release_from_init, stage_group
 from hybridzero.zero.groups import ShardedGroup, ShardMode
+from hybridzero.zero.init_source import init_stores, release_from_init, stage_group
 from hybridzero.zero.partition import param_aliases, plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.qgz import HierarchicalQuantizedReduce
@@ -46,23 +45,6 @@ from hybridzero.zero.registry import REGISTRY
 
 _LOG = logging.getLogger("hybridzero")
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@contextlib.contextmanager
-def failure_guard(comm: Comm) -> Iterator[None]:
-    """Re-raise any exception after posting it to the peers, so none of them hangs.
-
-    An exception inside a training call is fatal to the job: peers blocked on gloo see the posted failure within
-    about a second and raise :class:`PeerFailure`; on backends whose waits do not poll (NCCL) the process group is
-    also torn down so that peers' collectives fail fast."""
-    try:
-        yield
-    except Exception as exc:
-        if comm.world_size > 1:
-            comm.post_failure("".join(traceback.format_exception_only(type(exc), exc)).strip())
-            if not comm.polls:
-                abort_process_group()
-        raise
 
 
 class Engine(DeepSpeedEngineAPI, nn.Module):
@@ -95,6 +77,9 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
             rank=comm.rank, log=_LOG.warning if comm.rank == 0 else None)
         self.skipped_steps = 0
         self.overflow = False
+        # fp32/bf16: skip (on every rank) a boundary step whose gradients hold inf/nan anywhere, as fp16 does
+        self.skip_nonfinite_steps = bool(getattr(config, "skip_nonfinite_steps", False))
+        self.nonfinite_skipped_steps = 0
         self.hpz = self._hpz_comm()
         index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
         self.groups = self._build_groups(blocks, index_of, source)
@@ -254,6 +239,8 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         self.overflow = False
         if self.config.fp16.enabled and not self._unscale_or_skip():
             return
+        if not self.config.fp16.enabled and self.skip_nonfinite_steps and self._skip_nonfinite():
+            return
         if self.config.gradient_clipping > 0:
             self.last_grad_norm = float(sharded.clip_grad_shards(self.groups, self.comm, self.config.gradient_clipping))
         trained = [g for g in self.groups if g.n_trainable > 0]  # frozen groups never change: nothing to move
@@ -282,10 +269,26 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
             group.grad_shard.div_(used)
         return True
 
+    def _skip_nonfinite(self) -> bool:
+        """fp32/bf16 with ``skip_nonfinite_steps``: the fp16 overflow agreement without a loss scale (one MAX
+        all-reduce of a local inf/nan flag). On inf/nan anywhere every rank drops the gradients and skips the update,
+        optimizer and scheduler untouched (True); the step still counts in ``global_steps``."""
+        if not self.check_overflow():
+            return False
+        self.overflow = True
+        self.skipped_steps += 1
+        self.nonfinite_skipped_steps += 1
+        self.zero_grad()
+        if self.comm.rank == 0:
+            _LOG.warning("[hybridzero] OVERFLOW! Rank 0 Skipping step %d. Non-finite (inf/nan) gradients with %s; "
+                         "skipped steps: %d", self.global_steps + 1, self.compute_dtype, self.skipped_steps)
+        return True
+
     def check_overflow(self) -> bool:
-        """fp16: True if any rank's gradient shards hold inf/nan (a counted MAX all-reduce; every rank calls it,
-        before ``step``). Without fp16 it is False and exchanges nothing. Leaves the loss scale alone."""
-        if not self.config.fp16.enabled:
+        """True if any rank's gradient shards hold inf/nan (a counted MAX all-reduce; every rank calls it, before
+        ``step``), with fp16 or ``skip_nonfinite_steps``. Otherwise False, exchanging nothing. Leaves the loss scale
+        alone."""
+        if not (self.config.fp16.enabled or self.skip_nonfinite_steps):
             return False
         flag = overflow_flag([g.grad_shard for g in self.groups], device=self.device)
         self.comm.all_reduce(flag, op="max", phase="step")
@@ -337,10 +340,23 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
     def generate(self, *args: Any, max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
         """Hybrid-engine generation (HF ``generate`` arguments): parameters gathered once, no collective while
         decoding, shards untouched. See :mod:`hybridzero.runtime.hybrid`."""
-        # No failure guard: in full mode nothing is exchanged until exit, so an exception here (a stopping criterion,
-        # a logits processor) is local; it reaches the caller unchanged and the engine stays usable.
-        return hybrid_generate(self.coordinator, self.config.hybrid_engine.max_out_tokens, *args,
-                               max_gathered_bytes=max_gathered_bytes, **kwargs)
+        # Full mode exchanges nothing until exit, so an exception there (a stopping criterion, a logits processor) is
+        # local: it reaches the caller unchanged and the engine stays usable. Bucketed mode (the same test as
+        # generation_mode's) is HF's synced generation over the ZeRO-3 hooks: peers wait in collectives this rank
+        # left, so an exception there is fatal to the group and reaches every peer as PeerFailure.
+        limit = self.config.hybrid_engine.max_out_tokens
+        bucketed = max_gathered_bytes is not None and gathered_bytes(self.coordinator) > max_gathered_bytes
+        if not bucketed:
+            return hybrid_generate(self.coordinator, limit, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
+        with failure_guard(self.comm):
+            try:
+                return hybrid_generate(self.coordinator, limit, *args, max_gathered_bytes=max_gathered_bytes,
+                                       **kwargs)
+            except Exception as exc:
+                # HF syncs when asked, or by default for a module that declares itself sharded (ZeRO-3 here)
+                if kwargs.get("synced_gpus", getattr(self.module, "_is_fsdp_managed_module", False)):
+                    leave_synced_generation(self.comm, exc, self.device)
+                raise
 
     def generation_mode(self, max_gathered_bytes: int | None = None) -> Any:
         """``with engine.generation_mode():`` — the module runs on fully gathered parameters inside the block."""
