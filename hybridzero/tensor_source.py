@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["TensorSource", "resolve_name"]
+__all__ = ["TensorSource", "check_range", "resolve_name"]
 
 
 @runtime_checkable
@@ -54,3 +54,12 @@ def resolve_name(source: TensorSource, aliases: Sequence[str]) -> str:
                 close.append(match)
     hint = f"; close names: {close[:5]}" if close else ""
     raise KeyError(f"none of {list(aliases)} found in {source!r}{hint}")
+
+
+def check_range(name: str, numel: int, lo: int, hi: int) -> None:
+    """Raise ValueError unless ``lo``/``hi`` are ints with ``0 <= lo <= hi <= numel``."""
+    for label, value in (("lo", lo), ("hi", hi)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"{label} for {name!r} must be an int, got {type(value).__name__}")
+    if not 0 <= lo <= hi <= numel:
+        raise ValueError(f"bad range [{lo}, {hi}) for {name!r} with {numel} elements")

@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from hybridzero.tensor_source import TensorSource, resolve_name
+from hybridzero.tensor_source import TensorSource, check_range, resolve_name
 
 __all__ = ["CheckpointFileError", "HFCheckpointSource", "ModuleSource", "TensorSource", "check_against_model",
            "check_range", "resolve_name"]
@@ -60,15 +60,6 @@ _ST_DTYPES: MappingProxyType[str, torch.dtype] = MappingProxyType(
 
 class CheckpointFileError(OSError):
     """A checkpoint file exists but cannot be parsed (truncated, corrupt, or malformed index)."""
-
-
-def check_range(name: str, numel: int, lo: int, hi: int) -> None:
-    """Raise ValueError unless ``lo``/``hi`` are ints with ``0 <= lo <= hi <= numel``."""
-    for label, value in (("lo", lo), ("hi", hi)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"{label} for {name!r} must be an int, got {type(value).__name__}")
-    if not 0 <= lo <= hi <= numel:
-        raise ValueError(f"bad range [{lo}, {hi}) for {name!r} with {numel} elements")
 
 
 def confined_name(index: Path, value: object) -> str:

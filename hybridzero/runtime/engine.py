@@ -30,7 +30,7 @@ from hybridzero.runtime import checkpointing, weights16
 from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
 from hybridzero.runtime.failures import failure_guard, leave_synced_generation
 from hybridzero.runtime.fragments import TensorFragments
-from hybridzero.runtime.hybrid import gathered_bytes, generation_mode, hybrid_generate
+from hybridzero.runtime.hybrid import check_out_tokens, gathered_bytes, generation_mode, hybrid_generate
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import materialize
 from hybridzero.zero.coordinator import ZeroCoordinator
@@ -345,6 +345,7 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         # generation_mode's) is HF's synced generation over the ZeRO-3 hooks: peers wait in collectives this rank
         # left, so an exception there is fatal to the group and reaches every peer as PeerFailure.
         limit = self.config.hybrid_engine.max_out_tokens
+        check_out_tokens(limit, args, kwargs)  # before the guard: a too-long request is not a group failure
         bucketed = max_gathered_bytes is not None and gathered_bytes(self.coordinator) > max_gathered_bytes
         if not bucketed:
             return hybrid_generate(self.coordinator, limit, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)

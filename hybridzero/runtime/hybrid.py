@@ -64,15 +64,20 @@ def generation_mode(coordinator: ZeroCoordinator, max_gathered_bytes: int | None
         module.train(was_training)
 
 
-def hybrid_generate(coordinator: ZeroCoordinator, max_out_tokens: int, *args: Any,
-                    max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
-    """``module.generate`` inside :func:`generation_mode`; checks ``hybrid_engine.max_out_tokens``."""
-    limit = max_out_tokens
+def check_out_tokens(limit: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """Raise ``ValueError`` if prompt length + ``max_new_tokens`` exceeds ``hybrid_engine.max_out_tokens``. Pure and
+    collective-free: the engine checks it before its failure guard, so a too-long request is an ordinary error."""
     ids = kwargs.get("input_ids", args[0] if args else None)
     new = kwargs.get("max_new_tokens")
     if ids is not None and new is not None and ids.shape[-1] + int(new) > limit:
         raise ValueError(f"prompt length {ids.shape[-1]} + max_new_tokens {new} exceeds hybrid_engine.max_out_tokens="
                          f"{limit}; raise hybrid_engine.max_out_tokens or generate fewer tokens")
+
+
+def hybrid_generate(coordinator: ZeroCoordinator, max_out_tokens: int, *args: Any,
+                    max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
+    """``module.generate`` inside :func:`generation_mode`; checks ``hybrid_engine.max_out_tokens``."""
+    check_out_tokens(max_out_tokens, args, kwargs)
     with generation_mode(coordinator, max_gathered_bytes) as mode:
         if mode == "full":
             kwargs.setdefault("synced_gpus", False)  # nothing to synchronize: no collective until exit

@@ -144,24 +144,30 @@ class ZeroParamOwner:
             if modifier_rank is None:
                 sums = [(g.version, _slots_checksum(g, slots)) for g, slots in touched]
             yield
-        except BaseException:
+        except BaseException as exc:
+            # The block's body failed on this rank; its peers may be inside their blocks or already waiting in the
+            # exit's broadcasts. Fail the group (every peer's next collective raises PeerFailure naming this rank)
+            # and leave without a collective: pairing the exit's broadcasts would let the peers carry on silently.
             body_failed = True
+            self.comm.fail(exc)
             raise
         finally:
-            self._exit(touched, modifier_rank, sums, was_gathered, report=not body_failed)
+            self._exit(touched, modifier_rank, sums, was_gathered, failed=body_failed)
 
     def _exit(self, touched: list[tuple[ShardedGroup, list[Slot]]], modifier_rank: int | None,
-              sums: list[tuple[int, torch.Tensor]] | None, was_gathered: set[int], report: bool) -> None:
+              sums: list[tuple[int, torch.Tensor]] | None, was_gathered: set[int], failed: bool) -> None:
+        """Unpin, write back (modifier) or check for unowned edits, release; after a failed body only the local
+        part runs (no collective), and the group is already failed for every peer."""
         editors: list[int] = []
         with torch.no_grad():
             for group, _ in touched:
                 group.pins -= 1
-            if modifier_rank is not None:
+            if modifier_rank is not None and not failed:
                 for group, slots in touched:
                     assert group.full is not None
                     self.comm.broadcast(group.full, modifier_rank, phase=_PHASE)
                     group.absorb_full(slots)
-            elif sums is not None:
+            elif sums is not None and not failed:
                 editors = self._editors(touched, sums)
                 if editors:
                     self._restore(touched, editors, was_gathered)
@@ -169,7 +175,7 @@ class ZeroParamOwner:
                 group.drop_secondary()  # a forward inside the block may have cached values that are gone now
                 if group.index not in was_gathered:
                     self.coordinator.release(group)
-        if editors and report:
+        if editors and not failed:
             raise RuntimeError(
                 f"GatheredParameters: parameters were modified inside the block on rank(s) {editors} without a "
                 f"modifier_rank, so the edit cannot be kept consistently; it was undone on every rank. Pass "

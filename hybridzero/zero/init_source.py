@@ -4,7 +4,7 @@ The engine lays a group's parameters out in one flat buffer and each rank needs 
 holds every parameter as per-parameter slices. :func:`stage_group` walks the group's parameters in layout order
 (the same on every rank), all-gathers one parameter at a time from its store, keeps only the elements this rank's
 range covers and drops the full value, and returns them as a :class:`StagedSource` (a
-:class:`~hybridzero.checkpoint.hf_source.TensorSource`) that the group reads exactly as it reads a checkpoint.
+:class:`~hybridzero.tensor_source.TensorSource`) that the group reads exactly as it reads a checkpoint.
 
 Invariants: at most one parameter is whole at a time (plus this rank's staged pieces, the size of its shard);
 parameters nobody partitioned are broadcast from rank 0 like eager-built ones; afterwards the stores forget the
@@ -17,8 +17,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import nn
 
-from hybridzero.checkpoint.hf_source import check_range
 from hybridzero.comm.collectives import Comm
+from hybridzero.tensor_source import check_range
 from hybridzero.zero.groups import ShardMode
 from hybridzero.zero.init_store import InitStore
 from hybridzero.zero.layout import build_layout, intersect

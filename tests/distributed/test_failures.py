@@ -10,6 +10,7 @@ from tests.harness.spawn import RemoteError
 from tests.workers.failures import (
     FAILING_RANK,
     caught_failure_then_continue,
+    gathered_body_fails_on_one_rank,
     generate_fails_on_one_rank,
     init_with_bad_config_on,
     nonfinite_loss_run,
@@ -114,3 +115,18 @@ def test_nonfinite_loss_on_one_rank_skips_the_step_everywhere(world, dtype: str)
     off = pool.run(nonfinite_loss_run, dtype, False, 1, None)
     assert all(res["applied"] == [True] * 4 and res["skipped"] == 0 for res in off)
     assert all(torch.isnan(value).any() for value in off[0]["params"].values())
+
+
+@pytest.mark.parametrize("modifier", [True, False])
+def test_failure_inside_gathered_parameters_reaches_every_rank(world, modifier: bool) -> None:
+    """A body that raises on one rank inside ``zero.GatheredParameters`` fails the group: the peer's exit collective
+    (the modifier's broadcast, or the unowned-edit agreement) raises PeerFailure naming that rank and error instead
+    of pairing with the failing rank's next collective, and the failing rank's next collective is refused."""
+    pool = world(2, env=_FAILURE_ENV)
+    seen = pool.run(gathered_body_fails_on_one_rank, modifier, timeout=180)
+    peer, failing = seen[1 - FAILING_RANK], seen[FAILING_RANK]
+    assert "injected failure inside GatheredParameters" in failing["caught"], failing
+    assert failing["next"].startswith("PeerFailure") and "refused" in failing["next"], failing
+    assert peer["next"].startswith("PeerFailure") and f"rank {FAILING_RANK}: " in peer["next"], peer
+    assert "injected failure inside GatheredParameters" in peer["next"], peer
+    assert pool.broken, seen

@@ -28,6 +28,7 @@ def test_generation_matches_unsharded(world, world_size: int, model: str) -> Non
         assert r["memory_restored"]
         assert r["raised"] == "boom at decode step 3"
         assert "hybrid_engine.max_out_tokens=512" in r["too_long"]
+        assert "hybrid_engine.max_out_tokens=512" in r["too_long_bucketed"] and r["alive_after"], r
 
 
 @pytest.mark.parametrize("world_size", [2, 3])

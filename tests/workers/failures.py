@@ -219,3 +219,34 @@ def nonfinite_loss_run(dtype: str, skip: bool, nan_at: int | None, omit: int | N
     params = engine.full_parameters()  # a collective: every rank calls it
     return {"params": params if rank == 0 else None, "applied": applied, "skipped": engine.skipped_steps,
             "nonfinite_skipped": engine.nonfinite_skipped_steps, "global_steps": engine.global_steps}
+
+
+# --- a failure inside a GatheredParameters block -------------------------------------------------------------------
+def gathered_body_fails_on_one_rank(modifier: bool) -> dict[str, Any]:
+    """Every rank enters ``zero.GatheredParameters`` on a block's weight; ``FAILING_RANK``'s body raises and is caught.
+    The peer leaves its block normally (with ``modifier`` its exit broadcasts from rank 0; without, it agrees on
+    unowned edits with an all-reduce): that collective must raise PeerFailure naming the failing rank, never pair
+    with a later collective of the failing rank; the failing rank's next collective is refused."""
+    import hybridzero
+
+    hybridzero.init_distributed()
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    spec = RunSpec(model="llama", steps=2)
+    model = build_model(spec)
+    engine, *_ = hybridzero.initialize(model=model, config=ds_config(spec, world))
+    batches = batches_for(spec, world, int(model.config.vocab_size))
+    _train_step(engine, batches[0, 0, rank])
+    target = engine.module.model.layers[0].mlp.up_proj.weight
+    seen: dict[str, Any] = {"caught": "", "next": ""}
+
+    def body() -> None:
+        with hybridzero.zero.GatheredParameters([target], modifier_rank=0 if modifier else None), torch.no_grad():
+            if rank == FAILING_RANK:
+                raise ValueError("injected failure inside GatheredParameters")
+
+    if rank == FAILING_RANK:
+        seen["caught"] = _outcome(body)
+        seen["next"] = _outcome(lambda: _train_step(engine, batches[1, 0, rank]))
+    else:
+        seen["next"] = _outcome(lambda: (body(), _train_step(engine, batches[1, 0, rank])))
+    return seen

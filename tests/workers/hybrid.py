@@ -94,12 +94,19 @@ def hybrid_checks(model_name: str) -> dict[str, Any]:
             too_long = ""
         except ValueError as exc:
             too_long = str(exc)
+        try:  # bucketed mode runs under the failure guard: a too-long request must stay an ordinary error
+            engine.generate(ids, max_new_tokens=engine.config.hybrid_engine.max_out_tokens, max_gathered_bytes=1)
+            too_long_bucketed = ""
+        except ValueError as exc:
+            too_long_bucketed = str(exc)
+        after = engine(input_ids=ids).logits  # the group is alive: this forward's gathers complete on every rank
     engine.assert_quiescent()
     return {"mode": mode, "tokens_equal": torch.equal(got, want) and torch.equal(api, want),
             "early_stop": got.shape[1] < ids.shape[1] + 6, "decode_collectives": decode_calls,
             "logits_gen_vs_zero3": float((gen_logits - zero3_logits).abs().max()),
             "logits_gen_vs_ref": float((gen_logits - ref_logits).abs().max()),
-            "memory_restored": mem0 == mem1 == engine.memory_report(), "raised": raised, "too_long": too_long}
+            "memory_restored": mem0 == mem1 == engine.memory_report(), "raised": raised, "too_long": too_long,
+            "too_long_bucketed": too_long_bucketed, "alive_after": torch.equal(after, zero3_logits)}
 
 
 def train_generate_cycles(spec: RunSpec, generate: bool, budget: int | None = None) -> dict[str, Any]:
