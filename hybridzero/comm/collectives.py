@@ -57,7 +57,7 @@ class FailureState:
 class PendingCollective:
     """Handle of one issued collective. ``wait()`` completes it; calling it again is a no-op."""
 
-    def __init__(self, comm: "Comm", work: Any | None, on_done: Callable[[], None] | None = None) -> None:
+    def __init__(self, comm: Comm, work: Any | None, on_done: Callable[[], None] | None = None) -> None:
         self._comm = comm
         self._work = work
         self._on_done = on_done
@@ -134,7 +134,7 @@ class Comm:
         self._own_rank = 0 if self._local else dist.get_rank()
 
     # --- sub-groups --------------------------------------------------------------------------------------------
-    def split(self, rank_lists: list[list[int]], name: str) -> "Comm":
+    def split(self, rank_lists: list[list[int]], name: str) -> Comm:
         """A Comm over the sub-group of ``rank_lists`` that contains this rank (every rank must call this)."""
         if self._local:
             return self._child(None, name)
@@ -146,7 +146,7 @@ class Comm:
                 mine = pg
         return self._child(mine, name)
 
-    def _child(self, group: Any | None, name: str) -> "Comm":
+    def _child(self, group: Any | None, name: str) -> Comm:
         child = Comm(self.ledger, group, name)
         child.failure_key, child.failures, child.poll_interval_s = self.failure_key, self.failures, self.poll_interval_s
         return child
@@ -166,7 +166,8 @@ class Comm:
         work = dist.all_gather_single(out, inp, group=self.group, async_op=True)
         return self._finish(work, async_op)
 
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, *, phase: str, async_op: bool = False) -> PendingCollective:
+    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, *, phase: str,
+                       async_op: bool = False) -> PendingCollective:
         """Sum ``inp`` (rank-major, ``W * out.numel()``) over ranks; this rank receives its slice in ``out``."""
         w = self.world_size
         nbytes = inp.numel() * inp.element_size()

@@ -72,13 +72,13 @@ class Ledger:
             out.wire_bytes += entry.wire_bytes
         return out
 
-    def copy(self) -> "Ledger":
+    def copy(self) -> Ledger:
         """An independent copy (a mark to measure a window with :meth:`since`)."""
         out = Ledger()
         out._entries = {k: dataclasses.replace(v) for k, v in self._entries.items()}
         return out
 
-    def since(self, mark: "Ledger") -> "Ledger":
+    def since(self, mark: Ledger) -> Ledger:
         """What was recorded after ``mark`` (a :meth:`copy` taken earlier), without resetting anything."""
         out = Ledger()
         for key, entry in self._entries.items():

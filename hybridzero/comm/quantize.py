@@ -31,11 +31,10 @@ All functions are pure: no module-level mutable state, inputs are never modified
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
-from types import MappingProxyType
-
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import torch
 

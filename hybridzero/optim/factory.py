@@ -135,7 +135,7 @@ def _constructor_kwargs(cls: type, defaults: Mapping[str, Any]) -> dict[str, Any
     ``AdamW`` stores ``decoupled_weight_decay=True``); those are restored afterwards.
     """
     try:
-        signature = inspect.signature(cls.__init__)
+        signature = inspect.signature(cls)
     except (TypeError, ValueError):
         return dict(defaults)
     accepted = signature.parameters

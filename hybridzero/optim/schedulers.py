@@ -275,7 +275,7 @@ class DeepSpeedWarmupScheduler(LRScheduler):
         construction (DeepSpeed applies no pre-start lr when resuming)."""
         for group, lr in zip(self.optimizer.param_groups, lrs):
             if isinstance(group["lr"], torch.Tensor):
-                group["lr"].copy_(lr)
+                group["lr"].copy_(torch.as_tensor(lr))
             else:
                 group["lr"] = lr
         self.last_epoch = iteration + 1
@@ -346,7 +346,8 @@ class DeepSpeedWarmupScheduler(LRScheduler):
         self.last_epoch = iteration + 1
         self._step_count = int(state_dict.get("_step_count", iteration + 2))
         saved = state_dict.get("_last_lr")
-        self._last_lr = list(saved) if saved is not None else self.lrs_at(iteration)
+        restored: list[float | torch.Tensor] = list(saved) if saved is not None else list(self.lrs_at(iteration))
+        self._last_lr = restored
 
 
 def build_scheduler(

@@ -239,8 +239,8 @@ def _draw_panel(ax: Any, panel: Panel, series: Mapping[str, list[tuple[float, fl
 def _write_figure(path: Path, spec: ChartSpec, series: Mapping[str, list[tuple[float, float]]]) -> Path:
     """Render ``spec`` (Agg canvas, no pyplot global state) to ``path``."""
     try:  # optional dependency (the `plots` extra): only plotting needs it
-        from matplotlib.backends.backend_agg import FigureCanvasAgg
-        from matplotlib.figure import Figure as MplFigure
+        from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: PLC0415 - optional extra
+        from matplotlib.figure import Figure as MplFigure  # noqa: PLC0415 - optional extra
     except ImportError:
         raise PlotsUnavailable("plotting needs matplotlib: pip install 'hybridzero[plots]'") from None
     n = len(spec.panels)

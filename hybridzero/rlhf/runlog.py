@@ -57,7 +57,7 @@ def metrics_record(step: int, metrics: Mapping[str, float], phase: str, wall_tim
 def open_summary_writer(log_dir: Path) -> SummaryWriter | None:
     """A ``SummaryWriter`` on ``log_dir``, or ``None`` (one warning) when the ``tensorboard`` package is missing."""
     try:  # optional dependency: importing torch.utils.tensorboard fails without the tensorboard package
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional extra
     except ImportError:
         warnings.warn("TensorBoard output skipped: the tensorboard package is not installed "
                       "(pip install 'hybridzero[tensorboard]'); metrics.jsonl has every metric", stacklevel=3)

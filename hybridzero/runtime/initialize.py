@@ -34,8 +34,8 @@ def agree(comm: Comm, error: BaseException | None, what: str) -> None:
 
 
 def _dataloader(data: Dataset, cfg: Config, comm: Comm, collate_fn: Callable[..., Any] | None) -> DataLoader:
-    sampler = DistributedSampler(data, num_replicas=comm.world_size, rank=comm.rank, shuffle=True,
-                                 seed=cfg.seed or 0, drop_last=True)
+    sampler: DistributedSampler[Any] = DistributedSampler(data, num_replicas=comm.world_size, rank=comm.rank,
+                                                          shuffle=True, seed=cfg.seed or 0, drop_last=True)
     return DataLoader(data, batch_size=cfg.train_micro_batch_size_per_gpu, sampler=sampler,
                       collate_fn=collate_fn, drop_last=True)
 
@@ -97,10 +97,13 @@ def initialize(args: Any = None, model: nn.Module | None = None,
     comm = Comm(Ledger())
     cfg: Config | None = None
     error: BaseException | None = None
+    client_optimizer: torch.optim.Optimizer | None = None
     try:
         cfg = load_config(_config_source(args, config, config_params), comm.world_size)
-        if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
-            optimizer = optimizer(model_parameters if model_parameters is not None else model.parameters())
+        if isinstance(optimizer, torch.optim.Optimizer) or optimizer is None:
+            client_optimizer = optimizer
+        else:  # DeepSpeed accepts a callable that builds the optimizer over the parameters
+            client_optimizer = optimizer(model_parameters if model_parameters is not None else model.parameters())
     except Exception as exc:  # noqa: BLE001 - agreed on below, then re-raised on every rank
         error = exc
     agree(comm, error, "initialize")
@@ -109,7 +112,7 @@ def initialize(args: Any = None, model: nn.Module | None = None,
     with failure_guard(comm):
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed)
-        engine = Engine(model, cfg, comm, optimizer=optimizer, model_parameters=model_parameters,
+        engine = Engine(model, cfg, comm, optimizer=client_optimizer, model_parameters=model_parameters,
                         lr_scheduler=lr_scheduler, blocks=blocks, record_events=record_events,
                         source=checkpoint_source)
     if training_data is not None:

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import transformers
 from torch import nn
 
 from hybridzero.checkpoint.hf_source import HFCheckpointSource, check_against_model
@@ -21,8 +22,6 @@ from hybridzero.zero.partition import param_aliases
 def meta_model(path: str | os.PathLike[str], model_cls: Any = None, **config_overrides: Any) -> nn.Module:
     """The model of the HF directory ``path`` built on the meta device (``model_cls`` defaults to
     ``AutoModelForCausalLM``)."""
-    import transformers
-
     hf_config = transformers.AutoConfig.from_pretrained(path, **config_overrides)
     cls = model_cls or transformers.AutoModelForCausalLM
     with torch.device("meta"):

@@ -20,16 +20,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from hybridzero.zero.groups import GroupState, ShardedGroup
+
 if TYPE_CHECKING:
     from hybridzero.comm.collectives import Comm
-    from hybridzero.zero.groups import ShardedGroup
 
 __all__ = ["start_gathers"]
 
 
 def _eligible(group: ShardedGroup) -> bool:
-    from hybridzero.zero.groups import GroupState
-
     return (group.state is GroupState.SHARDED and not group.always_full and not group.secondary_valid()
             and group.quantize_block is None)
 

@@ -20,8 +20,9 @@ subclass's ``__init__`` for the duration of the block. We replace nothing. Two p
 
 Invariants: every rank runs the same constructor, so opens and closes (collectives) line up; the context owns no
 state beyond its store, its mode and its hook handles, and an exception inside the block removes the hooks and
-leaves no parameter open (the context's exit issues no collective on that path). Nested contexts: the outermost one partitions (its
-hooks run first and a parameter is claimed only while nobody owns it); inner ones only see parameters they own.
+leaves no parameter open (the context's exit issues no collective on that path). Nested contexts: the outermost one
+partitions (its hooks run first and a parameter is claimed only while nobody owns it); inner ones only see parameters
+they own.
 """
 from __future__ import annotations
 

@@ -28,12 +28,14 @@ def default_init_fn(model: nn.Module) -> InitFn:
     """The model's own per-module init: HF ``_init_weights`` if any (also in a wrapped submodule), else
     ``reset_parameters``."""
     owner = next((m for m in model.modules() if callable(getattr(m, "_init_weights", None))), None)
+    hf_init: InitFn | None = None if owner is None else owner._init_weights  # type: ignore[assignment]
 
     def init(module: nn.Module) -> None:
-        if owner is not None:
-            owner._init_weights(module)
-        elif callable(getattr(module, "reset_parameters", None)):
-            module.reset_parameters()
+        reset = getattr(module, "reset_parameters", None)
+        if hf_init is not None:
+            hf_init(module)
+        elif callable(reset):
+            reset()
     return init
 
 
@@ -58,6 +60,7 @@ def materialize_buffers(model: nn.Module, device: torch.device, init_fn: InitFn)
         metas = [n for n, b in mod.named_buffers(recurse=False) if b is not None and b.is_meta]
         for n in metas:
             buf = mod._buffers[n]
+            assert buf is not None  # metas lists only non-None buffers
             mod._buffers[n] = torch.zeros(buf.shape, dtype=buf.dtype, device=device)
         if metas:
             owners.append((mod, metas))
@@ -65,7 +68,8 @@ def materialize_buffers(model: nn.Module, device: torch.device, init_fn: InitFn)
         init_fn(mod)
     for mod, names in owners:
         for n in names:
-            if mod._buffers[n] is None or mod._buffers[n].is_meta:
+            done = mod._buffers[n]
+            if done is None or done.is_meta:
                 raise RuntimeError(f"buffer {type(mod).__name__}.{n} could not be materialized from the meta device")
 
 
