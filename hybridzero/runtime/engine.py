@@ -28,10 +28,12 @@ from hybridzero.optim import sharded
 from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
+from hybridzero.optim.swap import StateSwapper
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.zero import materialize
 from hybridzero.zero.groups import ShardedGroup, ShardMode
+from hybridzero.zero.offload import Placement
 from hybridzero.zero.partition import plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.qgz import HierarchicalQuantizedReduce
@@ -83,6 +85,9 @@ class Engine:
         self.skipped_steps = 0
         self.overflow = False
         self.hpz = self._hpz_comm()
+        off_opt, off_param = config.zero.offload_optimizer, config.zero.offload_param
+        self.placement = Placement.build(self.device, off_opt.device, off_param.device,
+                                         off_opt.pin_memory or off_param.pin_memory)
         index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
         self.groups = self._build_groups(blocks, index_of, source)
         self._cast_buffers()
@@ -101,6 +106,9 @@ class Engine:
             self.module._is_fsdp_managed_module = True
         self._leaves = sharded.make_leaf_params(sharded.shard_views(self.groups, index_of, len(overrides)))
         self.optimizer = self._build_optimizer(optimizer, overrides)
+        self.swapper = (StateSwapper(self.optimizer, str(off_opt.nvme_path), comm.rank, z.sub_group_size,
+                                     off_opt.buffer_count)
+                        if self.placement.state_in_files and self.optimizer is not None else None)
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
 
     # --- construction -------------------------------------------------------------------------------------------
@@ -131,7 +139,8 @@ class Engine:
             groups.append(ShardedGroup(i, plan.name, plan.owner, named, self.comm, self.compute_dtype,
                                        self.reduce_dtype, self.device, mode=group_mode, source=source,
                                        aliases={n: aliases[n] for n, _ in named}, hpz=self.hpz,
-                                       quantize_block=self._qwz_block(plan.name, named)))
+                                       quantize_block=self._qwz_block(plan.name, named),
+                                       placement=self.placement))
         return groups
 
     def _qwz_block(self, name: str, named: list[tuple[str, nn.Parameter]]) -> int | None:
@@ -251,7 +260,10 @@ class Engine:
         for group in trained:
             group.assemble_grad()
         sharded.bind_grads(self._leaves)
-        self.optimizer.step()
+        if self.swapper is not None:
+            self.swapper.step()  # ZeRO-Infinity: state streamed from the swap files chunk by chunk
+        else:
+            self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         for group in trained:
@@ -357,7 +369,7 @@ class Engine:
         from hybridzero.checkpoint.engine_io import save
 
         self.release_held()
-        with failure_guard(self.comm):
+        with failure_guard(self.comm), self._state_resident():
             return save(self, save_dir, tag, client_state, save_latest)
 
     def load_checkpoint(self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True,
@@ -366,14 +378,25 @@ class Engine:
         from hybridzero.checkpoint.engine_io import load
 
         self.release_held()
-        with failure_guard(self.comm):
+        with failure_guard(self.comm), self._state_resident():
             return load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
 
-    def memory_report(self) -> dict[str, int]:
-        """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank."""
+    def _state_resident(self) -> contextlib.AbstractContextManager[None]:
+        """Swapped optimizer state back in ``optimizer.state`` for the block (checkpoints never read swap files)."""
+        return self.swapper.resident() if self.swapper is not None else contextlib.nullcontext()
+
+    def destroy(self) -> None:
+        """Release what the engine holds outside the process: the NVMe swap directory (idempotent)."""
+        if self.swapper is not None:
+            self.swapper.close()
+
+    def memory_report(self) -> dict[str, Any]:
+        """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank,
+        and under ``"placement"`` where each category lives (device / host / file) with its bytes."""
         from hybridzero.runtime.memory import memory_report
 
-        return memory_report(self.groups, self.optimizer)
+        return memory_report(self.groups, self.optimizer, self.placement,
+                             self.swapper.file_bytes() if self.swapper is not None else 0)
 
     def gathered_parameters(self, params: Any, modifier_rank: int | None = None) -> Any:
         """``with engine.gathered_parameters(params, modifier_rank=0):`` — see :mod:`hybridzero.zero.gathered`."""
