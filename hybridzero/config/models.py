@@ -19,7 +19,7 @@ from .base import Block
 from .errors import show
 from .values import BlockProblem, boolean, choice, integer, key, number, optional, text
 
-__all__ = ["BF16Config", "FP16Config", "HybridEngineConfig", "OffloadConfig", "ZeroConfig"]
+__all__ = ["BF16Config", "FP16Config", "HybridEngineConfig", "OffloadConfig", "ParamOffloadConfig", "ZeroConfig"]
 
 _SIZE = Annotated[int, integer(0)]  # element counts may be 0
 _BUCKET = Annotated[int, integer(1)]  # a 0-element bucket never fills
@@ -52,6 +52,14 @@ class OffloadConfig(Block):
     def enabled(self) -> bool:
         """True when something is offloaded."""
         return self.device != "none"
+
+
+class ParamOffloadConfig(OffloadConfig):
+    """``zero_optimization.offload_param``: as :class:`OffloadConfig`, but parameter shards never go to files in
+    hybridzero (``device: nvme`` is refused by :class:`ZeroConfig`), so the NVMe tuning keys have no effect here."""
+
+    nvme_path: Annotated[str | None, optional(text)] = key(None, "nvme_path", acts=False)
+    buffer_count: Annotated[int, integer(1)] = key(4, "buffer_count", acts=False)
 
 
 class ZeroConfig(Block):
@@ -95,7 +103,7 @@ class ZeroConfig(Block):
     quantization_block_size: Annotated[int, integer(2)] = key(2048, "zero_quantization_block_size")
     quantized_gradients_bits: Annotated[int, integer(4, 8)] = key(8, "zero_quantized_gradients_bits")
     offload_optimizer: OffloadConfig = key(OffloadConfig(), "offload_optimizer")
-    offload_param: OffloadConfig = key(OffloadConfig(), "offload_param")
+    offload_param: ParamOffloadConfig = key(ParamOffloadConfig(), "offload_param")
     # acts through engine.save_16bit_model (consolidated 16-bit weights on save)
     gather_16bit_weights_on_model_save: Annotated[bool, boolean] = key(
         False, "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
