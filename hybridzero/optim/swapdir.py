@@ -1,14 +1,15 @@
 """A run-private swap directory under ``nvme_path`` (ZeRO-Infinity's files), with crash safety.
 
-Layout: ``<nvme_path>/hybridzero-swap/<uuid>-rank<r>/`` holding ``LOCK`` (JSON: pid, host, rank; held with an
-exclusive ``flock`` for the directory's whole life) and the swap files.
+Layout: ``<nvme_path>/hybridzero-swap/<uuid>-rank<r>/`` holding the swap files, next to its lock file
+``<uuid>-rank<r>.lock`` (JSON: pid, host, rank), held with an exclusive ``flock`` from *before* the directory is
+created until after it is removed -- so a directory is never seen without its owner's lock held.
 
 Invariants:
 * Private: the directory name carries a fresh uuid, so no run ever opens another run's files; swap files hold only
   state written by this process, never anything a restart reads back (checkpoints are written elsewhere).
-* Crash safety: a directory whose ``LOCK`` can be locked by us has no living owner (the kernel drops ``flock``
-  locks when a process dies): it is stale and is removed at start-up, never read. A directory with a held lock
-  belongs to a live run and is left alone.
+* Crash safety: a directory whose lock file is missing or can be locked by us has no living owner (the kernel
+  drops ``flock`` locks when a process dies): it is stale and is removed at start-up, never read. A directory with
+  a held lock belongs to a live run and is left alone.
 * Start-up checks: an ``nvme_path`` that cannot be created or written, or a disk without room for the bytes the
   run will swap, is a :class:`SwapSpaceError` naming the path and the numbers, before training starts; the bytes
   are reserved (``posix_fallocate``) so a step never meets a full disk.
@@ -27,10 +28,10 @@ import uuid
 import weakref
 from pathlib import Path
 
-__all__ = ["SwapDir", "SwapSpaceError", "SWAP_ROOT"]
+__all__ = ["LOCK_SUFFIX", "SWAP_ROOT", "SwapDir", "SwapSpaceError", "remove_stale"]
 
 SWAP_ROOT = "hybridzero-swap"
-LOCK = "LOCK"
+LOCK_SUFFIX = ".lock"
 _LOG = logging.getLogger("hybridzero")
 
 
@@ -55,18 +56,18 @@ def remove_stale(root: Path) -> list[Path]:
     """Remove every swap directory under ``root`` whose owner is dead (its LOCK is free); returns them."""
     removed = []
     for entry in sorted(root.iterdir()) if root.is_dir() else []:
-        lock = entry / LOCK
         if not entry.is_dir() or entry.is_symlink():
             continue
-        fd = _lock(lock, blocking=False) if lock.exists() else None
-        if fd is None and lock.exists():
+        lock = entry.with_name(entry.name + LOCK_SUFFIX)
+        fd = _lock(lock, blocking=False)  # creates a missing lock file: then nobody owned the directory
+        if fd is None:
             continue  # a live run owns it
         try:
             shutil.rmtree(entry, ignore_errors=True)
+            lock.unlink(missing_ok=True)
             removed.append(entry)
         finally:
-            if fd is not None:
-                os.close(fd)
+            os.close(fd)
     if removed:
         _LOG.warning("removed %d stale swap director%s of killed runs under %s", len(removed),
                      "y" if len(removed) == 1 else "ies", root)
@@ -74,8 +75,9 @@ def remove_stale(root: Path) -> list[Path]:
 
 
 def _cleanup(path: Path, fds: list[int]) -> None:
-    """Remove the directory, then release the lock (finalizer: no reference to the SwapDir itself)."""
+    """Remove the directory and its lock file, then release the lock (finalizer: no reference to the SwapDir)."""
     shutil.rmtree(path, ignore_errors=True)
+    path.with_name(path.name + LOCK_SUFFIX).unlink(missing_ok=True)
     for fd in fds:
         try:
             os.close(fd)
@@ -94,10 +96,10 @@ class SwapDir:
             root.mkdir(parents=True, exist_ok=True)
             remove_stale(root)
             self.path = root / f"{uuid.uuid4().hex}-rank{rank}"
-            self.path.mkdir(mode=0o700)
-            lock_fd = _lock(self.path / LOCK, blocking=True)
+            lock_fd = _lock(self.path.with_name(self.path.name + LOCK_SUFFIX), blocking=True)
             assert lock_fd is not None
             os.write(lock_fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "rank": rank}).encode())
+            self.path.mkdir(mode=0o700)
         except OSError as exc:
             raise SwapSpaceError(f"offload_optimizer.nvme_path = {str(base)!r} is not a writable directory "
                                  f"({exc.strerror or exc}); give a directory this process can create files in") from exc
@@ -106,8 +108,8 @@ class SwapDir:
 
     def open_file(self, name: str, reserve: int) -> int:
         """Create ``name`` in the directory with ``reserve`` bytes allocated on disk; returns its fd (owned here)."""
-        if Path(name).name != name or name == LOCK:
-            raise ValueError(f"swap file name {name!r} must be a plain file name other than {LOCK!r}")
+        if Path(name).name != name or name in ("", ".", ".."):
+            raise ValueError(f"swap file name {name!r} must be a plain file name inside the swap directory")
         free = shutil.disk_usage(self.path).free
         if reserve > free:
             self.close()
