@@ -1,4 +1,4 @@
-"""PNG charts of a ``bench/bench_peers.py`` run, drawn with :func:`hybridzero.viz.png.line_chart` (no matplotlib).
+"""PNG charts of a ``bench/bench_peers.py`` run, drawn with matplotlib (the ``plots`` extra).
 
 Per (world size, dtype) two charts, one line per system:
 
@@ -41,13 +41,33 @@ def step_time_series(runs: Runs, world: int, dtype: str,
     return series
 
 
+def line_chart(path: Path, series: Mapping[str, Sequence[tuple[float, float]]], title: str, xlabel: str,
+               ylabel: str) -> Path:
+    """One line per series (Agg canvas, no pyplot global state), written to ``path``."""
+    # optional dependency (the `plots` extra), needed only when charts are written
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(8.0, 4.0), dpi=100, layout="constrained")
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    for name, points in series.items():
+        ax.plot([p[0] for p in points], [p[1] for p in points], linewidth=1.5, label=name)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="best", frameon=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    return path
+
+
 def write_plots(runs: Runs, systems: Sequence[str], out: Path, label: str = "") -> list[dict[str, Any]]:
     """Write both charts for every (world, dtype) in ``runs`` under ``out``; one record per chart written.
 
     ``label`` (for instance the model name) is appended to each chart's title.
     """
-    from hybridzero.viz.png import line_chart
-
     suffix = f" [{label}]" if label else ""
     records = []
     for world, dtype in sorted({(w, d) for (w, d, _) in runs}):

@@ -1,17 +1,22 @@
 """hybridzero: ZeRO-3 sharded training with DeepSpeed's API shape.
 
-Public API: :func:`initialize`, :func:`init_distributed`, :class:`Engine`, :class:`ConfigError`,
-:class:`PeerFailure`, :func:`GatheredParameters`, :func:`from_pretrained`.
+The top-level package is the DeepSpeed namespace: ``import hybridzero as deepspeed`` runs DeepSpeed user code
+(``deepspeed.initialize``, ``deepspeed.init_distributed``, ``deepspeed.add_config_arguments``, ``deepspeed.comm``,
+``deepspeed.zero.GatheredParameters``, ``deepspeed.utils.safe_get_full_*``). hybridzero's own additions:
+:class:`Engine`, :class:`ConfigError`, :class:`PeerFailure`, :func:`from_pretrained`.
 """
 from __future__ import annotations
 
-from hybridzero.comm.collectives import PeerFailure, init_distributed
+from hybridzero import comm, utils, zero
+from hybridzero.comm import init_distributed
+from hybridzero.comm.collectives import PeerFailure
 from hybridzero.config import ConfigError
+from hybridzero.runtime.arguments import add_config_arguments
 from hybridzero.runtime.engine import Engine
 from hybridzero.runtime.initialize import initialize
 from hybridzero.runtime.pretrained import from_pretrained
 from hybridzero.zero.gathered import GatheredParameters
 
-__all__ = ["initialize", "init_distributed", "Engine", "ConfigError", "PeerFailure", "GatheredParameters",
-           "from_pretrained"]
+__all__ = ["ConfigError", "Engine", "GatheredParameters", "PeerFailure", "add_config_arguments", "comm",
+           "from_pretrained", "init_distributed", "initialize", "utils", "zero"]
 __version__ = "0.1.0"

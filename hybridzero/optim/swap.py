@@ -112,6 +112,7 @@ class StateSwapper:
         self._end = 0
         self._io = ThreadPoolExecutor(max_workers=2, thread_name_prefix="hybridzero-swap")
         self._count = threading.Lock()
+        self._depth = 0  # nesting of resident() blocks
         self.bytes_read = 0
         self.bytes_written = 0
 
@@ -171,6 +172,8 @@ class StateSwapper:
     # --- the step ------------------------------------------------------------------------------------------------
     def step(self) -> None:
         """One optimizer step, chunk by chunk: read ahead and write behind on the I/O threads."""
+        if self._depth:
+            raise RuntimeError("optimizer step inside optimizer_state_resident(): the state is not swapped out")
         reads: deque[Future[list[dict[str, Any]]]] = deque()
         writes: deque[Future[None]] = deque()
         ahead = max(1, self.buffer_count // 2)
@@ -191,15 +194,20 @@ class StateSwapper:
 
     @contextlib.contextmanager
     def resident(self) -> Iterator[None]:
-        """Every leaf's state in ``optimizer.state`` inside the block (checkpoint save/load); swapped out after."""
-        for chunk in self.chunks:
-            self._install(chunk, self._read_chunk(chunk))
+        """Every leaf's state in ``optimizer.state`` inside the block (checkpoint save/load); swapped out after.
+        Reentrant: only the outermost block moves state."""
+        self._depth += 1
         try:
+            if self._depth == 1:
+                for chunk in self.chunks:
+                    self._install(chunk, self._read_chunk(chunk))
             yield
         finally:
-            for chunk in self.chunks:
-                for leaf in chunk:
-                    self._write(self._take(leaf))
+            self._depth -= 1
+            if self._depth == 0:
+                for chunk in self.chunks:
+                    for leaf in chunk:
+                        self._write(self._take(leaf))
 
     def file_bytes(self) -> int:
         """Bytes of state held in the swap file (allocated regions)."""

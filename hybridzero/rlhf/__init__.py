@@ -1,17 +1,26 @@
-"""The RLHF pipeline: SFT (:func:`train_sft`), reward model (:func:`train_reward`), PPO / GRPO
-(:func:`train_step3`) with their typed settings, the typed experience record and the pure PPO / GRPO math.
+"""The RLHF pipeline: SFT (:func:`train_sft`), reward model (:func:`train_reward`), PPO / GRPO (:func:`train_step3`)
+with their typed settings, the typed experience record and the pure PPO / GRPO math.
 
-The trainers and settings load lazily (they pull in transformers); the math and the record import eagerly.
+Layout (concepts, each module readable top to bottom):
+
+* ``settings`` — every knob, default and bound once; ``cli`` — the commands, flags generated from the settings;
+* ``data/`` — records and sources, tokenization, dealing batches to ranks, the ptx stream;
+* ``models`` — value-head model, tokenizer and model loading, HF-directory savers; ``engines`` — DeepSpeed
+  configs and the engines of each role;
+* ``math`` — pure losses, GAE, whitening, KL; ``experience`` — the typed record; ``rollout`` — generation and
+  scoring into experience;
+* ``sft``, ``reward`` (steps 1 and 2, sharing ``supervised``'s loop); ``ppo``, ``grpo`` — one iteration of each
+  algorithm; ``step3`` — what both share; ``trainer`` — step 3's outer loop; ``checkpoints`` — multi-role save
+  and resume;
+* ``report``, ``runlog``, ``plot`` — DeepSpeed-Chat's report, ``metrics.jsonl`` + TensorBoard, matplotlib PNGs;
+* ``demo/`` — the shipped task and the README's demo.
 """
 from __future__ import annotations
 
-import importlib
-from typing import Any
-
-from hybridzero.rlhf.algorithms import (
-    GRPOHyperParams,
+from hybridzero.rlhf.demo.run import run_demo
+from hybridzero.rlhf.experience import Experience
+from hybridzero.rlhf.math import (
     PolicyLossStats,
-    PPOHyperParams,
     clipped_value_loss,
     gae,
     gather_logprobs,
@@ -24,31 +33,15 @@ from hybridzero.rlhf.algorithms import (
     masked_whiten,
     ppo_policy_loss,
 )
-from hybridzero.rlhf.experience import Experience
-
-_LAZY = {
-    "train_sft": "hybridzero.rlhf.sft",
-    "train_reward": "hybridzero.rlhf.reward",
-    "train_step3": "hybridzero.rlhf.step3",
-    "run_demo": "hybridzero.rlhf.demo",
-    "SFTSettings": "hybridzero.rlhf.settings",
-    "RewardSettings": "hybridzero.rlhf.settings",
-    "PPOSettings": "hybridzero.rlhf.settings",
-    "GRPOSettings": "hybridzero.rlhf.settings",
-    "ValueHeadModel": "hybridzero.rlhf.models",
-}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'hybridzero.rlhf' has no attribute {name!r}")
+from hybridzero.rlhf.models import ValueHeadModel
+from hybridzero.rlhf.reward import train_reward
+from hybridzero.rlhf.settings import GRPOSettings, PPOSettings, RewardSettings, SFTSettings
+from hybridzero.rlhf.sft import train_sft
+from hybridzero.rlhf.trainer import train_step3
 
 __all__ = [
     "Experience",
-    "GRPOHyperParams",
     "GRPOSettings",
-    "PPOHyperParams",
     "PPOSettings",
     "PolicyLossStats",
     "RewardSettings",

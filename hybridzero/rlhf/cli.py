@@ -8,24 +8,174 @@ prints one line and exits 1.
 
 ``demo`` runs the embedded default: SFT -> reward model -> PPO on the shipped task at world 2 (see
 :mod:`hybridzero.rlhf.demo`). ``plot RUN_DIR`` writes PNG curves of a run's ``metrics.jsonl``.
+
+Flags (:func:`add_settings_arguments`): every settings field ``name`` is a flag ``--name`` (``--name-with-dashes``
+too). Booleans take an optional value (``--enable_ema`` or ``--enable_ema false``). ``--config FILE`` reads a JSON
+object of settings first; flags given on the command line override it. DeepSpeed-Chat flags that hybridzero does
+not implement are accepted only at their DeepSpeed-Chat default (a no-op); any other value is an error naming the
+flag and why. Launcher flags (``--local_rank``, ``--deepspeed``) are accepted and ignored.
 """
 from __future__ import annotations
 
 import argparse
+import difflib
+import json
 import os
 import subprocess
 import sys
+import typing
+from pathlib import Path
 from typing import Any
 
-from hybridzero.rlhf.cli_args import add_settings_arguments, settings_from_args
-from hybridzero.rlhf.settings import (
-    GRPOSettings,
-    PPOSettings,
-    RewardSettings,
-    SFTSettings,
-)
+from pydantic import BaseModel, ValidationError
 
-__all__ = ["add_rlhf_commands"]
+from hybridzero.rlhf.demo.run import demo_monitor, run_demo
+from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
+from hybridzero.rlhf.reward import train_reward
+from hybridzero.rlhf.settings import GRPOSettings, PPOSettings, RewardSettings, SFTSettings
+from hybridzero.rlhf.sft import train_sft
+from hybridzero.rlhf.trainer import train_step3
+
+__all__ = ["UNSUPPORTED", "add_rlhf_commands", "add_settings_arguments", "settings_from_args"]
+
+# flag -> (DeepSpeed-Chat default that means "off", why hybridzero refuses any other value)
+UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "offload": (False, "ZeRO-Offload is not implemented (CPU runs keep everything in host memory anyway)"),
+    "offload_reference_model": (False, "ZeRO-Offload is not implemented"),
+    "unpin_actor_parameters": (False, "the hybrid engine pins nothing to unpin"),
+    "release_inference_cache": (False, "the hybrid engine keeps no inference cache between generations"),
+    "inference_tp_size": (1, "tensor-parallel inference is not implemented"),
+    "tp_gather_partition_size": (8, "tensor-parallel inference is not implemented"),
+    "lora_dim": (0, "LoRA is not implemented"),
+    "actor_lora_dim": (0, "LoRA is not implemented"),
+    "critic_lora_dim": (0, "LoRA is not implemented"),
+    "only_optimize_lora": (False, "LoRA is not implemented"),
+    "enable_mixed_precision_lora": (False, "LoRA is not implemented"),
+    "add_eot_token": (False, "answers end with the tokenizer's eos token; no separate end-of-turn token"),
+    "unsupervised_dataset_config_name": (None, "give unsupervised_dataset_name a local file or dataset directory"),
+    "dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
+    "actor_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
+    "critic_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
+}
+# flags that only name LoRA modules / learning rates: meaningless without LoRA, accepted with any value only
+# while LoRA is off (their defaults differ between scripts)
+_LORA_COMPANIONS = ("lora_module_name", "actor_lora_module_name", "critic_lora_module_name", "lora_learning_rate",
+                    "actor_lora_learning_rate", "critic_lora_learning_rate")
+# accepted and without effect here, with the reason shown by --help
+_IGNORED = {
+    "local_rank": "set by the launcher; torchrun's LOCAL_RANK is used",
+    "deepspeed": "DeepSpeed's launcher switch; hybridzero builds its own config",
+    "data_output_path": "tokenized data is not cached on disk",
+    "preprocessing_num_workers": "tokenization runs in-process",
+    "num_padding_at_beginning": "scores are read at the last token by the attention mask",
+    "compute_fp32_loss": "log-probabilities and losses are always computed in fp32",
+    "align_overflow": "an fp16 overflow in actor or critic always skips both updates",
+    "tensorboard_path": "TensorBoard files go to OUTPUT_DIR/tensorboard",
+    "eval_iters": "evaluation covers the whole held-out split",
+    "enable_test_mode": "use --max_steps (or --test_stop_step)",
+    "print_answers_interval": "answers are printed with the report every --print_every iterations",
+}
+_ALIASES = {"test_stop_step": "max_steps"}
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _loose(text: str) -> Any:
+    """A JSON value if it parses as one, else the string."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def _flag_kwargs(annotation: Any) -> dict[str, Any]:
+    """argparse keyword arguments for a field's annotation."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if annotation is bool:
+        return {"nargs": "?", "const": True, "type": _parse_bool}
+    if origin is list:
+        return {"nargs": "+", "type": str}
+    if origin is typing.Literal:
+        return {"type": type(args[0]), "choices": list(args)}
+    if args and origin is not None:  # Optional[X]
+        return _flag_kwargs(args[0])
+    return {"type": annotation if annotation in (int, float, str) else str}
+
+
+def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
+    """One flag per settings field, plus ``--config`` and DeepSpeed-Chat's accepted/refused flags."""
+    parser.add_argument("--config", default=None, help="JSON file of settings; command-line flags override it")
+    for name, field in model.model_fields.items():
+        flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
+        text = field.description or f"default: {field.get_default(call_default_factory=True)!r}"
+        parser.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=text, **_flag_kwargs(field.annotation))
+    for name, why in _IGNORED.items():
+        parser.add_argument(f"--{name}", dest=f"ignored__{name}", nargs="?", const=True, default=argparse.SUPPRESS,
+                            help=f"accepted, no effect: {why}")
+    for name in list(UNSUPPORTED) + list(_LORA_COMPANIONS):
+        if name not in model.model_fields:
+            parser.add_argument(f"--{name}", dest=f"unsupported__{name}", nargs="?", const=True, type=_loose,
+                                default=argparse.SUPPRESS, help="DeepSpeed-Chat flag; only its default is accepted")
+    for alias, target in _ALIASES.items():
+        parser.add_argument(f"--{alias}", dest=target, type=int, default=argparse.SUPPRESS, help=f"alias of --{target}")
+
+
+def _check_unsupported(given: dict[str, Any]) -> None:
+    for key, value in given.items():
+        if not key.startswith("unsupported__"):
+            continue
+        name = key.removeprefix("unsupported__")
+        if name in _LORA_COMPANIONS:
+            continue
+        default, why = UNSUPPORTED[name]
+        if value != default and not (default is None and value in (0, 0.0)):
+            raise ValueError(f"--{name} {value!r} is not supported by hybridzero: {why} "
+                             f"(only its DeepSpeed-Chat default {default!r} is accepted)")
+
+
+def _format_validation(exc: ValidationError, model: type[BaseModel]) -> str:
+    """One clause per error: the key, the value and what is wrong (unknown keys get the nearest valid one)."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        if err["type"] == "extra_forbidden":
+            near = difflib.get_close_matches(where, list(model.model_fields), n=1)
+            hint = f"; did you mean --{near[0]}?" if near else ""
+            parts.append(f"unknown setting {where!r}{hint}")
+        elif where:
+            parts.append(f"--{where} {err.get('input')!r}: {err['msg']}")
+        else:
+            parts.append(err["msg"].removeprefix("Value error, "))
+    return "; ".join(parts)
+
+
+def settings_from_args(model: type[BaseModel], args: argparse.Namespace) -> BaseModel:
+    """Settings from ``--config`` then the given flags; ``ValueError`` naming the bad keys/values."""
+    given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config", "world_size", "argv")}
+    _check_unsupported(given)
+    values: dict[str, Any] = {}
+    if getattr(args, "config", None):
+        path = Path(args.config)
+        try:
+            values = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"--config {path}: cannot read a JSON object ({exc})") from None
+        if not isinstance(values, dict):
+            raise ValueError(f"--config {path}: expected a JSON object of settings, got {type(values).__name__}")
+    values.update({k: v for k, v in given.items() if not k.startswith(("ignored__", "unsupported__"))})
+    try:
+        return model(**values)
+    except ValidationError as exc:
+        raise ValueError(_format_validation(exc, model)) from None
+
 
 _STEPS: dict[str, tuple[type, str]] = {
     "sft": (SFTSettings, "step 1: supervised fine-tuning (loss on the response)"),
@@ -68,17 +218,13 @@ def _run_step(args: argparse.Namespace) -> int:
         return 2
     if args.world_size and "RANK" not in os.environ:
         return _relaunch(args.world_size, _strip_world(sys.argv[1:] if args.argv is None else args.argv))
-    from hybridzero.rlhf.reward import train_reward
-    from hybridzero.rlhf.sft import train_sft
-    from hybridzero.rlhf.step3 import train_step3
-
     try:
         if args.command == "sft":
             train_sft(settings)
         elif args.command == "reward":
             train_reward(settings)
         else:
-            monitor = _demo_monitor() if getattr(settings, "monitor", "none") == "demo" else None
+            monitor = demo_monitor() if getattr(settings, "monitor", "none") == "demo" else None
             train_step3(settings, monitor=monitor)
     except (ValueError, FileNotFoundError) as exc:
         print(f"{args.command}: error: {exc}", file=sys.stderr)
@@ -86,25 +232,10 @@ def _run_step(args: argparse.Namespace) -> int:
     return 0
 
 
-def _demo_monitor() -> Any:
-    """Per-sample sums of the hidden demo rule (logged only; the policy never sees it)."""
-    from hybridzero.rlhf.demo_task import rule_scores
-
-    def monitor(prompts: list[str], answers: list[str]) -> dict[str, float]:
-        scores = rule_scores(prompts, answers)
-        return {"rule_score": scores["exact"] * len(prompts), "copy_rate": scores["copy"] * len(prompts)}
-
-    return monitor
-
-
 def _plot(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from hybridzero.rlhf.plot import plot_run
-
     try:
         paths = plot_run(Path(args.run_dir), Path(args.out) if args.out else None)
-    except (FileNotFoundError, ValueError) as exc:
+    except (FileNotFoundError, ValueError, PlotsUnavailable) as exc:
         print(f"plot: error: {exc}", file=sys.stderr)
         return 1
     print(f"plot: wrote {len(paths)} PNG files: {', '.join(str(p) for p in paths)}")
@@ -115,13 +246,11 @@ def _demo(args: argparse.Namespace) -> int:
     if "RANK" not in os.environ and args.world_size > 1:
         argv = ["demo", "--output_dir", args.output_dir, "--world_size", "1"] + (["--quick"] if args.quick else [])
         return _relaunch(args.world_size, argv)
-    from hybridzero.rlhf.demo import run_demo
-
     run_demo(args.output_dir, quick=args.quick)
     return 0
 
 
-def add_rlhf_commands(subparsers: Any) -> None:
+def add_rlhf_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register the RLHF subcommands."""
     for name, (model, text) in _STEPS.items():
         p = subparsers.add_parser(name, help=text, description=f"{text}. Flags are the settings' keys "

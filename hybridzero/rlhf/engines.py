@@ -1,22 +1,35 @@
-"""Engines of the RLHF steps: DeepSpeed configs from step settings, model loading, the EMA actor.
+"""Engines of the RLHF steps: DeepSpeed configs from step settings, engines of each step-3 role, global sums.
 
 Roles (DeepSpeed-Chat's step 3): the **actor** (trained; ZeRO stage and hybrid engine from the settings), the
 **reference** (the initial actor, inference only: no optimizer state at all), the **critic** (trained; initialised
 from the reward model), the **reward model** (inference only) and an optional **EMA** copy of the actor (inference
-only, updated shard by shard from the actor's fp32 master: no communication).
+only, moved by :meth:`Engine.ema_update_from` shard by shard from the actor's fp32 master: no communication).
+
+The optimizer and scheduler blocks built here (:func:`ds_config`, :func:`scheduler_block`) are the only place the
+RLHF steps turn settings into DeepSpeed optimizer/scheduler JSON; the settings' own bounds are in
+:mod:`hybridzero.rlhf.settings`.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import transformers
 from torch import nn
 
-from hybridzero.rlhf.models import ValueHeadModel
+import hybridzero
+from hybridzero.checkpoint.hf_source import HFCheckpointSource
+from hybridzero.comm.collectives import Comm, init_distributed
+from hybridzero.comm.ledger import Ledger
+from hybridzero.rlhf.models import ValueHeadModel, dropout_overrides, load_value_model
+from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
+from hybridzero.runtime.engine import Engine
+from hybridzero.runtime.pretrained import meta_model
 
-__all__ = ["OptimSpec", "build_engine", "dropout_overrides", "ds_config", "ema_update", "load_causal_lm",
-           "load_tokenizer", "scheduler_block"]
+__all__ = ["OptimSpec", "Roles", "build_engine", "build_roles", "ds_config", "engine_numel", "global_sum",
+           "load_actor_engine", "scheduler_block", "world_comm"]
 
 
 @dataclass(frozen=True)
@@ -70,10 +83,8 @@ def ds_config(*, stage: int, dtype: str, micro_batch: int, world_size: int, grad
     return cfg
 
 
-def build_engine(model: nn.Module, config: dict[str, Any], *, checkpointing: bool = False) -> Any:
+def build_engine(model: nn.Module, config: dict[str, Any], *, checkpointing: bool = False) -> Engine:
     """``hybridzero.initialize`` on ``model`` (activation checkpointing enabled first when asked)."""
-    import hybridzero
-
     if checkpointing:
         if isinstance(model, ValueHeadModel):
             model.gradient_checkpointing_enable()
@@ -83,58 +94,78 @@ def build_engine(model: nn.Module, config: dict[str, Any], *, checkpointing: boo
     return engine
 
 
-def load_tokenizer(path: str) -> Any:
-    """The tokenizer of a model directory, or the demo tokenizer for ``"demo"``; prompts are left-padded."""
-    if path == "demo":
-        from hybridzero.rlhf.demo_task import build_tokenizer
-
-        tok = build_tokenizer()
-    else:
-        import transformers
-
-        tok = transformers.AutoTokenizer.from_pretrained(path)
-    tok.padding_side = "left"
-    return tok
+def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool) -> Engine:
+    """A causal-LM engine read straight into shards from the HF directory ``path`` (dropout forced to 0)."""
+    model = meta_model(path, **dropout_overrides(transformers.AutoConfig.from_pretrained(path)))
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with HFCheckpointSource(path) as source:
+        engine, *_ = hybridzero.initialize(model=model, config=cfg, checkpoint_source=source)
+    return engine
 
 
-def load_causal_lm(path: str, tokenizer: Any, seed: int) -> tuple[nn.Module, Any]:
-    """``(model, hf_config)``: the demo model built from scratch (seeded) for ``"demo"``, else the HF directory."""
-    import transformers
+@dataclass(frozen=True)
+class Roles:
+    """The step-3 engines; ``critic`` is ``None`` for GRPO, ``ema`` when the EMA actor is off."""
 
-    if path == "demo":
-        from hybridzero.rlhf.demo_task import demo_model_config
+    actor: Engine
+    ref: Engine
+    reward: Engine
+    critic: Engine | None = None
+    ema: Engine | None = None
 
-        hf_config = demo_model_config(tokenizer)
-        torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(hf_config)
-    else:
-        hf_config = transformers.AutoConfig.from_pretrained(path)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    for key, value in dropout_overrides(hf_config).items():
-        setattr(hf_config, key, value)
-    model.to(torch.float32)
-    return model, hf_config
+    def trained(self) -> dict[str, Engine]:
+        """The roles that change during training and are checkpointed: actor, critic, EMA (those present)."""
+        named = {"actor": self.actor, "critic": self.critic, "ema": self.ema}
+        return {name: engine for name, engine in named.items() if engine is not None}
 
 
-_DROPOUT_KEYS: tuple[str, ...] = ("dropout", "attention_dropout", "hidden_dropout", "activation_dropout",
-                                   "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
-                                   "attention_probs_dropout_prob")
+def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
+    """The engines of PPO or GRPO (no critic), with the EMA actor when enabled."""
+    gen, train = s.per_device_generation_batch_size, s.per_device_training_batch_size
+    updates = max(total_steps * s.ppo_epochs * s.generation_batches * (gen // train)
+                  // s.gradient_accumulation_steps, 1)
+
+    def trained(stage: int, lr: float, wd: float, hybrid: bool = False) -> dict[str, Any]:
+        optim = OptimSpec(lr, wd, s.lr_scheduler_type, s.num_warmup_steps, updates)
+        return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world,
+                         grad_accum=s.gradient_accumulation_steps, optim=optim, clipping=s.gradient_clipping,
+                         hybrid=hybrid)
+
+    def frozen(stage: int) -> dict[str, Any]:
+        return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world)
+
+    actor = load_actor_engine(s.actor_model_name_or_path,
+                              trained(s.actor_zero_stage, s.actor_learning_rate, s.actor_weight_decay,
+                                      s.enable_hybrid_engine), s.actor_gradient_checkpointing)
+    ref = load_actor_engine(s.actor_model_name_or_path, frozen(s.reference_zero_stage), False)
+    ema = load_actor_engine(s.actor_model_name_or_path, frozen(s.actor_zero_stage), False) if s.enable_ema else None
+    reward = build_engine(load_value_model(s.critic_model_name_or_path).float(), frozen(s.reward_zero_stage))
+    critic = None
+    if not isinstance(s, GRPOSettings):
+        critic = build_engine(load_value_model(s.critic_model_name_or_path).float(),
+                              trained(s.critic_zero_stage, s.critic_learning_rate, s.critic_weight_decay),
+                              checkpointing=s.critic_gradient_checkpointing)
+    for frozen_engine in (ref, reward, ema):  # inference only: no optimizer state; scored under no_grad
+        if frozen_engine is not None:
+            frozen_engine.eval()
+    return Roles(actor=actor, ref=ref, reward=reward, critic=critic, ema=ema)
 
 
-def dropout_overrides(hf_config: Any) -> dict[str, float]:
-    """``{key: 0.0}`` for every dropout probability the config has: RLHF log-probabilities must be deterministic."""
-    return {key: 0.0 for key in _DROPOUT_KEYS if isinstance(getattr(hf_config, key, None), float)}
+def global_sum(engine: Engine, values: Sequence[float] | torch.Tensor) -> list[float]:
+    """Sum ``values`` over ranks (one float64 all-reduce through the engine's counted comm)."""
+    t = torch.as_tensor(values, dtype=torch.float64).reshape(-1).clone().to(engine.device)
+    engine.comm.all_reduce(t, phase="metrics")
+    return [float(v) for v in t.cpu()]
 
 
-def ema_update(ema: Any, actor: Any, beta: float) -> None:
-    """``ema = beta * ema + (1 - beta) * actor`` on every rank's fp32 master shard, then propagated to the EMA
-    engine's compute copies. Needs identical group layouts (same model, stage and world): asserted."""
-    if len(ema.groups) != len(actor.groups):
-        raise ValueError(f"EMA engine has {len(ema.groups)} groups, actor {len(actor.groups)}: build both from "
-                         "the same model with the same ZeRO stage")
-    with torch.no_grad():
-        for mine, theirs in zip(ema.groups, actor.groups):
-            if mine.master.shape != theirs.master.shape or mine.layout.specs != theirs.layout.specs:
-                raise ValueError(f"EMA group {mine.name!r} does not match the actor's layout")
-            mine.master.mul_(beta).add_(theirs.master, alpha=1.0 - beta)
-            mine.write_shard()
+def engine_numel(engine: Engine) -> int:
+    """The full (unsharded) parameter count of an engine's model, tied weights once."""
+    return sum(slot.spec.numel for group in engine.groups for slot in group.slots)
+
+
+def world_comm() -> Comm:
+    """This process's view of the world (``rank``, ``world_size``) after :func:`init_distributed`: the RLHF steps
+    read ranks through ``hybridzero.comm``, never ``torch.distributed``."""
+    init_distributed()
+    return Comm(Ledger(), name="rlhf")

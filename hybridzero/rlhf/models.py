@@ -1,4 +1,8 @@
-"""The RLHF models: causal-LM actors and value models (reward model, critic), and their on-disk form.
+"""The RLHF models: causal-LM actors and value models (reward model, critic), their tokenizer, and their on-disk form.
+
+``model_name_or_path = "demo"`` builds the demo's tiny Llama from its config (seeded, trained from scratch) with the
+demo tokenizer (:mod:`hybridzero.rlhf.demo.task`). Dropout is forced to 0 on every model the RLHF steps load
+(:func:`dropout_overrides`): log-probabilities must be deterministic.
 
 A **value model** is a causal LM's trunk (``AutoModel``: embeddings, blocks, final norm; no LM head) plus a value
 head of ``hidden_size`` weights: ``value[b, t] = <hidden[b, t], v_head>``. The reward model's score of a sequence
@@ -27,10 +31,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import transformers
+from safetensors.torch import load_file, save_file
 from torch import nn
+from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
-__all__ = ["VALUE_MODEL_FILE", "ValueHeadModel", "is_value_model_dir", "last_token_index", "load_value_model",
-           "position_ids", "save_causal_lm", "save_value_model", "write_value_model"]
+from hybridzero.rlhf.demo.task import build_tokenizer, demo_model_config
+from hybridzero.runtime.engine import Engine
+
+__all__ = ["VALUE_MODEL_FILE", "ValueHeadModel", "dropout_overrides", "is_value_model_dir", "last_token_index",
+           "load_causal_lm", "load_tokenizer", "load_value_model", "position_ids", "save_causal_lm",
+           "save_value_model", "write_value_model"]
 
 VALUE_MODEL_FILE = "value_model.safetensors"
 _MARKER = "value_model.json"
@@ -51,11 +62,10 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
 class ValueHeadModel(nn.Module):
     """``transformer`` (an HF ``AutoModel`` trunk) and ``v_head`` (``hidden_size`` weights); see module docstring."""
 
-    def __init__(self, hf_config: Any, *, transformer: nn.Module | None = None, head_seed: int = 0) -> None:
+    def __init__(self, hf_config: PretrainedConfig, *, transformer: nn.Module | None = None,
+                 head_seed: int = 0) -> None:
         """Build the trunk from ``hf_config`` (or take ``transformer``); head ``N(0, 1/h)`` from ``head_seed``."""
         super().__init__()
-        import transformers
-
         self.config = hf_config
         self.transformer = transformer if transformer is not None else transformers.AutoModel.from_config(hf_config)
         width = _head_width(hf_config)
@@ -84,7 +94,7 @@ class ValueHeadModel(nn.Module):
         self.transformer.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def _head_width(hf_config: Any) -> int:
+def _head_width(hf_config: PretrainedConfig) -> int:
     """The trunk's output width: OPT projects to ``word_embed_proj_dim``; others end at ``hidden_size``."""
     return int(getattr(hf_config, "word_embed_proj_dim", None) or hf_config.hidden_size)
 
@@ -97,9 +107,6 @@ def is_value_model_dir(path: str | os.PathLike[str]) -> bool:
 def load_value_model(path: str | os.PathLike[str], *, head_seed: int = 0) -> ValueHeadModel:
     """A value model from ``path``: a saved value model (trunk and head), or a causal-LM directory (its trunk; the
     head is freshly initialised from ``head_seed``, as DeepSpeed-Chat's step 2 starts from a pretrained LM)."""
-    import transformers
-    from safetensors.torch import load_file
-
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json; expected a Hugging Face model directory")
@@ -126,11 +133,10 @@ def _commit_dir(tmp: Path, out: Path) -> None:
     tmp.rmdir()
 
 
-def _write_dir(out: Path, files: dict[str, dict[str, torch.Tensor]], hf_config: Any, tokenizer: Any,
+def _write_dir(out: Path, files: dict[str, dict[str, torch.Tensor]], hf_config: PretrainedConfig,
+               tokenizer: PreTrainedTokenizerBase | None,
                extra_json: dict[str, Any] | None, dtype: torch.dtype) -> None:
     """Write safetensors ``files``, ``config.json``, tokenizer and ``extra_json`` into ``out`` atomically."""
-    from safetensors.torch import save_file
-
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
@@ -146,7 +152,8 @@ def _write_dir(out: Path, files: dict[str, dict[str, torch.Tensor]], hf_config: 
     _commit_dir(tmp, out)
 
 
-def save_causal_lm(engine: Any, out_dir: str | os.PathLike[str], hf_config: Any, tokenizer: Any = None,
+def save_causal_lm(engine: Engine, out_dir: str | os.PathLike[str], hf_config: PretrainedConfig,
+                   tokenizer: PreTrainedTokenizerBase | None = None,
                    dtype: torch.dtype = torch.float32) -> Path:
     """Write the engine's causal LM as a Hugging Face directory (every rank calls; rank 0 writes)."""
     state = engine.full_parameters()  # collective: every rank gathers, tied weights once
@@ -161,7 +168,8 @@ _MARKER_JSON = {"format": _FORMAT, "weights": VALUE_MODEL_FILE, "trunk_prefix": 
                 "score": "value at the last token whose attention_mask is 1"}
 
 
-def write_value_model(model: ValueHeadModel, out_dir: str | os.PathLike[str], tokenizer: Any = None,
+def write_value_model(model: ValueHeadModel, out_dir: str | os.PathLike[str],
+                      tokenizer: PreTrainedTokenizerBase | None = None,
                       dtype: torch.dtype = torch.float32) -> Path:
     """Write an unsharded :class:`ValueHeadModel` (one process; e.g. a freshly initialised reward model)."""
     state = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
@@ -170,7 +178,8 @@ def write_value_model(model: ValueHeadModel, out_dir: str | os.PathLike[str], to
     return out
 
 
-def save_value_model(engine: Any, out_dir: str | os.PathLike[str], tokenizer: Any = None,
+def save_value_model(engine: Engine, out_dir: str | os.PathLike[str],
+                     tokenizer: PreTrainedTokenizerBase | None = None,
                      dtype: torch.dtype = torch.float32) -> Path:
     """Write the engine's :class:`ValueHeadModel` (every rank calls; rank 0 writes); see module docstring."""
     module = engine.module
@@ -182,3 +191,35 @@ def save_value_model(engine: Any, out_dir: str | os.PathLike[str], tokenizer: An
         _write_dir(out, {VALUE_MODEL_FILE: state}, module.config, tokenizer, _MARKER_JSON, dtype)
     engine.comm.barrier(phase="save")
     return out
+
+
+def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
+    """The tokenizer of a model directory, or the demo tokenizer for ``"demo"``; prompts are left-padded."""
+    tok = build_tokenizer() if path == "demo" else transformers.AutoTokenizer.from_pretrained(path)
+    tok.padding_side = "left"
+    return tok
+
+
+def load_causal_lm(path: str, tokenizer: PreTrainedTokenizerBase, seed: int) -> tuple[nn.Module, PretrainedConfig]:
+    """``(model, hf_config)``: the demo model built from scratch (seeded) for ``"demo"``, else the HF directory."""
+    if path == "demo":
+        hf_config = demo_model_config(tokenizer)
+        torch.manual_seed(seed)
+        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    else:
+        hf_config = transformers.AutoConfig.from_pretrained(path)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    for key, value in dropout_overrides(hf_config).items():
+        setattr(hf_config, key, value)
+    model.to(torch.float32)
+    return model, hf_config
+
+
+_DROPOUT_KEYS: tuple[str, ...] = ("dropout", "attention_dropout", "hidden_dropout", "activation_dropout",
+                                   "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
+                                   "attention_probs_dropout_prob")
+
+
+def dropout_overrides(hf_config: PretrainedConfig) -> dict[str, float]:
+    """``{key: 0.0}`` for every dropout probability the config has: RLHF log-probabilities must be deterministic."""
+    return {key: 0.0 for key in _DROPOUT_KEYS if isinstance(getattr(hf_config, key, None), float)}

@@ -13,28 +13,24 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from transformers import PreTrainedTokenizerBase
 
-from hybridzero.rlhf.common import (
-    global_sum,
-    open_runlog,
-    phase_records,
-)
-from hybridzero.rlhf.data import (
-    PAIRWISE_COLUMNS,
-    pad_sequences,
-    pad_token_id,
-    pairwise_example,
-    train_eval_split,
-)
-from hybridzero.rlhf.engines import load_tokenizer
+from hybridzero.comm.collectives import init_distributed
+from hybridzero.rlhf.data.records import PAIRWISE_COLUMNS, phase_records, train_eval_split
+from hybridzero.rlhf.data.tokens import pad_sequences, pad_token_id, pairwise_example
+from hybridzero.rlhf.demo.task import demo_model_config
+from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.models import (
     ValueHeadModel,
     last_token_index,
+    load_tokenizer,
     load_value_model,
     save_value_model,
 )
+from hybridzero.rlhf.runlog import open_runlog
 from hybridzero.rlhf.settings import RewardSettings
 from hybridzero.rlhf.supervised import LoopSpec, run_loop, supervised_engine
+from hybridzero.runtime.engine import Engine
 
 __all__ = ["pair_batch", "pair_stats", "train_reward"]
 
@@ -55,7 +51,7 @@ def pair_stats(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tens
     return losses.mean(), sums
 
 
-def _scores(engine: Any, pairs: list[Pair], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _scores(engine: Engine, pairs: list[Pair], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(chosen, rejected)`` ``[n]`` scores: values at each row's last real token, one forward for both."""
     ids, mask = (t.to(engine.device) for t in pair_batch(pairs, pad_id))
     values = engine(input_ids=ids, attention_mask=mask)
@@ -63,7 +59,7 @@ def _scores(engine: Any, pairs: list[Pair], pad_id: int) -> tuple[torch.Tensor, 
     return scores[:len(pairs)], scores[len(pairs):]
 
 
-def _reduce(engine: Any, sums: dict[str, float], prefix: str = "") -> dict[str, float]:
+def _reduce(engine: Engine, sums: dict[str, float], prefix: str = "") -> dict[str, float]:
     """Global means of the per-pair sums."""
     keys = ("loss", "correct", "chosen", "rejected", "pairs")
     total = dict(zip(keys, global_sum(engine, [sums[k] for k in keys])))
@@ -72,7 +68,7 @@ def _reduce(engine: Any, sums: dict[str, float], prefix: str = "") -> dict[str, 
             f"{prefix}chosen_score": total["chosen"] / n, f"{prefix}rejected_score": total["rejected"] / n}
 
 
-def _evaluate(engine: Any, pairs: list[Pair], pad_id: int, batch: int) -> dict[str, float]:
+def _evaluate(engine: Engine, pairs: list[Pair], pad_id: int, batch: int) -> dict[str, float]:
     """Held-out metrics; every rank runs the same number of forwards (a finished rank scores weight-0 stand-ins)."""
     rank, world = engine.comm.rank, engine.comm.world_size
     mine = pairs[rank::world]
@@ -90,11 +86,9 @@ def _evaluate(engine: Any, pairs: list[Pair], pad_id: int, batch: int) -> dict[s
     return _reduce(engine, sums, "eval_")
 
 
-def _build_model(s: RewardSettings, tok: Any) -> ValueHeadModel:
+def _build_model(s: RewardSettings, tok: PreTrainedTokenizerBase) -> ValueHeadModel:
     """The value model: from a model directory, or the demo config from scratch (seeded)."""
     if s.model_name_or_path == "demo":
-        from hybridzero.rlhf.demo_task import demo_model_config
-
         torch.manual_seed(s.seed)
         return ValueHeadModel(demo_model_config(tok), head_seed=s.seed)
     return load_value_model(s.model_name_or_path, head_seed=s.seed)
@@ -102,9 +96,7 @@ def _build_model(s: RewardSettings, tok: Any) -> ValueHeadModel:
 
 def train_reward(s: RewardSettings) -> dict[str, Any]:
     """Run step 2; returns the final metrics (every rank) and writes the value model to ``s.output_dir``."""
-    import hybridzero
-
-    hybridzero.init_distributed()
+    init_distributed()
     tok = load_tokenizer(s.model_name_or_path)
     pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
     model = _build_model(s, tok).float()

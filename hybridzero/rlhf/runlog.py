@@ -3,7 +3,10 @@
 Layout of a run directory::
 
     run_dir/metrics.jsonl      {"phase": ..., "step": ..., "time": ..., <metric>: <value>, ...} per line
-    run_dir/tensorboard/       events.out.tfevents.* with tags "<phase>/<metric>"
+    run_dir/tensorboard/       events.out.tfevents.* with tags "<phase>/<metric>" (torch.utils.tensorboard)
+
+``metrics.jsonl`` is the always-on record. TensorBoard needs the optional ``tensorboard`` package (the
+``hybridzero[tensorboard]`` extra); without it the events are skipped with one warning and training goes on.
 
 Non-finite metric values are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` so every line is
 strict JSON; :func:`read_metrics` turns them back into floats.
@@ -19,9 +22,10 @@ from pathlib import Path
 from types import MappingProxyType, TracebackType
 from typing import IO, TYPE_CHECKING, Any
 
-from hybridzero.rlhf.tensorboard import EventWriter
+from tqdm import tqdm
 
 if TYPE_CHECKING:
+    from torch.utils.tensorboard import SummaryWriter
     from typing_extensions import Self
 
 METRICS_FILE = "metrics.jsonl"
@@ -50,6 +54,17 @@ def metrics_record(step: int, metrics: Mapping[str, float], phase: str, wall_tim
     return record
 
 
+def open_summary_writer(log_dir: Path) -> SummaryWriter | None:
+    """A ``SummaryWriter`` on ``log_dir``, or ``None`` (one warning) when the ``tensorboard`` package is missing."""
+    try:  # optional dependency: importing torch.utils.tensorboard fails without the tensorboard package
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        warnings.warn("TensorBoard output skipped: the tensorboard package is not installed "
+                      "(pip install 'hybridzero[tensorboard]'); metrics.jsonl has every metric", stacklevel=3)
+        return None
+    return SummaryWriter(log_dir=str(log_dir))
+
+
 def _ends_with_newline(path: Path) -> bool:
     """True for a missing or empty file or one whose last byte is a newline."""
     if not path.exists() or path.stat().st_size == 0:
@@ -63,7 +78,8 @@ class RunLog:
     """Metrics sink shared by all ranks: only rank 0 with a ``run_dir`` writes and echoes; others are no-ops.
 
     ``metrics.jsonl`` is opened in append mode (a resumed run continues the same file) and flushed after
-    every line; TensorBoard events go to a new file under ``run_dir/tensorboard/`` each time a RunLog opens.
+    every line; TensorBoard events go to a new file under ``run_dir/tensorboard/`` each time a RunLog opens
+    (skipped, with one warning, when the ``tensorboard`` package is not installed).
     """
 
     def __init__(
@@ -79,7 +95,7 @@ class RunLog:
         self._echo = echo
         self.active = rank == 0 and self.run_dir is not None
         self._file: IO[str] | None = None
-        self._events: EventWriter | None = None
+        self._events: SummaryWriter | None = None
         if self.active and self.run_dir is not None:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             path = self.run_dir / METRICS_FILE
@@ -88,7 +104,7 @@ class RunLog:
             if needs_newline:  # a crash mid-line left a fragment: keep it on its own (skipped) line
                 self._file.write("\n")
             if tensorboard:
-                self._events = EventWriter(self.run_dir / TENSORBOARD_DIR)
+                self._events = open_summary_writer(self.run_dir / TENSORBOARD_DIR)
 
     @property
     def metrics_path(self) -> Path | None:
@@ -104,8 +120,8 @@ class RunLog:
         self._file.write(json.dumps(record, allow_nan=False) + "\n")
         self._file.flush()
         if self._events is not None:
-            scalars = {f"{phase}/{key}": float(value) for key, value in metrics.items()}
-            self._events.add_scalars(int(step), scalars, wall_time=now)
+            for key, value in metrics.items():
+                self._events.add_scalar(f"{phase}/{key}", float(value), global_step=int(step), walltime=now)
             self._events.flush()
 
     def print(self, line: str) -> None:
@@ -171,3 +187,15 @@ def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
     if skipped:
         warnings.warn(f"{path}: skipped {skipped} malformed line(s)", stacklevel=2)
     return list(merged.values())
+
+
+def echo_fn(progress: bool) -> Callable[[str], None]:
+    """``tqdm.write`` when a progress bar is live (keeps the bar at the bottom), else ``print``."""
+    if progress:
+        return lambda line: tqdm.write(line)
+    return lambda line: print(line, flush=True)
+
+
+def open_runlog(output_dir: str, rank: int, tensorboard: bool, progress: bool) -> RunLog:
+    """The step's :class:`RunLog` in ``output_dir`` (rank 0 writes, others no-op)."""
+    return RunLog(Path(output_dir), rank, tensorboard=tensorboard, echo=echo_fn(progress))

@@ -6,27 +6,38 @@ map one to one; the command line (:mod:`hybridzero.rlhf.cli`) is generated from 
 errors (``extra="forbid"``); every cross-field rule is checked here, before any process group or model exists, and
 the error names the key, the value and what would be valid.
 
+Each default and each bound is written once, here: the trainers, the CLI (flags and ``--help``) and the demo read
+them from these models. Every float rejects ``inf`` and ``nan`` (``allow_inf_nan=False``): a non-finite
+coefficient would train to an all-NaN model. The optimizer and scheduler keys (``*learning_rate``,
+``*weight_decay``, ``lr_scheduler_type``, ``num_warmup_steps``, ``gradient_clipping``) are validated only here, by
+the types :data:`LearningRate`, :data:`WeightDecay` and :data:`Schedule`; :mod:`hybridzero.rlhf.engines` turns
+them into DeepSpeed ``optimizer`` / ``scheduler`` blocks.
+
 Special values: ``data_path`` entry ``"demo"`` is the dataset that ships with the project
-(:mod:`hybridzero.rlhf.demo_task`); ``model_name_or_path`` ``"demo"`` builds the demo's tiny Llama from its config
+(:mod:`hybridzero.rlhf.demo.task`); ``model_name_or_path`` ``"demo"`` builds the demo's tiny Llama from its config
 and trains it from scratch (with the demo tokenizer).
 """
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["GRPOSettings", "PPOSettings", "RewardSettings", "SFTSettings", "StepSettings"]
+__all__ = ["GRPOSettings", "PPOSettings", "RewardSettings", "SFTSettings", "StepSettings", "SupervisedSettings"]
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 Schedule = Literal["cosine", "linear", "constant"]
 Stage = Literal[0, 1, 2, 3]
+LearningRate = Annotated[float, Field(gt=0.0)]
+WeightDecay = Annotated[float, Field(ge=0.0)]
+Fraction = Annotated[float, Field(ge=0.0, le=1.0)]
+_CONFIG = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class StepSettings(BaseModel):
     """Keys every step shares."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = _CONFIG
 
     data_path: list[str] = Field(default_factory=lambda: ["demo"], min_length=1)
     data_split: str = "2,4,4"
@@ -40,32 +51,32 @@ class StepSettings(BaseModel):
     enable_tensorboard: bool = True
     print_every: int = Field(1, ge=1)
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (all epochs)")
+    gradient_accumulation_steps: int = Field(1, ge=1)
     progress: bool = True
 
 
-class _SupervisedSettings(StepSettings):
+class SupervisedSettings(StepSettings):
     """SFT and reward-model keys."""
 
     model_name_or_path: str = "demo"
     per_device_train_batch_size: int = Field(16, ge=1)
     per_device_eval_batch_size: int = Field(16, ge=1)
-    gradient_accumulation_steps: int = Field(1, ge=1)
     max_seq_len: int = Field(512, ge=2)
-    learning_rate: float = Field(1e-3, gt=0.0)
-    weight_decay: float = Field(0.0, ge=0.0)
+    learning_rate: LearningRate = 1e-3
+    weight_decay: WeightDecay = 0.0
     zero_stage: Stage = 3
     gradient_checkpointing: bool = False
     eval_fraction: float = Field(0.05, gt=0.0, lt=1.0)
     eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0: at the end of each epoch only)")
 
 
-class SFTSettings(_SupervisedSettings):
+class SFTSettings(SupervisedSettings):
     """Step 1: causal-LM loss on prompt + response, masked to the response."""
 
     output_dir: str = "runs/step1_sft"
 
 
-class RewardSettings(_SupervisedSettings):
+class RewardSettings(SupervisedSettings):
     """Step 2: value-head model, pairwise loss ``-log sigmoid(chosen - rejected)`` on last-token scores."""
 
     output_dir: str = "runs/step2_reward"
@@ -84,11 +95,10 @@ class PPOSettings(StepSettings):
     max_prompt_seq_len: int = Field(256, ge=1)
     max_answer_seq_len: int = Field(256, ge=1)
     prompt_policy: Literal["truncate", "drop"] = "drop"
-    actor_learning_rate: float = Field(9.65e-6, gt=0.0)
-    critic_learning_rate: float = Field(5e-6, gt=0.0)
-    actor_weight_decay: float = Field(0.0, ge=0.0)
-    critic_weight_decay: float = Field(0.0, ge=0.0)
-    gradient_accumulation_steps: int = Field(1, ge=1)
+    actor_learning_rate: LearningRate = 9.65e-6
+    critic_learning_rate: LearningRate = 5e-6
+    actor_weight_decay: WeightDecay = 0.0
+    critic_weight_decay: WeightDecay = 0.0
     actor_zero_stage: Stage = 3
     critic_zero_stage: Stage = 3
     reference_zero_stage: Stage = 3
@@ -104,8 +114,8 @@ class PPOSettings(StepSettings):
     clip_reward_value: float = Field(5.0, gt=0.0)
     cliprange: float = Field(0.2, gt=0.0)
     cliprange_value: float = Field(0.2, gt=0.0)
-    gamma: float = Field(1.0, ge=0.0, le=1.0)
-    lambd: float = Field(0.95, ge=0.0, le=1.0)
+    gamma: Fraction = 1.0
+    lambd: Fraction = 0.95
     do_sample: bool = True
     temperature: float = Field(1.0, gt=0.0)
     top_k: int = Field(0, ge=0)

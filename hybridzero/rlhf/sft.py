@@ -13,26 +13,17 @@ import math
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
-from hybridzero.rlhf.common import (
-    global_sum,
-    open_runlog,
-    phase_records,
-)
-from hybridzero.rlhf.data import (
-    IGNORE_INDEX,
-    pad_sequences,
-    pad_token_id,
-    sft_example,
-    train_eval_split,
-)
-from hybridzero.rlhf.engines import (
-    load_causal_lm,
-    load_tokenizer,
-)
-from hybridzero.rlhf.models import save_causal_lm
+from hybridzero.comm.collectives import init_distributed
+from hybridzero.rlhf.data.records import phase_records, train_eval_split
+from hybridzero.rlhf.data.tokens import IGNORE_INDEX, pad_sequences, pad_token_id, sft_example
+from hybridzero.rlhf.engines import global_sum
+from hybridzero.rlhf.models import load_causal_lm, load_tokenizer, save_causal_lm
+from hybridzero.rlhf.runlog import open_runlog
 from hybridzero.rlhf.settings import SFTSettings
 from hybridzero.rlhf.supervised import LoopSpec, run_loop, supervised_engine
+from hybridzero.runtime.engine import Engine
 
 __all__ = ["sft_batch", "train_sft"]
 
@@ -45,7 +36,8 @@ def sft_batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def _tokenize(records: list[dict[str, str]], tok: Any, max_len: int) -> tuple[list[tuple[list[int], list[int]]], int]:
+def _tokenize(records: list[dict[str, str]], tok: PreTrainedTokenizerBase,
+              max_len: int) -> tuple[list[tuple[list[int], list[int]]], int]:
     """``(examples, truncated)``: SFT examples (``response``, or ``chosen`` of pairwise records)."""
     out, truncated = [], 0
     for r in records:
@@ -55,7 +47,8 @@ def _tokenize(records: list[dict[str, str]], tok: Any, max_len: int) -> tuple[li
     return out, truncated
 
 
-def _evaluate(engine: Any, examples: list[tuple[list[int], list[int]]], pad_id: int, batch: int) -> dict[str, float]:
+def _evaluate(engine: Engine, examples: list[tuple[list[int], list[int]]], pad_id: int,
+              batch: int) -> dict[str, float]:
     """Token-mean loss and perplexity over ``examples`` (this rank's strided share, summed over ranks).
 
     Every rank runs the same number of forwards (ZeRO-3 forwards are collective): a rank whose share ran out
@@ -86,9 +79,7 @@ def _evaluate(engine: Any, examples: list[tuple[list[int], list[int]]], pad_id: 
 
 def train_sft(s: SFTSettings) -> dict[str, Any]:
     """Run step 1; returns the final metrics (on every rank) and writes ``s.output_dir``."""
-    import hybridzero
-
-    hybridzero.init_distributed()
+    init_distributed()
     tok = load_tokenizer(s.model_name_or_path)
     pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
     model, hf_config = load_causal_lm(s.model_name_or_path, tok, s.seed)

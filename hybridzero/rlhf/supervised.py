@@ -11,9 +11,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from hybridzero.rlhf.common import epoch_order, rank_slice
+from torch import nn
+from tqdm import tqdm
+
+from hybridzero.rlhf.data.dealing import epoch_order, rank_slice, steps_per_epoch
+from hybridzero.rlhf.engines import OptimSpec, build_engine, ds_config, world_comm
+from hybridzero.rlhf.runlog import RunLog
+from hybridzero.rlhf.settings import SupervisedSettings
+from hybridzero.runtime.engine import Engine
 
 __all__ = ["LoopSpec", "run_loop", "supervised_engine"]
 
@@ -41,14 +47,9 @@ class LoopSpec:
     eval_line: Callable[[int, dict[str, float]], str]
 
 
-def supervised_engine(model: Any, s: Any, n_train: int, what: str) -> tuple[Any, int, int]:
+def supervised_engine(model: nn.Module, s: SupervisedSettings, n_train: int, what: str) -> tuple[Engine, int, int]:
     """``(engine, total_steps, global_batch)`` for step 1 or 2 settings ``s`` over ``n_train`` training items."""
-    import torch
-
-    from hybridzero.rlhf.common import steps_per_epoch
-    from hybridzero.rlhf.engines import OptimSpec, build_engine, ds_config
-
-    world = torch.distributed.get_world_size()
+    world = world_comm().world_size
     global_batch = s.per_device_train_batch_size * world * s.gradient_accumulation_steps
     total = steps_per_epoch(n_train, global_batch, what) * s.num_train_epochs
     if s.max_steps is not None:
@@ -59,7 +60,7 @@ def supervised_engine(model: Any, s: Any, n_train: int, what: str) -> tuple[Any,
     return build_engine(model, cfg, checkpointing=s.gradient_checkpointing), total, global_batch
 
 
-def _one_step(engine: Any, spec: LoopSpec, mine: list[int]) -> dict[str, float]:
+def _one_step(engine: Engine, spec: LoopSpec, mine: list[int]) -> dict[str, float]:
     """Accumulate ``spec.accumulation`` micro-steps; global metrics plus lr and step time."""
     t0 = time.perf_counter()
     sums: Sums = {}
@@ -69,11 +70,9 @@ def _one_step(engine: Any, spec: LoopSpec, mine: list[int]) -> dict[str, float]:
     return {**spec.reduce(sums), "lr": engine.get_lr()[0], "step_time_s": time.perf_counter() - t0}
 
 
-def run_loop(engine: Any, spec: LoopSpec, log: Any) -> dict[str, float]:
+def run_loop(engine: Engine, spec: LoopSpec, log: RunLog) -> dict[str, float]:
     """Train for ``spec.total_steps`` steps over at most ``spec.epochs`` epochs; returns the last metrics merged
     with the last evaluation."""
-    from tqdm import tqdm
-
     rank, world = engine.comm.rank, engine.comm.world_size
     span = spec.micro * world * spec.accumulation
     bar = tqdm(total=spec.total_steps, desc=spec.phase, disable=not (spec.progress and rank == 0))

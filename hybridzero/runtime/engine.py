@@ -29,15 +29,20 @@ from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
 from hybridzero.optim.swap import StateSwapper
+from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
+from hybridzero.runtime.fragments import TensorFragments
+from hybridzero.runtime.hybrid import generation_mode, hybrid_generate
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.zero import materialize
+from hybridzero.zero.gathered import GatheredParameters, ZeroParamOwner
 from hybridzero.zero.groups import ShardedGroup, ShardMode
 from hybridzero.zero.offload import Placement
 from hybridzero.zero.partition import plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.qgz import HierarchicalQuantizedReduce
 from hybridzero.zero.reduce import GradReducer, reduction_scales
+from hybridzero.zero.registry import REGISTRY
 
 _LOG = logging.getLogger("hybridzero")
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -60,13 +65,15 @@ def failure_guard(comm: Comm) -> Iterator[None]:
         raise
 
 
-class Engine:
-    """Wraps ``module`` for sharded training; see :func:`hybridzero.initialize`."""
+class Engine(DeepSpeedEngineAPI, nn.Module):
+    """Wraps ``module`` for sharded training; see :func:`hybridzero.initialize`. An ``nn.Module`` whose one
+    submodule is ``module`` (DeepSpeed's engine surface: :mod:`hybridzero.runtime.deepspeed_api`)."""
 
     def __init__(self, module: nn.Module, config: Config, comm: Comm, *, optimizer: torch.optim.Optimizer | None = None,
                  model_parameters: Iterable[Any] | None = None, lr_scheduler: Any = None,
                  blocks: list[str] | None = None, record_events: bool = False,
                  source: TensorSource | None = None) -> None:
+        nn.Module.__init__(self)
         self.config = config
         self.comm = comm
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
@@ -99,6 +106,9 @@ class Engine:
                                    scales=scales)
         self.coordinator = ZeroCoordinator(self.module, self.groups, self.reducer, self.prefetcher, self.events,
                                            check_unused=z.stage in (1, 2) and not z.ignore_unused_parameters)
+        self.param_owner = TensorFragments(ZeroParamOwner(self.coordinator, comm), self)
+        REGISTRY.register(self.param_owner.zero.params(), self.param_owner)  # GatheredParameters, utils.safe_*
+        self.training_dataloader: Any = None  # set by initialize when training_data is given
         if comm.world_size > 1 and config.zero.stage == 3:
             # Hugging Face's protocol for sharded engines: generate() then keeps every rank stepping (synced_gpus)
             # until all ranks are done, so a rank that finished early still joins the gathers. No other state of
@@ -203,18 +213,10 @@ class Engine:
         return None
 
     # --- DeepSpeed-shaped API -----------------------------------------------------------------------------------
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.forward(*args, **kwargs)
-
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the wrapped module (gathering groups as it goes)."""
         with failure_guard(self.comm):
             return self.module(*args, **kwargs)
-
-    @property
-    def gradient_accumulation_steps(self) -> int:
-        """Micro-steps per optimizer step."""
-        return self.config.gradient_accumulation_steps
 
     def is_gradient_accumulation_boundary(self) -> bool:
         """True when the next ``step()`` applies the update."""
@@ -309,8 +311,7 @@ class Engine:
 
     def release_held(self) -> None:
         """Release groups a grad-enabled forward kept gathered for a backward that has not come (no-op otherwise)."""
-        if self.coordinator.phase.value == "idle":
-            self.coordinator.end_phase()
+        self.coordinator.release_held()
 
     def was_step_applied(self) -> bool:
         """False if the last optimizer step was skipped (fp16 overflow on any rank), as in DeepSpeed."""
@@ -321,19 +322,10 @@ class Engine:
         """The current fp16 loss scale (1.0 when fp16 is off)."""
         return self.loss_scaler.scale
 
-    def zero_grad(self) -> None:
-        """Zero the fp32 gradient shards."""
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the fp32 gradient shards (``set_to_none`` is accepted for ``nn.Module`` compatibility)."""
         for group in self.groups:
             group.grad_shard.zero_()
-
-    def train(self, mode: bool = True) -> "Engine":
-        """Set the module's training mode."""
-        self.module.train(mode)
-        return self
-
-    def eval(self) -> "Engine":
-        """Set the module to eval mode."""
-        return self.train(False)
 
     def get_lr(self) -> list[float]:
         """Current learning rate of every optimizer param group."""
@@ -345,23 +337,19 @@ class Engine:
 
     def assert_quiescent(self) -> None:
         """Raise if anything is gathered (but persisted parameters), pending or unreduced."""
-        if not self.coordinator.is_quiescent():
-            raise AssertionError(f"engine is not quiescent: {self.coordinator.describe()}")
+        self.coordinator.assert_quiescent()
 
     def generate(self, *args: Any, max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
         """Hybrid-engine generation (HF ``generate`` arguments): parameters gathered once, no collective while
         decoding, shards untouched. See :mod:`hybridzero.runtime.hybrid`."""
-        from hybridzero.runtime.hybrid import hybrid_generate
-
         # No failure guard: in full mode nothing is exchanged until exit, so an exception here (a stopping criterion,
         # a logits processor) is local; it reaches the caller unchanged and the engine stays usable.
-        return hybrid_generate(self, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
+        return hybrid_generate(self.coordinator, self.config.hybrid_engine.max_out_tokens, *args,
+                               max_gathered_bytes=max_gathered_bytes, **kwargs)
 
     def generation_mode(self, max_gathered_bytes: int | None = None) -> Any:
         """``with engine.generation_mode():`` — the module runs on fully gathered parameters inside the block."""
-        from hybridzero.runtime.hybrid import generation_mode
-
-        return generation_mode(self, max_gathered_bytes)
+        return generation_mode(self.coordinator, max_gathered_bytes)
 
     def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict[str, Any] | None = None,
                         save_latest: bool = True) -> Any:
@@ -369,7 +357,7 @@ class Engine:
         from hybridzero.checkpoint.engine_io import save
 
         self.release_held()
-        with failure_guard(self.comm), self._state_resident():
+        with failure_guard(self.comm), self.optimizer_state_resident():
             return save(self, save_dir, tag, client_state, save_latest)
 
     def load_checkpoint(self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True,
@@ -378,11 +366,12 @@ class Engine:
         from hybridzero.checkpoint.engine_io import load
 
         self.release_held()
-        with failure_guard(self.comm), self._state_resident():
+        with failure_guard(self.comm), self.optimizer_state_resident():
             return load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
 
-    def _state_resident(self) -> contextlib.AbstractContextManager[None]:
-        """Swapped optimizer state back in ``optimizer.state`` for the block (checkpoints never read swap files)."""
+    def optimizer_state_resident(self) -> contextlib.AbstractContextManager[None]:
+        """Every leaf's optimizer state in ``optimizer.state`` for the block; with NVMe offload it is read from the
+        swap file and written back after (checkpoints and the fragment API read state only through this)."""
         return self.swapper.resident() if self.swapper is not None else contextlib.nullcontext()
 
     def destroy(self) -> None:
@@ -400,8 +389,6 @@ class Engine:
 
     def gathered_parameters(self, params: Any, modifier_rank: int | None = None) -> Any:
         """``with engine.gathered_parameters(params, modifier_rank=0):`` — see :mod:`hybridzero.zero.gathered`."""
-        from hybridzero.zero.gathered import GatheredParameters
-
         return GatheredParameters(params, modifier_rank, engine=self)
 
     def full_parameters(self) -> dict[str, torch.Tensor]:
@@ -416,3 +403,20 @@ class Engine:
             for slot in group.slots:
                 out[slot.spec.name] = flat[slot.spec.offset:slot.spec.end].view(slot.spec.shape).clone()
         return out
+
+    def ema_update_from(self, source: Engine, beta: float) -> None:
+        """``self = beta * self + (1 - beta) * source`` on this rank's fp32 master shards, then written through
+        :meth:`ShardedGroup.write_shard` (no communication). Both engines must hold the same model with the same
+        layout (same ZeRO stage and world); a mismatch raises naming the group before anything is written."""
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"ema_update_from: beta = {beta!r} must be in [0, 1]")
+        if len(self.groups) != len(source.groups):
+            raise ValueError(f"ema_update_from: this engine has {len(self.groups)} groups, the source "
+                             f"{len(source.groups)}: build both from the same model with the same ZeRO stage")
+        for mine, theirs in zip(self.groups, source.groups):
+            if mine.master.shape != theirs.master.shape or mine.layout.specs != theirs.layout.specs:
+                raise ValueError(f"ema_update_from: group {mine.name!r} does not match the source's layout")
+        with torch.no_grad():
+            for mine, theirs in zip(self.groups, source.groups):
+                mine.master.mul_(beta).add_(theirs.master, alpha=1.0 - beta)
+                mine.write_shard()

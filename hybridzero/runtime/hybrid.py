@@ -1,6 +1,7 @@
 """Hybrid engine: generate on parameters gathered once, with no collective inside the decode loop.
 
-``generation_mode(engine)``:
+``generation_mode(coordinator)`` (the engine's :class:`ZeroCoordinator`, which holds the module and its groups;
+nothing of the engine is needed):
 
 * entry: the engine must be quiescent; every ZeRO-3 group's gather is launched at once (overlapped) and then
   waited; the groups are pinned and the coordinator's hooks bypassed, so the module runs as plain PyTorch / HF code
@@ -16,33 +17,32 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from hybridzero.runtime.engine import Engine
+from hybridzero.zero.coordinator import ZeroCoordinator
 
 
-def gathered_bytes(engine: "Engine") -> int:
+def gathered_bytes(coordinator: ZeroCoordinator) -> int:
     """Bytes all ZeRO-3 groups take when gathered at once (compute dtype, padding included)."""
-    return sum(g.numel * g.compute_dtype.itemsize for g in engine.groups if not g.always_full)
+    return sum(g.numel * g.compute_dtype.itemsize for g in coordinator.groups if not g.always_full)
 
 
 @contextmanager
-def generation_mode(engine: "Engine", max_gathered_bytes: int | None = None) -> Iterator[str]:
+def generation_mode(coordinator: ZeroCoordinator, max_gathered_bytes: int | None = None) -> Iterator[str]:
     """Full-parameter generation inside the block; yields ``"full"`` or ``"bucketed"`` (see module docstring)."""
-    engine.release_held()
-    engine.assert_quiescent()
-    was_training = engine.module.training
-    engine.module.eval()
-    if max_gathered_bytes is not None and gathered_bytes(engine) > max_gathered_bytes:
+    coordinator.release_held()
+    coordinator.assert_quiescent()
+    module = coordinator.module
+    was_training = module.training
+    module.eval()
+    if max_gathered_bytes is not None and gathered_bytes(coordinator) > max_gathered_bytes:
         try:
             yield "bucketed"
         finally:
-            engine.module.train(was_training)
+            module.train(was_training)
         return
-    groups = [g for g in engine.groups if not g.always_full]
-    coordinator = engine.coordinator
-    synced_flag = getattr(engine.module, "_is_fsdp_managed_module", None)
+    groups = [g for g in coordinator.groups if not g.always_full]
+    synced_flag = getattr(module, "_is_fsdp_managed_module", None)
     for g in groups:
         g.pins += 1  # pinned before any gather: the finally unpins exactly these
     try:
@@ -52,27 +52,28 @@ def generation_mode(engine: "Engine", max_gathered_bytes: int | None = None) -> 
             g.wait("generate")
         coordinator.bypass = True
         if synced_flag is not None:
-            engine.module._is_fsdp_managed_module = False  # nothing to synchronize: HF generate need not sync
+            module._is_fsdp_managed_module = False  # nothing to synchronize: HF generate need not sync
         yield "full"
     finally:
         if synced_flag is not None:
-            engine.module._is_fsdp_managed_module = synced_flag
+            module._is_fsdp_managed_module = synced_flag
         coordinator.bypass = False
         for g in groups:
             g.pins -= 1
             coordinator.release(g)
-        engine.module.train(was_training)
+        module.train(was_training)
 
 
-def hybrid_generate(engine: "Engine", *args: Any, max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
+def hybrid_generate(coordinator: ZeroCoordinator, max_out_tokens: int, *args: Any,
+                    max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
     """``module.generate`` inside :func:`generation_mode`; checks ``hybrid_engine.max_out_tokens``."""
-    limit = engine.config.hybrid_engine.max_out_tokens
+    limit = max_out_tokens
     ids = kwargs.get("input_ids", args[0] if args else None)
     new = kwargs.get("max_new_tokens")
     if ids is not None and new is not None and ids.shape[-1] + int(new) > limit:
         raise ValueError(f"prompt length {ids.shape[-1]} + max_new_tokens {new} exceeds hybrid_engine.max_out_tokens="
                          f"{limit}; raise hybrid_engine.max_out_tokens or generate fewer tokens")
-    with generation_mode(engine, max_gathered_bytes) as mode:
+    with generation_mode(coordinator, max_gathered_bytes) as mode:
         if mode == "full":
             kwargs.setdefault("synced_gpus", False)  # nothing to synchronize: no collective until exit
-        return engine.module.generate(*args, **kwargs)
+        return coordinator.module.generate(*args, **kwargs)

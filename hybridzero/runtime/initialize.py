@@ -6,6 +6,7 @@ tears the process group down (see :func:`hybridzero.runtime.engine.failure_guard
 """
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -15,11 +16,14 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
+from hybridzero import comm as comm_api
 from hybridzero.checkpoint.hf_source import TensorSource
-from hybridzero.comm.collectives import Comm, init_distributed
+from hybridzero.comm.collectives import Comm
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config
 from hybridzero.runtime.engine import Engine, failure_guard
+
+_LOG = logging.getLogger("hybridzero")
 
 
 def agree(comm: Comm, error: BaseException | None, what: str) -> None:
@@ -41,34 +45,65 @@ def _dataloader(data: Dataset, cfg: Config, comm: Comm, collate_fn: Callable[...
                       collate_fn=collate_fn, drop_last=True)
 
 
-def initialize(model: nn.Module, config: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
-               optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None = None,
-               model_parameters: Iterable[Any] | None = None, lr_scheduler: Any = None,
-               training_data: Dataset | None = None, collate_fn: Callable[..., Any] | None = None,
-               config_params: Mapping[str, Any] | None = None, blocks: list[str] | None = None,
-               record_events: bool = False, checkpoint_source: TensorSource | None = None,
-               **deepspeed_args: Any) -> tuple[Engine, Any, DataLoader | None, Any]:
-    """Build a sharded engine; returns ``(engine, optimizer, dataloader, lr_scheduler)`` like DeepSpeed.
+def _config_source(args: Any, config: Any, config_params: Any) -> Any:
+    """DeepSpeed's rules: ``config`` or its older alias ``config_params``, else ``args.deepspeed_config`` (or the
+    deprecated ``args.deepscale_config``); a config given both ways is an error."""
+    if config is None:
+        config = config_params
+    from_args = getattr(args, "deepspeed_config", None)
+    deepscale = getattr(args, "deepscale_config", None)
+    if deepscale is not None:
+        if from_args is not None:
+            raise ValueError("initialize(): args has both deepscale_config (deprecated) and deepspeed_config; "
+                             "keep only --deepspeed_config")
+        _LOG.warning("--deepscale_config is deprecated, use --deepspeed_config")
+        from_args = deepscale
+    if from_args is not None:
+        if config is not None:
+            raise ValueError("initialize(): a config was given both in args.deepspeed_config and as config=; "
+                             "pass only one")
+        config = from_args
+    if config is None:
+        raise ValueError("initialize() needs a config: config= (a DeepSpeed JSON dict or path) or "
+                         "args.deepspeed_config (--deepspeed_config, see add_config_arguments)")
+    return config
 
-    ``config`` is a DeepSpeed JSON dict or path (``config_params`` is DeepSpeed's older alias). ``optimizer`` may be a
-    client optimizer built over ``model.parameters()`` (rebuilt over the shards with the same class and
-    hyperparameters) or a callable taking the parameters. ``blocks`` overrides the automatic choice of gather groups.
-    A model built on the meta device is materialized group by group, from ``checkpoint_source`` (each rank reads
-    only its shard) or else by the model's own init.
-    DeepSpeed-only arguments (``args``, ``mpu``, ``dist_init_required``) are accepted and ignored.
+
+def initialize(args: Any = None, model: nn.Module | None = None,
+               optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None = None,
+               model_parameters: Iterable[Any] | None = None, training_data: Dataset | None = None,
+               lr_scheduler: Any = None, distributed_port: int = 29500, mpu: Any = None,
+               dist_init_required: bool | None = None, collate_fn: Callable[..., Any] | None = None,
+               config: Mapping[str, Any] | str | os.PathLike[str] | None = None, mesh_param: Any = None,
+               config_params: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
+               blocks: list[str] | None = None, record_events: bool = False,
+               checkpoint_source: TensorSource | None = None) -> tuple[Engine, Any, DataLoader | None, Any]:
+    """Build a sharded engine; returns ``(engine, optimizer, training_dataloader, lr_scheduler)`` like DeepSpeed.
+
+    DeepSpeed's signature and rules: ``config`` is a DeepSpeed JSON dict or path (``config_params`` is its older
+    alias; with neither, ``args.deepspeed_config``). ``optimizer`` may be a client optimizer built over
+    ``model.parameters()`` (rebuilt over the shards with the same class and hyperparameters) or a callable taking
+    the parameters. ``distributed_port`` is the rendezvous port when no launcher set one; ``dist_init_required=False``
+    requires an initialized process group. ``mpu`` and ``mesh_param`` (model / sequence parallelism) are not supported.
+    hybridzero's own keyword-only arguments: ``blocks`` overrides the automatic choice of gather groups;
+    ``record_events`` records gather/release events; a model built on the meta device is materialized group by
+    group, from ``checkpoint_source`` (each rank reads only its shard) or else by the model's own init.
     """
-    unknown = set(deepspeed_args) - {"args", "mpu", "dist_init_required", "collate_fn"}
-    if unknown:
-        raise TypeError(f"initialize() got unexpected keyword arguments {sorted(unknown)}")
-    init_distributed()
+    if model is None:
+        raise ValueError("initialize() needs model= (the torch.nn.Module to train)")
+    for name, value in (("mpu", mpu), ("mesh_param", mesh_param)):
+        if value is not None:
+            raise ValueError(f"initialize({name}=...) is not supported: hybridzero is data-parallel only (ZeRO); "
+                             f"pass {name}=None")
+    if dist_init_required is False and not comm_api.is_initialized():
+        raise RuntimeError("initialize(dist_init_required=False) but torch.distributed is not initialized; call "
+                           "hybridzero.init_distributed() first or leave dist_init_required=None")
+    comm_api.init_distributed(distributed_port=distributed_port)
     comm = Comm(Ledger())
     cfg: Config | None = None
     error: BaseException | None = None
     try:
-        source = config if config is not None else config_params
-        if source is None:
-            raise ValueError("initialize() needs config= (a DeepSpeed JSON dict or path)")
-        cfg = load_config(source, comm.world_size)
+        cfg = load_config(_config_source(args, config, config_params), comm.world_size)
         if callable(optimizer) and not isinstance(optimizer, torch.optim.Optimizer):
             optimizer = optimizer(model_parameters if model_parameters is not None else model.parameters())
     except Exception as exc:  # noqa: BLE001 - agreed on below, then re-raised on every rank
@@ -82,5 +117,6 @@ def initialize(model: nn.Module, config: Mapping[str, Any] | str | os.PathLike[s
         engine = Engine(model, cfg, comm, optimizer=optimizer, model_parameters=model_parameters,
                         lr_scheduler=lr_scheduler, blocks=blocks, record_events=record_events,
                         source=checkpoint_source)
-    loader = _dataloader(training_data, cfg, comm, collate_fn) if training_data is not None else None
-    return engine, engine.optimizer, loader, engine.lr_scheduler
+    if training_data is not None:
+        engine.training_dataloader = _dataloader(training_data, cfg, comm, collate_fn)
+    return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -326,6 +326,16 @@ class ZeroCoordinator:
                 if slot.trainable and (group.index, i) not in delivered]
 
     # --- checks -------------------------------------------------------------------------------------------------
+    def release_held(self) -> None:
+        """Release groups a grad-enabled forward kept gathered for a backward that has not come (no-op otherwise)."""
+        if self.phase is Phase.IDLE:
+            self.end_phase()
+
+    def assert_quiescent(self) -> None:
+        """Raise if anything is gathered (but always-whole groups), pending or unreduced."""
+        if not self.is_quiescent():
+            raise AssertionError(f"engine is not quiescent: {self.describe()}")
+
     def is_quiescent(self) -> bool:
         """IDLE, nothing gathered but always-whole groups, nothing pending, nothing unreduced."""
         return (self.phase is Phase.IDLE and self.reducer.is_quiescent()

@@ -18,7 +18,7 @@ def test_modifier_rank_edit_matches_reference(world, world_size: int, stage: int
     compare(world(world_size).run(engine_run, spec), reference_run(spec, world_size))
 
 
-def _discard_and_pin() -> tuple[bool, bool, bool]:
+def _edit_without_modifier_raises() -> tuple[bool, bool, bool, bool]:
     import hybridzero
 
     hybridzero.init_distributed()
@@ -27,15 +27,21 @@ def _discard_and_pin() -> tuple[bool, bool, bool]:
     weight = engine.module.get_parameter("transformer.h.0.mlp.c_fc.weight")
     before = engine.full_parameters()["transformer.h.0.mlp.c_fc.weight"]
     ids = torch.randint(0, 90, (2, 6))
-    with engine.gathered_parameters([weight]), torch.no_grad():
-        full_inside = weight.shape == before.shape and torch.equal(weight, before)
-        weight.zero_()
-        engine(input_ids=ids)  # the block's post-forward must not release a pinned group
-        still_pinned = weight.numel() == before.numel()
+    raised = False
+    try:
+        with engine.gathered_parameters([weight]), torch.no_grad():
+            full_inside = weight.shape == before.shape and torch.equal(weight, before)
+            weight.zero_()
+            engine(input_ids=ids)  # the block's post-forward must not release a pinned group
+            still_pinned = weight.numel() == before.numel()
+    except RuntimeError as exc:
+        raised = "modifier_rank" in str(exc)
     engine.assert_quiescent()
     after = engine.full_parameters()["transformer.h.0.mlp.c_fc.weight"]
-    return full_inside, still_pinned, torch.equal(after, before)
+    return full_inside, still_pinned, raised, torch.equal(after, before)
 
 
-def test_without_modifier_changes_are_discarded(world) -> None:
-    assert world(2).run(_discard_and_pin) == [(True, True, True)] * 2
+def test_edit_without_modifier_raises_on_every_rank_and_is_undone(world) -> None:
+    """Every rank edits without a modifier rank: every rank raises (DeepSpeed's sanity check, never a silent
+    discard) and the master is untouched."""
+    assert world(2).run(_edit_without_modifier_raises) == [(True, True, True, True)] * 2

@@ -1,16 +1,26 @@
 """Step 3 (PPO / GRPO) on real gloo worlds: the DeepSpeed-Chat knob matrix at world 1, 2 and 4 gives the same
 metrics (sampling is seeded per sample, losses are global token means), a crashed run resumes on the same curve,
-an fp16 overflow in either model skips both updates, and GRPO / ptx / EMA runs complete."""
+a run killed with SIGKILL between two roles' checkpoint saves resumes from the last complete iteration, an fp16
+overflow in either model skips both updates, and GRPO / ptx / EMA runs complete."""
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
-from tests.workers.rlhf_runs import make_model_dirs, step3_run, step_both_run
+from hybridzero.rlhf.runlog import read_metrics
+from tests.workers.rlhf_runs import ema_run, make_model_dirs, step3_run, step_both_run
+
+REPO = Path(__file__).resolve().parents[2]
 
 GLOBAL_GEN, GLOBAL_TRAIN = 8, 4  # sequences per generation batch / per training mini-batch, all ranks together
 COMPARED = ("reward", "kl", "answer_len", "value", "actor_loss", "critic_loss", "clip_fraction")
@@ -87,6 +97,56 @@ def test_resume_continues_the_same_curve(world, dirs, tmp_path: Path) -> None:
         for key in (*COMPARED, "ptx_loss"):
             assert got[key] == want[key], key
     assert Path(resumed["models"]["actor_ema"], "model.safetensors").is_file()
+
+
+def _kill_run(settings: dict[str, Any], kill_role: str, iteration: int,
+              tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """A world-1 PPO run in a real subprocess that SIGKILLs itself before ``kill_role`` saves ``iteration``."""
+    path = tmp_path / f"settings_{kill_role}_{iteration}.json"
+    path.write_text(json.dumps(settings))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYBRIDZERO_TIMEOUT_S": "120",
+           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    return subprocess.run([sys.executable, "-m", "tests.workers.rlhf_kill", str(path), kill_role, str(iteration)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=540, check=False)
+
+
+@pytest.mark.timeout(900)
+def test_kill_between_actor_and_critic_save_resumes_from_last_complete_iteration(dirs, tmp_path: Path) -> None:
+    """kill -9 after the actor saved iteration 4 and before the critic did: the actor's newest checkpoint is ahead
+    of the critic's (the old "roles' latest checkpoints disagree"), no completion marker for 4; resume loads every
+    role at iteration 2 and runs iterations 3 and 4 again, bitwise as the killed run had logged them."""
+    out = tmp_path / "run"
+    settings = _settings(dirs, out, 1, max_steps=4, save_interval=2, enable_ema=True)
+    killed = _kill_run(settings, "critic", 4, tmp_path)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-3000:]
+    ckpt = out / "checkpoints"
+    assert (ckpt / "actor" / "iter4").is_dir() and not (ckpt / "critic" / "iter4").exists()
+    assert sorted(p.name for p in (ckpt / "complete").iterdir()) == ["iter2.json"]
+    logged = {r["step"]: r for r in read_metrics(out) if r["phase"] == "ppo"}
+    assert sorted(logged) == [1, 2, 3, 4]  # every iteration ran and was logged before the kill
+    resumed = _kill_run({**settings, "resume": True}, "none", 0, tmp_path)  # a role that never saves: no kill
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "at iteration 2 (actor, critic, ema)" in resumed.stdout + resumed.stderr
+    again = {r["step"]: r for r in read_metrics(out) if r["phase"] == "ppo"}
+    for step in (3, 4):
+        for key in (*COMPARED, "approx_kl"):
+            assert again[step][key] == logged[step][key], (step, key)
+    assert sorted(p.name for p in (ckpt / "complete").iterdir()) == ["iter2.json", "iter4.json"]
+    assert Path(out, "critic", "value_model.safetensors").is_file()
+
+
+def test_ema_update_from_is_the_elementwise_average_and_refuses_another_layout(world, dirs) -> None:
+    """``ema = beta * ema + (1 - beta) * actor`` on the fp32 masters at world 2 equals the same elementwise ops on the
+    full tensors (to an ulp: a shard's vectorized body and scalar tail may contract ``a + alpha * b`` into an FMA
+    differently); a source with another layout (stage 0) is refused by name and nothing changes."""
+    beta = 0.9
+    for res in world(2).run(ema_run, dirs[0], beta):
+        assert any(not torch.equal(res["before"][k], res["source"][k]) for k in res["before"])  # the actor moved
+        for name, old in res["before"].items():
+            want = old.clone().mul_(beta).add_(res["source"][name], alpha=1.0 - beta)
+            torch.testing.assert_close(res["after"][name], want, rtol=1e-6, atol=1e-8, msg=name)
+        assert res["error"] is not None and res["error"].startswith("ema_update_from: ")
+        assert res["unchanged_after_error"]
 
 
 @pytest.mark.parametrize("overflow_in", ["actor", "critic"])

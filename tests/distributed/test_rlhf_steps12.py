@@ -78,9 +78,9 @@ def test_bad_inputs_fail_early_with_the_reason(world, tmp_path: Path) -> None:
 
 
 def test_prompt_budget_drop_and_truncate_are_counted(tmp_path: Path) -> None:
-    from hybridzero.rlhf.demo_task import build_tokenizer
+    from hybridzero.rlhf.data.tokens import load_prompts
+    from hybridzero.rlhf.demo.task import build_tokenizer
     from hybridzero.rlhf.settings import PPOSettings
-    from hybridzero.rlhf.step3_setup import load_prompts
 
     path = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": "1 2 ="}, {"prompt": "1 2 3 4 5 6 ="}, {"prompt": "7 ="}])
     tok = build_tokenizer()
@@ -96,7 +96,7 @@ def test_prompt_budget_drop_and_truncate_are_counted(tmp_path: Path) -> None:
 
 def test_tokenizer_without_pad_pads_with_eos_and_without_either_fails() -> None:
     from hybridzero.rlhf.data import pad_token_id
-    from hybridzero.rlhf.demo_task import build_tokenizer
+    from hybridzero.rlhf.demo.task import build_tokenizer
 
     tok = build_tokenizer()
     tok.pad_token = None

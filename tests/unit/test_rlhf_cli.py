@@ -3,12 +3,13 @@ keys and impossible batch arithmetic fail before anything starts, naming the fla
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 
 from hybridzero.cli import build_parser, main
-from hybridzero.rlhf.cli_args import settings_from_args
+from hybridzero.rlhf.cli import settings_from_args
 from hybridzero.rlhf.settings import PPOSettings, SFTSettings
 
 # the step-3 arguments of DeepSpeed-Chat's single-node OPT-1.3b training script (paths shortened)
@@ -96,3 +97,34 @@ def test_config_file_then_flags(tmp_path: Path, capsys: pytest.CaptureFixture[st
 def test_plot_of_a_directory_without_metrics(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plot", str(tmp_path)]) == 1
     assert "no metrics.jsonl" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("command", "flag", "value"), [
+    ("ppo", "--kl_ctl", "inf"), ("ppo", "--actor_learning_rate", "nan"), ("ppo", "--unsup_coef", "Infinity"),
+    ("grpo", "--grpo_kl_coef", "-inf"), ("sft", "--learning_rate", "NaN"), ("reward", "--gradient_clipping", "inf"),
+])
+def test_non_finite_settings_are_refused(command: str, flag: str, value: str,
+                                         capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, f"{flag}={value}"]) == 2  # like every bad setting: before any process group or model
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{command}: error: {flag} " in err and "finite number" in err
+    assert "Traceback" not in err
+
+
+def test_non_finite_settings_in_a_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "ppo.json"
+    path.write_text('{"kl_ctl": NaN, "ema_beta": 0.9}')  # Python's json accepts NaN: the settings must not
+    assert main(["ppo", "--config", str(path)]) == 2
+    assert "--kl_ctl nan: Input should be a finite number" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="finite"):
+        PPOSettings(cliprange=float("inf"))
+
+
+def test_plot_without_matplotlib_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"phase": "sft", "step": 1, "time": 0.0, "loss": 1.0}\n')
+    monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as without the `plots` extra
+    assert main(["plot", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == "plot: error: plotting needs matplotlib: pip install 'hybridzero[plots]'\n"
+    assert not (tmp_path / "plots").exists() or not list((tmp_path / "plots").iterdir())

@@ -1,4 +1,4 @@
-"""Tests of hybridzero.rlhf.demo_task: tokenizer, tiny model config, records, the hidden rule and the shipped files."""
+"""Tests of hybridzero.rlhf.demo.task: tokenizer, tiny model config, records, the hidden rule and the shipped files."""
 from __future__ import annotations
 
 import json
@@ -17,7 +17,7 @@ from hybridzero.rlhf.data import (
     prompt_batch,
     sft_example,
 )
-from hybridzero.rlhf.demo_task import (
+from hybridzero.rlhf.demo.task import (
     DEMO_SEED,
     DEMO_SIZES,
     DEMO_VOCAB,

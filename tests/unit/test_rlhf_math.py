@@ -8,7 +8,7 @@ import torch
 
 from hybridzero.rlhf import (
     Experience,
-    PPOHyperParams,
+    PPOSettings,
     clipped_value_loss,
     gae,
     gather_logprobs,
@@ -89,27 +89,27 @@ def test_kl_penalized_rewards_clips_negative_scores() -> None:
 
 
 def _ds_chat_reference(logp: torch.Tensor, ref: torch.Tensor, score: torch.Tensor, values: torch.Tensor,
-                       start: int, hp: PPOHyperParams) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       start: int, hp: PPOSettings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DS-Chat's start/ends formulation, valid when every answer fills the width (then ends clamps to L)."""
-    rewards = -hp.kl_coef * (logp - ref)
-    rewards[:, -1] += score.clamp(-hp.clip_reward, hp.clip_reward)
+    rewards = -hp.kl_ctl * (logp - ref)
+    rewards[:, -1] += score.clamp(-hp.clip_reward_value, hp.clip_reward_value)
     length, last, advs = rewards.shape[1], torch.zeros(rewards.shape[0], dtype=F64), []
     for step in reversed(range(start, length)):
         nxt = values[:, step + 1] if step < length - 1 else 0.0
-        last = rewards[:, step] + hp.gamma * nxt - values[:, step] + hp.gamma * hp.lam * last
+        last = rewards[:, step] + hp.gamma * nxt - values[:, step] + hp.gamma * hp.lambd * last
         advs.append(last)
     adv = torch.stack(advs[::-1], dim=1)
     return rewards, adv, adv + values[:, start:]
 
 
 def test_matches_ds_chat_on_full_width_answers() -> None:
-    gen, hp, start = torch.Generator().manual_seed(0), PPOHyperParams(), 3
+    gen, hp, start = torch.Generator().manual_seed(0), PPOSettings(), 3  # DeepSpeed-Chat's defaults
     logp, ref, values = (torch.randn(4, 8, generator=gen, dtype=F64) for _ in range(3))
     score = 4 * torch.randn(4, generator=gen, dtype=F64)
     mask = torch.zeros(4, 8, dtype=torch.bool)
     mask[:, start:] = True
-    rewards = kl_penalized_rewards(logp, ref, score, mask, kl_coef=hp.kl_coef, clip_reward=hp.clip_reward)
-    adv, ret = gae(rewards, values, mask, gamma=hp.gamma, lam=hp.lam)
+    rewards = kl_penalized_rewards(logp, ref, score, mask, kl_coef=hp.kl_ctl, clip_reward=hp.clip_reward_value)
+    adv, ret = gae(rewards, values, mask, gamma=hp.gamma, lam=hp.lambd)
     ds_rewards, ds_adv, ds_ret = _ds_chat_reference(logp, ref, score, values, start, hp)
     torch.testing.assert_close(rewards[:, start:], ds_rewards[:, start:])
     torch.testing.assert_close(adv[:, start:], ds_adv)

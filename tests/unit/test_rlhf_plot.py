@@ -1,4 +1,4 @@
-"""plot_run (hybridzero.rlhf.plot) on a synthetic run directory; PNGs checked with the test decoder."""
+"""plot_run (hybridzero.rlhf.plot) on a synthetic run directory: the planned figures and panels, and real PNGs."""
 from __future__ import annotations
 
 import json
@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from hybridzero.rlhf.plot import ChartSpec, fold_eval_phases, plan_charts, plot_run
-from hybridzero.viz.png import PALETTE
-from tests.unit.test_viz_png import read_png
+from hybridzero.rlhf.plot import ChartSpec, Panel, ema_smooth, fold_eval_phases, plan_charts, plot_run
+
+matplotlib = pytest.importorskip("matplotlib")  # the `plots` extra
+mpimg = pytest.importorskip("matplotlib.image")
 
 
 def _write_run(run_dir: Path) -> None:
@@ -24,7 +25,8 @@ def _write_run(run_dir: Path) -> None:
         lines.append({"phase": "reward", "step": step, "time": 0.0, "loss": 0.7 - step / 100,
                       "accuracy": 0.5 + step / 50})
         lines.append({"phase": "ppo", "step": step, "time": 0.0, "reward": math.sin(step), "ema_reward": 0.1 * step,
-                      "kl": "nan" if step == 7 else 0.01 * step, "actor_loss": -0.1, "critic_loss": 0.2,
+                      "rule_score": step / 40, "kl": "nan" if step == 7 else 0.01 * step, "actor_loss": -0.1,
+                      "critic_loss": 0.2,
                       "samples_per_s": 4.0, "e2e_tflops": 1.0, "gen_tflops": 0.5, "note": "text",
                       "e2e_s": 2.0, "e2e_latency_s": 2.0, "global_batch_size": 8.0, "critic_params_b": "nan"})
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -42,11 +44,34 @@ def test_plot_run_writes_decodable_pngs(tmp_path: Path) -> None:
     ])
     for path in paths:
         assert path.parent == tmp_path / "plots"
-        image = read_png(path)
-        assert (image.width, image.height) == (640, 400)
-        assert PALETTE[0] in image.colors()
-    assert PALETTE[1] in read_png(tmp_path / "plots" / "sft_loss.png").colors()  # eval_loss is the 2nd series
-    assert PALETTE[1] in read_png(tmp_path / "plots" / "reward_accuracy.png").colors()  # eval_accuracy
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        image = mpimg.imread(path)  # [H, W, 4] floats
+        assert image.shape[1] == 800 and image.shape[0] >= 300
+        colors = {tuple(px) for px in (image[::4, ::4, :3] * 255).round().reshape(-1, 3).tolist()}
+        assert len(colors) > 20  # lines, text and antialiasing: not a blank canvas
+    tab = [tuple(round(c * 255) for c in matplotlib.colors.to_rgb(f"C{i}")) for i in range(2)]
+    sft_loss = {tuple(px) for px in (mpimg.imread(tmp_path / "plots" / "sft_loss.png")[..., :3] * 255)
+                .round().reshape(-1, 3).astype(int).tolist()}
+    assert tab[0] in sft_loss and tab[1] in sft_loss  # loss and eval_loss drawn in their own colours
+    ppo_reward = mpimg.imread(tmp_path / "plots" / "ppo_reward.png")
+    assert ppo_reward.shape[0] > mpimg.imread(tmp_path / "plots" / "ppo_kl.png").shape[0]  # two stacked panels
+
+
+def test_reward_and_a_rate_never_share_an_axis() -> None:
+    records = [{"phase": "ppo", "step": s, "time": 0.0, "reward": 1.5, "ema_reward": 1.4, "rule_score": 0.3,
+                "copy_rate": 0.4, "actor_loss": 0.1, "critic_loss": 0.2} for s in (1, 2)]
+    charts = {c.name: c for c in plan_charts(records)}
+    assert charts["reward"].panels == (
+        Panel("reward model score", "score", ("reward", "ema_reward")),
+        Panel("hidden rule (never seen in training)", "fraction (0-1)", ("rule_score", "copy_rate")),
+    )
+    assert [p.keys for p in charts["losses"].panels] == [("actor_loss",), ("critic_loss",)]
+
+
+def test_ema_smooth() -> None:
+    assert ema_smooth([1.0, 2.0, 3.0], 0.0) == [1.0, 2.0, 3.0]
+    out = ema_smooth([2.0, math.nan, 4.0], 0.5)
+    assert out[0] == 2.0 and math.isnan(out[1]) and out[2] == pytest.approx((0.25 * 2 + 0.5 * 4) / 0.75)
 
 
 def test_fold_eval_phases() -> None:
@@ -57,8 +82,9 @@ def test_fold_eval_phases() -> None:
         {"phase": "sft", "step": 5, "time": 1.0, "loss": 1.0},
     ]
     assert plan_charts(fold_eval_phases(records)) == [
-        ChartSpec("sft", "loss", ("loss", "eval_loss")),
-        ChartSpec("sft", "perplexity", ("eval_perplexity",)),
+        ChartSpec("sft", "loss", (Panel("language-model loss (training and held-out)", "nats per token",
+                                        ("loss", "eval_loss")),)),
+        ChartSpec("sft", "perplexity", (Panel("perplexity", "perplexity", ("eval_perplexity",)),)),
     ]
 
 
@@ -66,14 +92,16 @@ def test_plan_groups_and_out_dir(tmp_path: Path) -> None:
     records = [{"phase": "grpo", "step": 1, "time": 0.0, "reward": 1.0, "rule_score": 0.5, "ptx_loss": 2.0,
                 "flag": True}]
     assert plan_charts(records) == [
-        ChartSpec("grpo", "reward", ("reward", "rule_score")),
-        ChartSpec("grpo", "losses", ("ptx_loss",)),
+        ChartSpec("grpo", "reward", (Panel("reward model score", "score", ("reward",)),
+                                     Panel("hidden rule (never seen in training)", "fraction (0-1)",
+                                           ("rule_score",)))),
+        ChartSpec("grpo", "losses", (Panel("unsupervised (ptx) loss", "nats per token", ("ptx_loss",)),)),
     ]
     _write_run(tmp_path / "run")
     out = tmp_path / "elsewhere"
     paths = plot_run(tmp_path / "run", out)
     assert paths and all(p.parent == out for p in paths)
-    assert ChartSpec("a b", "c/d", ("x",)).file_name == "a_b_c_d.png"
+    assert ChartSpec("a b", "c/d", (Panel("x", "x", ("x",)),)).file_name == "a_b_c_d.png"
 
 
 def test_missing_metrics_names_directory(tmp_path: Path) -> None:

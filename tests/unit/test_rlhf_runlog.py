@@ -3,13 +3,25 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from hybridzero.rlhf.runlog import RunLog, read_metrics
-from hybridzero.rlhf.tensorboard import read_scalars
+
+
+def _tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar of ``run_dir/tensorboard`` as read by the tensorboard package's own EventAccumulator."""
+    accumulator = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    out: dict[str, list[tuple[int, float]]] = {}
+    for path in sorted((run_dir / "tensorboard").glob("events.out.tfevents.*")):
+        acc = accumulator.EventAccumulator(str(path))
+        acc.Reload()
+        for tag in acc.Tags()["scalars"]:
+            out.setdefault(tag, []).extend((e.step, e.value) for e in acc.Scalars(tag))
+    return out
 
 
 def test_rank0_writes_json_and_tensorboard(tmp_path: Path) -> None:
@@ -28,10 +40,21 @@ def test_rank0_writes_json_and_tensorboard(tmp_path: Path) -> None:
     assert second["reward"] == "nan" and second["kl"] == "inf"
     records = read_metrics(tmp_path)
     assert math.isnan(records[1]["reward"]) and records[1]["kl"] == math.inf and records[1]["n"] == 3.0
-    (event_file,) = (tmp_path / "tensorboard").glob("events.out.tfevents.*")
-    scalars = read_scalars(event_file)
-    assert (1, "ppo/reward", 0.5) in scalars and (1, "ppo/kl", 0.25) in scalars
-    assert (2, "ppo/kl", math.inf) in scalars
+    assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 1
+    scalars = _tensorboard_scalars(tmp_path)
+    assert scalars["ppo/reward"][0] == (1, 0.5) and math.isnan(scalars["ppo/reward"][1][1])
+    assert scalars["ppo/kl"] == [(1, 0.25), (2, math.inf)] and scalars["ppo/n"] == [(2, 3.0)]
+
+
+def test_missing_tensorboard_warns_once_and_keeps_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as without the package
+    with pytest.warns(UserWarning, match="tensorboard package is not installed") as record, \
+            RunLog(tmp_path, 0, echo=lambda _: None) as log:
+        log.log(1, {"a": 1.0}, "sft")
+        log.log(2, {"a": 2.0}, "sft")
+    assert len([w for w in record if "tensorboard" in str(w.message)]) == 1
+    assert not (tmp_path / "tensorboard").exists()
+    assert [r["a"] for r in read_metrics(tmp_path)] == [1.0, 2.0]
 
 
 def test_other_ranks_and_no_dir_are_no_ops(tmp_path: Path) -> None:
@@ -74,6 +97,7 @@ def test_resume_appends_and_last_occurrence_wins(tmp_path: Path) -> None:
         (1, 1.0, None), (2, 2.0, None), (3, 30.0, 31.0), (4, 40.0, None)
     ]
     assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    assert _tensorboard_scalars(tmp_path)["sft/loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (3, 30.0), (4, 40.0)]
 
 
 def test_read_metrics_missing(tmp_path: Path) -> None:

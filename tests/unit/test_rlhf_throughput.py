@@ -1,4 +1,4 @@
-"""Hand-computed checks of the step-3 throughput report (hybridzero.rlhf.throughput), including the two fixes."""
+"""Hand-computed checks of the step-3 throughput report (hybridzero.rlhf.report), including the two fixes."""
 from __future__ import annotations
 
 import dataclasses
@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybridzero.rlhf.throughput import (
+from hybridzero.rlhf.report import (
     ModelShape,
     Step3Timing,
     checkpoint_factor,

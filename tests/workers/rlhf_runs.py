@@ -12,14 +12,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["make_model_dirs", "reward_run", "sft_run", "step3_run", "step_both_run"]
+__all__ = ["ema_run", "make_model_dirs", "reward_run", "sft_run", "step3_run", "step_both_run"]
 
 
 def make_model_dirs(root: Path, seed: int = 0, **config_overrides: Any) -> tuple[str, str]:
     """``(actor_dir, value_dir)`` of the demo's tiny Llama (fp32, seeded) under ``root``."""
     import transformers
 
-    from hybridzero.rlhf.demo_task import build_tokenizer, demo_model_config
+    from hybridzero.rlhf.demo.task import build_tokenizer, demo_model_config
     from hybridzero.rlhf.models import ValueHeadModel, write_value_model
 
     tok = build_tokenizer()
@@ -40,7 +40,7 @@ def step3_run(settings: dict[str, Any], grpo: bool = False, fail_at: int | None 
     """One rank of a step-3 run; ``fail_at`` raises (on every rank) inside that iteration's metrics, after the
     rollout, as a crash would. Returns the history and the final models' paths."""
     from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
-    from hybridzero.rlhf.step3 import train_step3
+    from hybridzero.rlhf.trainer import train_step3
 
     calls = {"n": 0}
 
@@ -77,10 +77,9 @@ def step_both_run(actor_dir: str, value_dir: str, overflow_in: str) -> dict[str,
     another name);
     ``step_both`` must skip both. Returns parameter changes, loss scales and applied flags."""
     import hybridzero
-    from hybridzero.rlhf.engines import OptimSpec, build_engine, ds_config
+    from hybridzero.rlhf.engines import OptimSpec, build_engine, ds_config, load_actor_engine
     from hybridzero.rlhf.models import load_value_model
-    from hybridzero.rlhf.ppo import step_both
-    from hybridzero.rlhf.step3_setup import load_actor_engine
+    from hybridzero.rlhf.step3 import step_both
 
     hybridzero.init_distributed()
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
@@ -102,3 +101,30 @@ def step_both_run(actor_dir: str, value_dir: str, overflow_in: str) -> dict[str,
     return {"skipped": skipped, "changed": changed, "scales_before": scales,
             "scales_after": {n: e.loss_scale for n, e in engines.items()},
             "applied": {n: e.was_step_applied() for n, e in engines.items()}}
+
+
+def ema_run(actor_dir: str, beta: float) -> dict[str, Any]:
+    """``Engine.ema_update_from`` between two ZeRO-3 engines of the same model, the source moved first; and the
+    refusal of a source with another layout (stage 0: whole masters). Returns full parameters and the error."""
+    import hybridzero
+    from hybridzero.rlhf.engines import OptimSpec, ds_config, load_actor_engine
+
+    hybridzero.init_distributed()
+    world = torch.distributed.get_world_size()
+    frozen = ds_config(stage=3, dtype="fp32", micro_batch=1, world_size=world)
+    ema, actor = load_actor_engine(actor_dir, frozen, False), load_actor_engine(actor_dir, ds_config(
+        stage=3, dtype="fp32", micro_batch=1, world_size=world, optim=OptimSpec(1e-2, 0.0, "constant", 0, 1)), False)
+    actor.backward(actor(input_ids=torch.tensor([[4, 5, 6, 7]])).logits.float().pow(2).mean())
+    actor.step()
+    before = ema.full_parameters()
+    ema.ema_update_from(actor, beta)
+    after = ema.full_parameters()
+    other = load_actor_engine(actor_dir, ds_config(stage=0, dtype="fp32", micro_batch=1, world_size=world), False)
+    try:
+        ema.ema_update_from(other, beta)
+        error = None
+    except ValueError as exc:
+        error = str(exc)
+    kept = ema.full_parameters()
+    return {"before": before, "source": actor.full_parameters(), "after": after, "error": error,
+            "unchanged_after_error": all(torch.equal(kept[k], v) for k, v in after.items())}

@@ -227,7 +227,7 @@ def rule_scores(prompts: Sequence[str], responses: Sequence[str]) -> dict[str, f
 
 def demo_data_dir() -> Path:
     """The directory of the shipped demo JSONL files (``sft``, ``pairs``, ``prompts``, ``eval_prompts``)."""
-    return Path(__file__).resolve().parent / "demo_data"
+    return Path(__file__).resolve().parent.parent / "demo_data"
 
 
 def _write_jsonl(path: Path, records: Sequence[dict[str, str]]) -> Path:

@@ -10,6 +10,8 @@ Conventions shared by every function here:
 * "Masked mean" over a batch is the *token* mean: sum over all action tokens / number of action tokens (DS-Chat's
   ``sum(x * mask) / mask.sum()``); an empty mask gives 0 instead of nan.
 * Nothing here calls ``backward`` or mutates its inputs; losses are differentiable in ``logprobs`` / ``values``.
+* Coefficients (``kl_coef``, ``clip``, ``gamma``, ``lam``, ...) are keyword-only without defaults: their defaults
+  live once, in :mod:`hybridzero.rlhf.settings`.
 """
 from __future__ import annotations
 
@@ -19,28 +21,6 @@ import torch
 
 WHITEN_EPS: float = 1e-8
 GRPO_EPS: float = 1e-4
-
-
-@dataclass(frozen=True)
-class PPOHyperParams:
-    """DeepSpeed-Chat step-3 defaults (``kl_ctl``, ``clip_reward_value``, ``cliprange``, ``cliprange_value``)."""
-
-    kl_coef: float = 0.1
-    clip_reward: float = 5.0
-    clip: float = 0.2
-    clip_value: float = 0.2
-    gamma: float = 1.0
-    lam: float = 0.95
-
-
-@dataclass(frozen=True)
-class GRPOHyperParams:
-    """GRPO knobs: ``group_size`` samples per prompt, ratio clip, KL-to-reference weight (TRL's ``beta``)."""
-
-    group_size: int
-    clip: float = 0.2
-    kl_coef: float = 0.04
-    eps: float = GRPO_EPS
 
 
 @dataclass(frozen=True)

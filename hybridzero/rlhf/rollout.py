@@ -1,4 +1,4 @@
-"""Rollout generation with sampling seeded per sample, not per rank.
+"""Rollout and experience: generation with sampling seeded per sample (not per rank), then scoring by every role.
 
 Each sequence ``i`` of a rollout owns a ``torch.Generator`` seeded from ``(run seed, sample id)``; at every decoding
 step it draws ``V`` uniforms from its own generator and picks ``argmax(logits / T + Gumbel)``, which is an exact
@@ -9,6 +9,10 @@ fp32 rounding of its logits), and a resumed run repeats the samples of the run i
 :func:`rollout` pads prompts to a fixed width ``P`` (left) and answers to ``A`` (right), so every sequence is
 ``[P + A]`` whatever the batch: the experience layout of :mod:`hybridzero.rlhf.experience`. The answer is the
 generated tokens up to and including the first EOS; later positions are pad and 0 in the masks.
+
+:func:`make_experience` scores a rollout with the old policy, the reference, the critic and the reward model
+(every forward with positions from the attention mask, :func:`causal_kwargs`) into a typed
+:class:`~hybridzero.rlhf.experience.Experience`.
 """
 from __future__ import annotations
 
@@ -17,10 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import LogitsProcessorList
 
-from hybridzero.rlhf.models import position_ids
+from hybridzero.rlhf.engines import Roles
+from hybridzero.rlhf.experience import Experience
+from hybridzero.rlhf.math import gather_logprobs
+from hybridzero.rlhf.models import last_token_index, position_ids
+from hybridzero.runtime.engine import Engine
 
-__all__ = ["Rollout", "SampleNoise", "answer_masks", "causal_kwargs", "rollout", "sample_seed"]
+__all__ = ["Rollout", "SampleNoise", "answer_masks", "causal_kwargs", "make_experience", "rollout",
+           "rollout_stats", "sample_seed", "sequence_logprobs"]
 
 _MIX = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 63) - 1
@@ -104,8 +114,6 @@ def rollout(generate: Callable[..., torch.Tensor], prompt_ids: torch.Tensor, pro
     if eos_id is not None:
         kwargs["eos_token_id"] = eos_id
     if do_sample:
-        from transformers import LogitsProcessorList
-
         seeds = [sample_seed(run_seed, int(s)) for s in sample_ids]
         kwargs["logits_processor"] = LogitsProcessorList([SampleNoise(seeds, temperature, top_k)])
     with torch.no_grad():
@@ -120,7 +128,42 @@ def rollout(generate: Callable[..., torch.Tensor], prompt_ids: torch.Tensor, pro
     return Rollout(sequences=sequences, attention_mask=attention, action_mask=action, prompt_width=prompt_width)
 
 
-def causal_kwargs(sequences: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor]:
+def causal_kwargs(sequences: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor | bool]:
     """Forward keyword arguments for a causal LM scoring a rollout: ids, mask and mask-derived positions."""
     return {"input_ids": sequences, "attention_mask": attention_mask,
             "position_ids": position_ids(attention_mask), "use_cache": False}
+
+
+def sequence_logprobs(engine: Engine, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``[B, T-1]`` fp32 log-probabilities of each next token under ``engine``'s causal LM."""
+    logits = engine(**causal_kwargs(sequences, attention_mask)).logits
+    return gather_logprobs(logits[:, :-1], sequences[:, 1:])
+
+
+def make_experience(roles: Roles, ro: Rollout) -> Experience:
+    """Score a rollout with the old policy, the reference, the critic (zeros for GRPO) and the reward model."""
+    seq, mask = ro.sequences, ro.attention_mask
+    with torch.no_grad():
+        for engine in (roles.actor, roles.ref, roles.reward, roles.critic):
+            if engine is not None:
+                engine.eval()
+        logprobs = sequence_logprobs(roles.actor, seq, mask)
+        ref_logprobs = sequence_logprobs(roles.ref, seq, mask)
+        values = roles.critic(input_ids=seq, attention_mask=mask)[:, :-1] if roles.critic is not None else \
+            torch.zeros_like(logprobs)
+        scores = roles.reward(input_ids=seq, attention_mask=mask)
+        rewards = scores.gather(1, last_token_index(mask)[:, None]).squeeze(1)
+        for engine in (roles.actor, roles.critic):
+            if engine is not None:
+                engine.train()
+    return Experience(sequences=seq, attention_mask=mask, action_mask=ro.action_mask, logprobs=logprobs.float(),
+                      ref_logprobs=ref_logprobs.float(), values=values.float(), rewards=rewards.float()).validate()
+
+
+def rollout_stats(exp: Experience) -> dict[str, float]:
+    """Local sums for the step's metrics: rewards, per-token KL and critic values, action tokens, samples."""
+    mask = exp.action_mask.bool()
+    kl = torch.where(mask, exp.logprobs - exp.ref_logprobs, torch.zeros_like(exp.logprobs))
+    return {"reward": float(exp.rewards.sum()), "kl": float(kl.sum()), "tokens": float(mask.sum()),
+            "samples": float(exp.batch_size),
+            "value": float(torch.where(mask, exp.values, torch.zeros_like(exp.values)).sum())}

@@ -2,7 +2,7 @@
 
 The tiny Llama is trained from scratch in step 1 on demonstrations of mixed quality (half correct reversals, half
 a copying habit); the reward model learns from preference pairs; PPO optimizes the reward model's score. Nothing
-in training sees :func:`hybridzero.rlhf.demo_task.rule_score`, the hidden rule (exact reversal). The verdict
+in training sees :func:`hybridzero.rlhf.demo.task.rule_score`, the hidden rule (exact reversal). The verdict
 evaluates the SFT and the PPO policies on held-out prompts (``eval_prompts.jsonl``): the rule's exact-match rate
 (greedy and sampled), the copy rate and the reward model's mean score, so reward hacking (reward up, rule flat or
 down) would show. Writes ``summary.json`` and PNG plots, and prints where everything is.
@@ -10,14 +10,37 @@ down) would show. Writes ``summary.json`` and PNG plots, and prints where everyt
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from hybridzero.rlhf.data.records import load_records
+from hybridzero.rlhf.data.tokens import prompt_tensors
+from hybridzero.rlhf.demo.task import demo_data_dir, rule_is_copy, rule_partial, rule_score, rule_scores
+from hybridzero.rlhf.engines import build_engine, ds_config, global_sum, load_actor_engine, world_comm
+from hybridzero.rlhf.models import last_token_index, load_tokenizer, load_value_model
+from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
+from hybridzero.rlhf.reward import train_reward
+from hybridzero.rlhf.rollout import rollout
+from hybridzero.rlhf.runlog import echo_fn
 from hybridzero.rlhf.settings import PPOSettings, RewardSettings, SFTSettings
+from hybridzero.rlhf.sft import train_sft
+from hybridzero.rlhf.step3 import Monitor
+from hybridzero.rlhf.trainer import train_step3
 
-__all__ = ["demo_settings", "evaluate_policy", "run_demo"]
+__all__ = ["demo_monitor", "demo_settings", "evaluate_policy", "run_demo"]
+
+
+def demo_monitor() -> Monitor:
+    """Per-sample sums of the hidden demo rule (logged only; the policy never sees it)."""
+
+    def monitor(prompts: list[str], answers: list[str]) -> dict[str, float]:
+        scores = rule_scores(prompts, answers)
+        return {"rule_score": scores["exact"] * len(prompts), "copy_rate": scores["copy"] * len(prompts)}
+
+    return monitor
 
 
 def demo_settings(out: Path, quick: bool = False, world: int = 2) -> tuple[SFTSettings, RewardSettings, PPOSettings]:
@@ -48,23 +71,14 @@ def demo_settings(out: Path, quick: bool = False, world: int = 2) -> tuple[SFTSe
 
 
 def _eval_prompts() -> list[str]:
-    from hybridzero.rlhf.data import load_records
-    from hybridzero.rlhf.demo_task import demo_data_dir
-
     return [r["prompt"] for r in load_records(demo_data_dir() / "eval_prompts.jsonl", ("prompt",))]
 
 
 def evaluate_policy(actor_dir: str, reward_dir: str, prompts: list[str], *, do_sample: bool, seed: int = 99,
                     prompt_width: int = 8, answer_len: int = 8) -> dict[str, float]:
     """Hidden-rule and reward-model scores of the policy in ``actor_dir`` on ``prompts`` (dealt over ranks)."""
-    from hybridzero.rlhf.common import global_sum
-    from hybridzero.rlhf.demo_task import rule_is_copy, rule_partial, rule_score
-    from hybridzero.rlhf.engines import build_engine, ds_config, load_tokenizer
-    from hybridzero.rlhf.models import last_token_index, load_value_model
-    from hybridzero.rlhf.sampling import rollout
-    from hybridzero.rlhf.step3_setup import load_actor_engine, prompt_tensors
-
-    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    comm = world_comm()
+    world, rank = comm.world_size, comm.rank
     tok = load_tokenizer(actor_dir)
     cfg = ds_config(stage=3, dtype="fp32", micro_batch=1, world_size=world, hybrid=True)
     actor = load_actor_engine(actor_dir, cfg, False)
@@ -89,7 +103,7 @@ def evaluate_policy(actor_dir: str, reward_dir: str, prompts: list[str], *, do_s
             "reward": total[3] / n}
 
 
-def _verdict(results: dict[str, dict[str, float]], echo: Any) -> None:
+def _verdict(results: dict[str, dict[str, float]], echo: Callable[[str], None]) -> None:
     """Print the evaluation table and the margin the demo claims."""
     echo("policy evaluation on held-out prompts (hidden rule = exact reversal; the models never saw it):")
     echo(f"{'policy':<18}{'rule exact':>11}{'rule partial':>13}{'copy rate':>10}{'RM reward':>10}")
@@ -103,21 +117,14 @@ def _verdict(results: dict[str, dict[str, float]], echo: Any) -> None:
 
 def run_demo(out_dir: str = "runs/demo", quick: bool = False) -> dict[str, Any]:
     """All three steps and the verdict on the current process group; returns the summary (every rank)."""
-    import hybridzero
-    from hybridzero.rlhf.cli import _demo_monitor
-    from hybridzero.rlhf.common import echo_fn
-    from hybridzero.rlhf.reward import train_reward
-    from hybridzero.rlhf.sft import train_sft
-    from hybridzero.rlhf.step3 import train_step3
-
-    hybridzero.init_distributed()
-    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    comm = world_comm()
+    world, rank = comm.world_size, comm.rank
     out = Path(out_dir)
     sft_s, reward_s, ppo_s = demo_settings(out, quick, world)
     echo = echo_fn(False) if rank == 0 else (lambda line: None)
     sft_m = train_sft(sft_s)
     reward_m = train_reward(reward_s)
-    ppo_m = train_step3(ppo_s, monitor=_demo_monitor())
+    ppo_m = train_step3(ppo_s, monitor=demo_monitor())
     prompts = _eval_prompts()
     results = {}
     for name, path in (("sft", sft_s.output_dir), ("ppo", ppo_m["models"]["actor"]),
@@ -130,9 +137,12 @@ def run_demo(out_dir: str = "runs/demo", quick: bool = False) -> dict[str, Any]:
                "evaluation": results, "models": {"sft": sft_s.output_dir, "reward": reward_s.output_dir,
                                                  **ppo_m["models"]}}
     if rank == 0:
-        from hybridzero.rlhf.plot import plot_run
-
-        plots = [str(p) for d in (sft_s.output_dir, reward_s.output_dir, ppo_s.output_dir) for p in plot_run(Path(d))]
+        try:
+            plots = [str(p) for d in (sft_s.output_dir, reward_s.output_dir, ppo_s.output_dir)
+                     for p in plot_run(Path(d))]
+        except PlotsUnavailable as exc:
+            plots = []
+            echo(f"plots skipped: {exc}")
         summary["plots"] = plots
         (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
         _verdict(results, echo)

@@ -9,13 +9,18 @@ re-position it with :meth:`PtxStream.skip`.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
-from hybridzero.rlhf.common import epoch_order, rank_slice
-from hybridzero.rlhf.data import IGNORE_INDEX, load_records, pad_sequences, sft_example
+from hybridzero.rlhf.data.dealing import epoch_order, rank_slice
+from hybridzero.rlhf.data.records import load_records
+from hybridzero.rlhf.data.tokens import IGNORE_INDEX, pad_sequences, sft_example
+from hybridzero.rlhf.demo.task import demo_data_dir
 from hybridzero.rlhf.settings import PPOSettings
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["PtxStream"]
 
@@ -23,12 +28,10 @@ __all__ = ["PtxStream"]
 class PtxStream:
     """Endless, deterministic ptx batches for this rank (see module docstring)."""
 
-    def __init__(self, s: PPOSettings, tok: Any, pad_id: int, rank: int, world: int) -> None:
+    def __init__(self, s: PPOSettings, tok: PreTrainedTokenizerBase, pad_id: int, rank: int, world: int) -> None:
         name = s.unsupervised_dataset_name
         assert name is not None
         if name == "demo":
-            from hybridzero.rlhf.demo_task import demo_data_dir
-
             records = load_records(demo_data_dir() / "sft.jsonl")
         else:
             records = load_records(name)

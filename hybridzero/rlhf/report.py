@@ -1,4 +1,7 @@
-"""Step-3 (RLHF) throughput report in the style of DeepSpeed-Chat, as pure functions.
+"""Step-3 (RLHF) report in the style of DeepSpeed-Chat: throughput as pure functions, and the :class:`Reporter`
+that logs one iteration (``metrics.jsonl``, TensorBoard tags ``ppo/<key>`` / ``grpo/<key>``) and prints the report
+every ``print_every`` iterations. The reporter is fed plain values (model shapes, a timing template, the
+iteration's metrics); it never reads back into the trainer.
 
 Mirrors what DeepSpeed-Chat's ``print_throughput_step3`` reports (end-to-end, generation and training latency,
 samples/s, Megatron-style TFLOPs, generation bandwidth), with two counting mistakes of the original fixed; see
@@ -14,10 +17,13 @@ Units, once for the whole module:
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from hybridzero.rlhf.runlog import RunLog
 
 if TYPE_CHECKING:
     import torch
@@ -268,3 +274,28 @@ def format_step3_lines(step: int, total: int, thr: Mapping[str, float], metrics:
     if shown:
         lines.append(" | ".join(shown))
     return lines
+
+
+class Reporter:
+    """Logs every iteration and prints DeepSpeed-Chat's report lines every ``print_every`` iterations (and the last).
+
+    ``timing`` is the run's constant :class:`Step3Timing` (batch sizes, lengths, world, dtype) with zero times; each
+    iteration's measured times replace them. Timings are the reporting rank's; metrics are global means.
+    """
+
+    def __init__(self, log: RunLog, phase: str, actor: ModelShape, critic: ModelShape | None, timing: Step3Timing,
+                 print_every: int) -> None:
+        self.log, self.phase, self.actor, self.critic = log, phase, actor, critic
+        self.timing, self.print_every = timing, print_every
+
+    def step(self, step: int, total: int, metrics: Mapping[str, float]) -> dict[str, float]:
+        """Log iteration ``step`` (1-based) with its throughput numbers; returns everything logged."""
+        timing = dataclasses.replace(self.timing, e2e_s=metrics["e2e_s"], generation_s=metrics["generation_s"],
+                                     training_s=metrics["training_s"])
+        thr = step3_throughput(self.actor, self.critic, timing)
+        numbers = {**metrics, **{k: v for k, v in thr.items() if k not in metrics}}
+        self.log.log(step, numbers, phase=self.phase)
+        if step % self.print_every == 0 or step == total:
+            for line in format_step3_lines(step, total, thr, metrics):
+                self.log.print(line)
+        return numbers

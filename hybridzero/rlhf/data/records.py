@@ -1,0 +1,187 @@
+"""RLHF records: loading prompt / preference records and DeepSpeed-Chat's phase splits.
+
+Schemas (every value a string):
+
+* pairwise ``prompt`` / ``chosen`` / ``rejected`` -- reward model (phase 2), SFT on ``chosen`` (phase 1);
+* SFT ``prompt`` / ``response`` -- SFT (phase 1) and PPO prompts (phase 3).
+
+Sources: a ``.json`` file holding a list of objects, a ``.jsonl`` file (one object a line), or a local
+Hugging Face ``datasets`` directory (written by ``save_to_disk``; needs the optional ``datasets`` package).
+
+Phase split (DeepSpeed-Chat's ``--data_split 2,4,4``): one seeded permutation of the records is cut into three
+contiguous, disjoint portions proportional to the weights, so the three training phases never see the same record.
+"""
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from fractions import Fraction
+from pathlib import Path
+from typing import Any
+
+from hybridzero.rlhf.data.sources import (
+    read_hf_directory,
+    read_hub_dataset,
+    read_json_file,
+    read_jsonl_file,
+)
+from hybridzero.rlhf.demo.task import demo_data_dir
+
+PAIRWISE_COLUMNS: tuple[str, ...] = ("prompt", "chosen", "rejected")
+SFT_COLUMNS: tuple[str, ...] = ("prompt", "response")
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+
+def _schema_for(columns: set[str]) -> tuple[str, ...]:
+    """Guess the schema of a record: pairwise when it has a ``chosen`` or ``rejected`` column, else SFT."""
+    return PAIRWISE_COLUMNS if columns & {"chosen", "rejected"} else SFT_COLUMNS
+
+
+def _validate_rows(rows: list[Any], source: str, columns: tuple[str, ...] | None) -> list[dict[str, str]]:
+    """Check every row is an object with string values in the needed columns; keep only those columns."""
+    out: list[dict[str, str]] = []
+    for index, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise ValueError(f"{source}: record {index} is {type(row).__name__}, expected an object")  # noqa: TRY004
+        needed = columns if columns is not None else _schema_for(set(row))
+        missing = [name for name in needed if name not in row]
+        if missing:
+            raise ValueError(
+                f"{source}: record {index} is missing column(s) {missing}; needed {list(needed)}, "
+                f"it has {sorted(row)}"
+            )
+        bad = [name for name in needed if not isinstance(row[name], str)]
+        if bad:
+            raise ValueError(f"{source}: record {index} column(s) {bad} are not strings")
+        out.append({name: row[name] for name in needed})
+    return out
+
+
+def load_records(
+    path: str | Path, columns: Sequence[str] | None = None, split: str = "train"
+) -> list[dict[str, str]]:
+    """Load and validate records from a ``.json`` / ``.jsonl`` file, a Hugging Face dataset directory, or a Hub
+    dataset name (``Dahoas/rm-static``: anything that is not an existing path, a ``.json``/``.jsonl`` name, an
+    absolute or a ``./`` path; needs ``datasets`` and network access or its cache).
+
+    ``columns`` names the needed columns (e.g. :data:`PAIRWISE_COLUMNS`); ``None`` infers the schema per record
+    (pairwise when ``chosen``/``rejected`` appear, else ``prompt``/``response``). Extra columns are dropped.
+    ``split`` picks the split of a ``DatasetDict`` directory or Hub dataset. Raises ``FileNotFoundError`` for a
+    missing path or a name the Hub cannot give (naming why),
+    ``ImportError`` for a directory without the ``datasets`` package, and ``ValueError`` for an unknown file
+    type, malformed JSON, an empty file/split, or records missing a needed column (naming the file, the missing
+    columns and the columns present).
+    """
+    source = Path(path)
+    if not source.exists():
+        if source.suffix in (".json", ".jsonl") or source.is_absolute() or str(path).startswith("."):
+            raise FileNotFoundError(f"no dataset at {source}")
+        rows, label = read_hub_dataset(str(path), split), f"{path} (Hub, split {split!r})"
+    elif source.is_dir():
+        rows = read_hf_directory(source, split)
+        label = f"{source} (split {split!r})"
+    elif source.suffix == ".jsonl":
+        rows, label = read_jsonl_file(source), str(source)
+    elif source.suffix == ".json":
+        rows, label = read_json_file(source), str(source)
+    else:
+        raise ValueError(f"{source}: unsupported file type {source.suffix!r}; use .json, .jsonl or a directory")
+    if not rows:
+        raise ValueError(f"{label}: dataset is empty (no records)")
+    return _validate_rows(rows, label, tuple(columns) if columns is not None else None)
+
+
+# ----------------------------------------------------------------------------------------------- splits
+
+
+def _parse_split(split: str) -> list[Fraction]:
+    """Parse ``"2,4,4"`` into three non-negative weights with a positive sum."""
+    try:
+        weights = [Fraction(part.strip()) for part in split.split(",")]
+    except (ValueError, ZeroDivisionError) as exc:
+        raise ValueError(f"data split {split!r}: expected three comma-separated numbers") from exc
+    if len(weights) != 3 or any(w < 0 for w in weights) or sum(weights) == 0:
+        raise ValueError(
+            f"data split {split!r}: expected three non-negative comma-separated weights with a positive sum"
+        )
+    return weights
+
+
+def _phase_bounds(weights: list[Fraction], size: int) -> list[int]:
+    """Cumulative cut points ``[0, b1, b2, size]``: each rounds the exact cumulative share half up."""
+    total = sum(weights)
+    bounds, running = [0], Fraction(0)
+    for weight in weights:
+        running += weight
+        bounds.append(int(running * size / total + Fraction(1, 2)))
+    return bounds
+
+
+def _permutation(size: int, seed: int) -> list[int]:
+    """A deterministic permutation of ``range(size)`` (independent of global random state)."""
+    order = list(range(size))
+    random.Random(seed).shuffle(order)
+    return order
+
+
+def split_for_phase(records: Sequence[Any], split: str = "2,4,4", phase: int = 1, seed: int = 1234) -> list[Any]:
+    """Return the records of training ``phase`` (1 SFT, 2 reward model, 3 RL) under DeepSpeed-Chat's split.
+
+    The records are shuffled with ``seed`` and the permutation is cut into three contiguous portions whose sizes
+    are proportional to the ``split`` weights; cut points are rounded cumulatively, so every record belongs to
+    exactly one phase and the same ``seed`` gives disjoint phases. Raises ``ValueError`` when the split is
+    malformed, ``phase`` is not 1-3, or the phase's share is empty (naming the split string and the phase).
+    """
+    if phase not in (1, 2, 3):
+        raise ValueError(f"phase must be 1, 2 or 3, got {phase!r}")
+    weights = _parse_split(split)
+    bounds = _phase_bounds(weights, len(records))
+    start, stop = bounds[phase - 1], bounds[phase]
+    if stop <= start:
+        raise ValueError(
+            f"data split {split!r} gives phase {phase} no records (of {len(records)}); "
+            f"raise its weight or provide more data"
+        )
+    order = _permutation(len(records), seed)
+    return [records[i] for i in order[start:stop]]
+
+
+def train_eval_split(
+    records: Sequence[Any], eval_fraction: float, seed: int = 1234
+) -> tuple[list[Any], list[Any]]:
+    """Shuffle with ``seed`` and hold out ``round(eval_fraction * n)`` (at least one) records for evaluation.
+
+    Returns ``(train, eval)``, disjoint and together covering ``records``. Raises ``ValueError`` when
+    ``eval_fraction`` is not in ``(0, 1)`` or either side would be empty.
+    """
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"eval_fraction must be in (0, 1), got {eval_fraction}")
+    size = len(records)
+    n_eval = max(1, int(Fraction(eval_fraction) * size + Fraction(1, 2)))
+    if n_eval >= size:
+        raise ValueError(
+            f"eval_fraction {eval_fraction} of {size} record(s) leaves no training records; need more data"
+        )
+    order = _permutation(size, seed)
+    return [records[i] for i in order[n_eval:]], [records[i] for i in order[:n_eval]]
+
+
+DEMO_FILES: dict[int, str] = {1: "sft.jsonl", 2: "pairs.jsonl", 3: "prompts.jsonl"}
+
+
+def phase_records(paths: Sequence[str], split: str, phase: int, columns: Sequence[str] | None,
+                  seed: int) -> list[dict[str, str]]:
+    """The records of training ``phase`` from every dataset in ``paths`` (in order).
+
+    ``"demo"`` is the shipped demo dataset's file for the phase (no split: its files are per phase); any other path
+    goes through :func:`load_records` and DeepSpeed-Chat's phase split ``split``.
+    """
+    out: list[dict[str, str]] = []
+    for path in paths:
+        if path == "demo":
+            out += load_records(demo_data_dir() / DEMO_FILES[phase], columns)
+        else:
+            out += split_for_phase(load_records(path, columns), split, phase, seed)
+    return out

@@ -1,0 +1,190 @@
+"""DeepSpeed's engine-free API on hybridzero: ``zero.GatheredParameters`` without an engine, the ``utils``
+tensor-fragment functions, ``comm``, ``initialize(args=...)`` and the engine as an ``nn.Module``, each checked
+against a single-process reference or the plain model."""
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import torch
+
+from tests.distributed.test_zero3_parity import compare
+from tests.harness.parity import RunSpec, batches_for, build_model, reference_run
+from tests.workers.dropin import (
+    comm_face,
+    edit_without_modifier,
+    fragments_run,
+    initialize_with_args,
+    module_surface,
+    set_state_roundtrip,
+    unowned_and_two_engines,
+)
+
+pytestmark = pytest.mark.timeout(600)
+
+EDITS = ("model.layers.1.mlp.up_proj.weight", "model.embed_tokens.weight", "model.norm.weight")
+
+
+def _spec(stage: int, accumulation: int = 1) -> RunSpec:
+    # embed_tokens frozen (a frozen parameter in the root group); small norms persistent at stage 3
+    return RunSpec(model="llama", steps=3, stage=stage, accumulation=accumulation, edit=EDITS,
+                   persistence_threshold=50, frozen=("layers.0.self_attn.q_proj",))
+
+
+def reference_grads(spec: RunSpec, world_size: int, step: int) -> dict[str, torch.Tensor]:
+    """The averaged gradient the engine reduces at ``step``: parameters after ``step`` reference steps (with the
+    spec's edit after step 0), then each rank's micro-batch gradient of ``loss / accumulation``, summed in rank
+    order, divided by the world size, accumulated over micro-steps."""
+    params = reference_run(spec.replace(steps=step), world_size)["params"] if step else None
+    model = build_model(spec)
+    if params is not None:
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(params[n])
+    batches = batches_for(spec, world_size, int(model.config.vocab_size))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        acc = {n: torch.zeros_like(p) for n, p in model.named_parameters() if p.requires_grad}
+        for m in range(spec.accumulation):
+            total: dict[str, torch.Tensor] = {}
+            for r in range(world_size):
+                model.zero_grad(set_to_none=True)
+                loss = model(input_ids=batches[step, m, r], labels=batches[step, m, r]).loss
+                (loss / spec.accumulation if spec.accumulation > 1 else loss).backward()
+                for n in acc:
+                    g = model.get_parameter(n).grad
+                    total[n] = g.clone() if r == 0 else total[n].add_(g)
+            for n, value in acc.items():
+                value.add_(total[n].div_(world_size))
+        return acc
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_fragments(results: list[dict[str, Any]], spec: RunSpec, world_size: int) -> None:
+    frozen = {n for n, p in build_model(spec).named_parameters() if not p.requires_grad}
+    for step in (0, 1):
+        want = reference_grads(spec, world_size, step)
+        for res in results:
+            for name, got in res["grads"][step].items():
+                if name in frozen:
+                    assert got is None, name
+                    continue
+                torch.testing.assert_close(got, want[name], rtol=1e-6, atol=1e-7,
+                                           msg=lambda m, n=name, s=step: f"step {s} {n}: {m}")
+    for name in results[0]["final"]:
+        full = results[0]["final"][name]
+        for key, parts in (("local_params", [r["local_params"][name] for r in results]),
+                           ("local_grads", [r["local_grads"][-1][name] for r in results])):
+            if name in frozen and key == "local_grads":
+                assert all(p is None for p in parts)
+                continue
+            whole = (full if key == "local_params" else results[0]["grads"][-1][name]).reshape(-1)
+            cat = torch.cat(parts)
+            # sharded: the ranks' parts in rank order are the parameter; whole on every rank: each part is
+            assert torch.equal(cat, whole) or all(torch.equal(p, whole) for p in parts), (name, key)
+        exp_full, _ = results[0]["exp_avg"][name]
+        if name in frozen:
+            assert exp_full is None
+            continue
+        g0 = results[0]["grads"][0][name]
+        torch.testing.assert_close(exp_full, 0.1 * g0, rtol=1e-5, atol=1e-8)  # AdamW's first moment after step 1
+        locals_ = torch.cat([r["exp_avg"][name][1] for r in results])
+        assert torch.equal(locals_, exp_full.reshape(-1)) or torch.equal(results[0]["exp_avg"][name][1],
+                                                                        exp_full.reshape(-1))
+
+
+@pytest.mark.parametrize("edit_via", ["gathered", "safe_set"])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_fragments_and_engine_free_edit_match_reference(world, stage: int, edit_via: str) -> None:
+    """World 2, every stage: full gradients (trainable and frozen), local parts, optimizer state, and an edit
+    through ``zero.GatheredParameters(modifier_rank=0)`` or ``safe_set_full_fp32_param`` train exactly like the
+    same edit on the reference."""
+    spec = _spec(stage)
+    results = world(2).run(fragments_run, spec, edit_via)
+    compare(results, reference_run(spec, 2))
+    _check_fragments(results, spec, 2)
+
+
+@pytest.mark.parametrize("world_size", [1, 3, 4])
+def test_fragments_other_world_sizes(world, world_size: int) -> None:
+    spec = _spec(3, accumulation=2)
+    results = world(world_size).run(fragments_run, spec, "safe_set")
+    compare(results, reference_run(spec, world_size))
+    _check_fragments(results, spec, world_size)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 3, 4])
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_fragments_every_stage_and_world(world, world_size: int, stage: int) -> None:
+    spec = _spec(stage, accumulation=2)
+    results = world(world_size).run(fragments_run, spec, "gathered")
+    compare(results, reference_run(spec, world_size))
+    _check_fragments(results, spec, world_size)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("edit_via", ["gathered", "safe_set"])
+def test_fragments_with_hpz(world, edit_via: str) -> None:
+    """hpZ (2 of 4 ranks per node): the edits go through write_shard, which drops the secondary shards."""
+    spec = _spec(3, accumulation=2).replace(extra_zero={"zero_hpz_partition_size": 2})
+    results = world(4, env={"LOCAL_WORLD_SIZE": "2"}).run(fragments_run, spec, edit_via)
+    compare(results, reference_run(spec, 4))
+    _check_fragments(results, spec, 4)
+
+
+def test_full_grad_is_unscaled_under_fp16(world) -> None:
+    """fp16 with a loss scale of 2**8: ``safe_get_full_grad`` is the true gradient (fp16-close to the fp32
+    reference), not the scaled one."""
+    spec = _spec(3).replace(dtype="fp16", fp16={"initial_scale_power": 8}, edit=())
+    results = world(2).run(fragments_run, spec, "safe_set")
+    want = reference_grads(spec.replace(dtype="fp32"), 2, 0)
+    for name, got in results[0]["grads"][0].items():
+        if got is not None:
+            scale = want[name].abs().max().item()
+            torch.testing.assert_close(got, want[name], rtol=0.05, atol=0.02 * scale, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("stage", [0, 2, 3])
+def test_set_optimizer_state_and_local_roundtrip(world, stage: int) -> None:
+    got = world(3).run(set_state_roundtrip, _spec(stage))
+    assert got == [{"full": True, "local": True, "fp32": True, "key_error": True}] * 3
+
+
+@pytest.mark.parametrize(("stage", "editors"), [(3, (1,)), (0, (0,)), (0, (0, 1)), (2, (0, 1)), (1, (1,))])
+def test_edit_without_modifier_raises_on_every_rank(world, stage: int, editors: tuple[int, ...]) -> None:
+    """Stage 0 fp32 is the hard case: the parameter views the master itself, so the edit must be undone from a rank
+    that did not make it (or, when every rank edited, from the master's other copies: re-derived as rank 0's)."""
+    got = world(2).run(edit_without_modifier, _spec(stage), editors)
+    if stage == 0 and editors == (0, 1):
+        assert [g["raised"] for g in got] == [True, True]
+        return  # every rank wrote its only copy: raised everywhere, ranks consistent (rank 0's value)
+    assert got == [{"raised": True, "unchanged": True, "loss_same": True}] * 2
+
+
+def test_unowned_noop_and_two_engines(world) -> None:
+    assert world(2).run(unowned_and_two_engines) == [{"unowned": True, "full_inside": True, "edited": True}] * 2
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_engine_is_a_module(world, stage: int) -> None:
+    spec = RunSpec(model="gpt2_tied", stage=stage, persistence_threshold=50, accumulation=2)
+    for res in world(2).run(module_surface, spec):
+        assert res.pop("batch") == (8, 2, 2, stage, 2, True, False, False)
+        assert res.pop("load") == ([], [], True)
+        assert all(res.values()), res
+
+
+def test_comm_face(world) -> None:
+    got = world(3).run(comm_face)
+    assert [g["rank"] for g in got] == [0, 1, 2]
+    assert all(g["world"] == 3 and g["sum"] == 6.0 and g["gathered"] == [0.0, 1.0, 2.0] and g["bcast"] == 7.0
+               and g["init"] for g in got)
+
+
+def test_initialize_with_args(world, tmp_path) -> None:
+    got = world(2).run(initialize_with_args, str(tmp_path))
+    assert got == [{"args": (True, False, None), "tuple": (True, True, True), "micro": 2,
+                    "errors": [True, True, True]}] * 2
