@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from tests.harness.parity import RunSpec
-from tests.workers.offload import VARIANTS, save_resume, train_variants
+from tests.workers.dropin import set_state_roundtrip
+from tests.workers.offload import VARIANTS, offload_block, save_resume, train_variants
 
 TIMEOUT = 400
 
@@ -102,3 +103,10 @@ def test_checkpoint_crosses_offload_settings(world, tmp_path: Path, save_with: s
     _equal(resumed[0]["state"], plain[0]["none"]["state"], "optimizer state")
     assert not any((tmp_path / "nv1" / "hybridzero-swap").iterdir())
 
+
+
+def test_fragment_api_reads_and_writes_swapped_state(world, tmp_path: Path) -> None:
+    """``utils.safe_get/set_*_optimizer_state`` see the NVMe-swapped state (through optimizer_state_resident)."""
+    spec = RunSpec(model="llama", stage=3, steps=1, extra_zero=offload_block("nvme", str(tmp_path)))
+    expected = {"full": True, "local": True, "fp32": True, "key_error": True}
+    assert world(2).run(set_state_roundtrip, spec, timeout=TIMEOUT) == [expected, expected]
