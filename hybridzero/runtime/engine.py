@@ -375,7 +375,8 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         return self.swapper.resident() if self.swapper is not None else contextlib.nullcontext()
 
     def destroy(self) -> None:
-        """Release what the engine holds outside the process: the NVMe swap directory (idempotent)."""
+        """DeepSpeed's ``destroy`` (:class:`DeepSpeedEngineAPI`), and the NVMe swap directory removed."""
+        super().destroy()
         if self.swapper is not None:
             self.swapper.close()
 

@@ -12,6 +12,7 @@ import torch
 from tests.harness.parity import RunSpec
 from tests.workers.dropin import set_state_roundtrip
 from tests.workers.offload import VARIANTS, offload_block, save_resume, train_variants
+from tests.workers.rlhf_runs import make_model_dirs, step3_run
 
 TIMEOUT = 400
 
@@ -110,3 +111,23 @@ def test_fragment_api_reads_and_writes_swapped_state(world, tmp_path: Path) -> N
     spec = RunSpec(model="llama", stage=3, steps=1, extra_zero=offload_block("nvme", str(tmp_path)))
     expected = {"full": True, "local": True, "fp32": True, "key_error": True}
     assert world(2).run(set_state_roundtrip, spec, timeout=TIMEOUT) == [expected, expected]
+
+
+def test_rlhf_step3_offload_flags_at_world_2(world, tmp_path: Path) -> None:
+    """DeepSpeed-Chat's ``--offload --offload_reference_model --offload_reward_model`` (actor/critic optimizer and
+    parameters, frozen models' shards on the host) give the same step-3 run as without them, bitwise."""
+    actor, value = make_model_dirs(tmp_path / "models")
+    base = {"actor_model_name_or_path": actor, "critic_model_name_or_path": value,
+            "per_device_generation_batch_size": 4, "per_device_training_batch_size": 2, "max_prompt_seq_len": 8,
+            "max_answer_seq_len": 6, "actor_learning_rate": 3e-3, "critic_learning_rate": 3e-3,
+            "num_warmup_steps": 0, "max_steps": 2, "progress": False, "enable_tensorboard": False,
+            "print_every": 1000, "resume": False, "seed": 5, "enable_ema": True, "critic_zero_stage": 2,
+            "reward_zero_stage": 3, "reference_zero_stage": 3}
+    flags = {"offload": True, "offload_reference_model": True, "offload_reward_model": True}
+    pool = world(2)
+    plain = pool.run(step3_run, {**base, "output_dir": str(tmp_path / "plain")}, timeout=TIMEOUT)[0]
+    offloaded = pool.run(step3_run, {**base, **flags, "output_dir": str(tmp_path / "off")}, timeout=TIMEOUT)[0]
+    assert len(plain["history"]) == len(offloaded["history"]) == 2
+    for got, want in zip(offloaded["history"], plain["history"]):
+        for key in ("reward", "kl", "answer_len", "value", "actor_loss", "critic_loss"):
+            assert got[key] == want[key], key
