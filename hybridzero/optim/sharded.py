@@ -72,6 +72,15 @@ def shard_views(groups: Sequence[ShardedGroup], index_of: dict[str, int], n_opt_
     return out
 
 
+def split_views(views: list[list[tuple[torch.Tensor, torch.Tensor]]],
+                max_numel: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """Each (master view, grad view) pair cut into consecutive pieces of at most ``max_numel`` elements (NVMe
+    offload: ``sub_group_size`` bounds what one streamed chunk holds). Element-wise optimizers step the pieces
+    exactly as the whole view; the pieces still cover the same elements, in order."""
+    return [[(m[lo:lo + max_numel], g[lo:lo + max_numel]) for m, g in group for lo in range(0, m.numel(), max_numel)]
+            for group in views]
+
+
 def make_leaf_params(views: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> list[list[tuple[nn.Parameter, torch.Tensor]]]:
     """Leaf parameters sharing each master view's storage, paired with their gradient views."""
     return [[(nn.Parameter(master, requires_grad=True), grad) for master, grad in group] for group in views]

@@ -1,8 +1,8 @@
 """ZeRO-Infinity for the optimizer: state tensors live in files between steps, streamed a chunk at a time.
 
 ``offload_optimizer: {device: nvme, nvme_path, buffer_count}`` with ``sub_group_size``: the optimizer's leaves
-(one per gather group and optimizer group, see :mod:`hybridzero.optim.sharded`) are cut into chunks of whole leaves
-of at most ``sub_group_size`` elements (a larger leaf is a chunk of its own). A step walks the chunks: read the
+(views of the master, cut to at most ``sub_group_size`` elements by :func:`hybridzero.optim.sharded.split_views`)
+are grouped into chunks of whole leaves of at most ``sub_group_size`` elements. A step walks the chunks: read the
 chunk's state (``exp_avg``, ``exp_avg_sq``... every state tensor with a dimension) from the swap file, step the
 optimizer on the chunk's leaves only, write the state back. Reads of the next chunks and writes of the previous
 ones run on background threads (plain ``os.preadv``/``os.pwritev``, no compiled extension), at most

@@ -114,7 +114,10 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
             # until all ranks are done, so a rank that finished early still joins the gathers. No other state of
             # ours lives on the module.
             self.module._is_fsdp_managed_module = True
-        self._leaves = sharded.make_leaf_params(sharded.shard_views(self.groups, index_of, len(overrides)))
+        views = sharded.shard_views(self.groups, index_of, len(overrides))
+        if self.placement.state_in_files:  # streamed chunks hold at most sub_group_size elements
+            views = sharded.split_views(views, z.sub_group_size)
+        self._leaves = sharded.make_leaf_params(views)
         self.optimizer = self._build_optimizer(optimizer, overrides)
         self.swapper = (StateSwapper(self.optimizer, str(off_opt.nvme_path), comm.rank, z.sub_group_size,
                                      off_opt.buffer_count)
