@@ -8,9 +8,10 @@ budget is set just below the fp32 master + Adam state (11.5 of its 12 bytes per 
 without offload must exceed it (master, gradient and Adam state are 16 bytes per parameter, plus the bf16 gathered
 parameters), a run with ``offload_optimizer: nvme`` (Adam state in swap files, streamed ``sub_group_size`` elements
 at a time; master and fp32 gradient shard, 8 bytes per parameter, stay in memory) must stay below it. bf16 compute,
-one short sequence per step, so activations stay small next to the model states. RSS growth is peak
-RSS minus the RSS after imports. Swap bytes per step are averaged over all steps (the first step only writes). DeepSpeed's CPU-offload run of the same model is added when DeepSpeed is importable
-(an optional bench extra); otherwise its row says so. Writes ``offload.json`` and ``offload.md``; never asserts a
+one short sequence per step, so activations stay small next to the model states. RSS growth is peak RSS minus the
+RSS after imports. Swap bytes per step are averaged over all steps (the first step only writes). DeepSpeed's
+CPU-offload run of the same model is added when DeepSpeed is importable (an optional bench extra); otherwise its
+row says so. Writes ``offload.json`` and ``offload.md``; never asserts a
 time.
 """
 from __future__ import annotations
@@ -126,7 +127,8 @@ def table(rows: list[dict[str, Any]], budget: int) -> list[str]:
             lines.append(f"| {r['system']} | – | – | – | – | – ({r['skipped']}) |")
             continue
         med = statistics.median(r["step_seconds"][1:] or r["step_seconds"])
-        lines.append(f"| {r['system']} | {r['peak_growth'] / 2**20:.0f} | {'yes' if r['peak_growth'] < budget else 'no'}"
+        within = "yes" if r["peak_growth"] < budget else "no"
+        lines.append(f"| {r['system']} | {r['peak_growth'] / 2**20:.0f} | {within}"
                      f" | {med:.2f} | {r['read_per_step'] / 2**20:.1f} | {r['written_per_step'] / 2**20:.1f} |")
     return lines
 

@@ -138,6 +138,10 @@ class ZeroConfig(Block):
     @model_validator(mode="after")
     def _offload_rules(self) -> ZeroConfig:
         param, opt = self.offload_param, self.offload_optimizer
+        if opt.enabled and self.stage == 0:
+            raise BlockProblem(f"{{0}}.device = {opt.device!r} needs stage 1, 2 or 3 (ZeRO-Offload moves the "
+                               f"optimizer's shard), got {{1}} = 0; use stage >= 1 or device 'none'",
+                               ("offload_optimizer", "stage"), opt.device)
         if param.enabled and self.stage != 3:
             raise BlockProblem(f"{{0}}.device = {param.device!r} needs stage 3 (parameters are only sharded at "
                                f"stage 3), got {{1}} = {self.stage}; use stage 3 or device 'none'",

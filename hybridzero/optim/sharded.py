@@ -20,6 +20,7 @@ from torch import nn
 from hybridzero.comm.collectives import Comm
 from hybridzero.optim.clip import clip_coefficient
 from hybridzero.zero.groups import ShardedGroup
+from hybridzero.zero.offload import move
 
 FROZEN = 1 << 30  # sort key for parameters that no optimizer group holds
 
@@ -132,5 +133,5 @@ def clip_grad_shards(groups: Sequence[ShardedGroup], comm: Comm, max_norm: float
     norm = global_grad_norm(groups, comm)
     coef = clip_coefficient(norm, max_norm)
     for group in groups:
-        group.grad_shard.mul_(coef)
+        group.grad_shard.mul_(move(coef, group.grad_shard.device))  # the shard may be offloaded to the host
     return norm

@@ -37,7 +37,7 @@ from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.zero import materialize
 from hybridzero.zero.gathered import GatheredParameters, ZeroParamOwner
 from hybridzero.zero.groups import ShardedGroup, ShardMode
-from hybridzero.zero.offload import Placement
+from hybridzero.zero.offload import Placement, move
 from hybridzero.zero.partition import plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.qgz import HierarchicalQuantizedReduce
@@ -403,7 +403,7 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
                 flat = group.master
             else:
                 flat = torch.empty(group.layout.padded_numel, dtype=torch.float32, device=self.device)
-                self.comm.all_gather(flat, group.master, phase="consolidate")
+                self.comm.all_gather(flat, move(group.master, self.device), phase="consolidate")
             for slot in group.slots:
                 out[slot.spec.name] = flat[slot.spec.offset:slot.spec.end].view(slot.spec.shape).clone()
         return out

@@ -30,6 +30,7 @@ from torch import nn
 from hybridzero.zero.gathered import ZeroParamOwner
 from hybridzero.zero.groups import ShardedGroup, Slot
 from hybridzero.zero.layout import intersect
+from hybridzero.zero.offload import move
 
 _PHASE = "fragments"
 
@@ -62,6 +63,7 @@ def _full(group: ShardedGroup, local: torch.Tensor, whole: bool) -> torch.Tensor
     """The group's whole flat buffer of a per-rank tensor (an all-gather unless ``whole``)."""
     if whole:
         return local
+    local = move(local, group.device)  # offloaded shards live on the host; the collective runs on the device
     out = torch.empty(group.layout.padded_numel, dtype=local.dtype, device=local.device)
     group.comm.all_gather(out, local.contiguous(), phase=_PHASE)
     return out

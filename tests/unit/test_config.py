@@ -151,11 +151,6 @@ MAPPINGS: list[tuple[str, str, Any, str, Any]] = [
     (Z, "offload_param", None, "zero.offload_param", ParamOffloadConfig()),
     (Z, "cpu_offload", False, "zero.offload_optimizer", OffloadConfig()),
     (Z, "cpu_offload_param", False, "zero.offload_param", ParamOffloadConfig()),
-    (Z, "cpu_offload", True, "zero.offload_optimizer", OffloadConfig("cpu")),
-    (Z, "offload_optimizer", {"device": "nvme", "nvme_path": "/n", "buffer_count": 2}, "zero.offload_optimizer",
-     OffloadConfig("nvme", False, "/n", 2)),
-    (Z, "offload_optimizer", {"device": "CPU", "pin_memory": True}, "zero.offload_optimizer",
-     OffloadConfig("cpu", True)),
     (Z, "ignore_unused_parameters", False, "zero.ignore_unused_parameters", False),
     (Z, "zero_quantization_block_size", 64, "zero.quantization_block_size", 64),
     (Z, "zero_quantized_gradients_bits", 4, "zero.quantized_gradients_bits", 4),
@@ -200,6 +195,18 @@ def test_key_mapping(block: str, key: str, value: Any, attribute: str, expected:
     extra = {block: {key: value}} if block else {key: value}
     got = operator.attrgetter(attribute)(load(extra, world_size=4))
     assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("key, value, expected", [
+    ("cpu_offload", True, OffloadConfig("cpu")),
+    ("offload_optimizer", {"device": "nvme", "nvme_path": "/n", "buffer_count": 2},
+     OffloadConfig("nvme", False, "/n", 2)),
+    ("offload_optimizer", {"device": "CPU", "pin_memory": True}, OffloadConfig("cpu", True)),
+])
+def test_offload_optimizer_mapping(key: str, value: Any, expected: OffloadConfig) -> None:
+    got = load({Z: {"stage": 1, key: value}}, world_size=4).zero.offload_optimizer
+    assert got == expected
 
 
 # ----------------------------------------------------------------------------- batch arithmetic
@@ -398,10 +405,15 @@ def test_deprecations_and_no_effect_settings_warn(extra: dict[str, Any], fragmen
         ({"zero_optimization": {"offload_param": {"device": "gpu"}}},
          ["zero_optimization.offload_param.device = 'gpu'", "'none', 'cpu', 'nvme'"]),
         ({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}},
-         ["zero_optimization.offload_optimizer.device = 'nvme'", "needs zero_optimization.offload_optimizer.nvme_path"]),
-        ({"zero_optimization": {"offload_optimizer": {"device": "cpu", "buffer_count": 0}}},
+         ["zero_optimization.offload_optimizer.device = 'nvme'",
+          "needs zero_optimization.offload_optimizer.nvme_path"]),
+        ({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}},
+         ["zero_optimization.offload_optimizer.device = 'cpu'", "needs stage 1, 2 or 3",
+          "zero_optimization.stage = 0"]),
+        ({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu", "buffer_count": 0}}},
          ["zero_optimization.offload_optimizer.buffer_count = 0", ">= 1"]),
-        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "CPU"}}},
+        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                "offload_param": {"device": "CPU"}}},
          ["zero_optimization.offload_param.device = 'cpu'", "needs stage 3", "zero_optimization.stage = 2"]),
         ({"zero_optimization": {"stage": 3, "offload_param": {"device": "CPU"}}},
          ["zero_optimization.offload_param.device = 'cpu'", "zero_optimization.offload_optimizer.device"]),
