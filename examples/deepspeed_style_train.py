@@ -6,15 +6,12 @@ It uses DeepSpeed's documented API as its users do: ``add_config_arguments``, ``
 construction under ``zero.Init``, ``initialize(args=..., model=..., model_parameters=..., training_data=...)``,
 a ``zero.GatheredParameters(..., modifier_rank=0)`` edit, ``utils.safe_get_full_grad`` at every optimizer boundary,
 ``save_checkpoint`` / ``load_checkpoint(load_module_only=True)`` in the middle of the run and ``save_16bit_model``
-at the end. Each rank writes ``DIR/rank<r>.json`` (losses, full gradients, final fp32 values, what it skipped), so a
+at the end. Each rank writes ``DIR/rank<r>.json`` (losses, full gradients, final fp32 values), so a
 test can compare the run with a single-process reference (tests/integration/test_deepspeed_style_script.py).
-An API this hybridzero build does not have yet is skipped with a ``SKIPPED <what>`` line.
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import inspect
 import json
 from pathlib import Path
 from typing import Any
@@ -63,32 +60,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def construct(args: argparse.Namespace, skipped: list[str]) -> transformers.LlamaForCausalLM:
+def construct(args: argparse.Namespace) -> transformers.LlamaForCausalLM:
     """Build the model under ``zero.Init`` (never whole on one rank), as DeepSpeed users do for large models."""
-    if hasattr(deepspeed.zero, "Init"):
-        with deepspeed.zero.Init(config_dict_or_path=args.deepspeed_config):
-            return build_model()
-    skipped.append("zero.Init")
-    return build_model()
+    with deepspeed.zero.Init(config_dict_or_path=args.deepspeed_config):
+        return build_model()
 
 
-def checkpoint_roundtrip(engine: Any, out: Path, skipped: list[str]) -> None:
+def checkpoint_roundtrip(engine: Any, out: Path) -> None:
     """Save, then load the module weights back (the optimizer state stays the in-memory one)."""
     ckpt = out / "checkpoints"
     engine.save_checkpoint(str(ckpt), tag="mid", client_state={"note": "mid-run"})
-    if "load_module_only" in inspect.signature(engine.load_checkpoint).parameters:
-        engine.load_checkpoint(str(ckpt), tag="mid", load_module_only=True)
-    else:
-        skipped.append("load_checkpoint(load_module_only=True)")
-        engine.load_checkpoint(str(ckpt), tag="mid")
+    path, client = engine.load_checkpoint(str(ckpt), tag="mid", load_module_only=True)
+    assert path is not None and client is not None and client["note"] == "mid-run", (path, client)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     deepspeed.init_distributed()
     rank, world = deepspeed.comm.get_rank(), deepspeed.comm.get_world_size()
-    skipped: list[str] = []
-    model = construct(args, skipped)
+    model = construct(args)
     with open(args.deepspeed_config) as f:
         batch = json.load(f)["train_batch_size"]
     data = TokenData(args.steps * batch, args.seq_len)
@@ -112,20 +102,13 @@ def main(argv: list[str] | None = None) -> None:
                 if rank == 0:
                     target.mul_(0.5).add_(0.01)
         if at_boundary and engine.global_steps == CHECKPOINT_AFTER_STEP:
-            checkpoint_roundtrip(engine, Path(args.out), skipped)
+            checkpoint_roundtrip(engine, Path(args.out))
     final = {n: deepspeed.utils.safe_get_full_fp32_param(params[n]).reshape(-1).tolist() for n in WATCHED}
-    if hasattr(engine, "save_16bit_model"):
-        engine.save_16bit_model(args.out, "model_16bit.bin")
-    else:
-        skipped.append("save_16bit_model")
-    for what in skipped:
-        if rank == 0:
-            print(f"SKIPPED {what}", flush=True)
-    record = {"rank": rank, "world": world, "losses": losses, "grads": grads, "final": final, "skipped": skipped,
+    assert engine.save_16bit_model(args.out, "model_16bit.bin")  # needs stage3_gather_16bit_weights_on_model_save
+    record = {"rank": rank, "world": world, "losses": losses, "grads": grads, "final": final,
               "steps": engine.global_steps, "stage": engine.zero_optimization_stage()}
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(record))
-    with contextlib.suppress(AttributeError):
-        engine.destroy()
+    engine.destroy()
 
 
 if __name__ == "__main__":

@@ -75,7 +75,7 @@ def _export(args: argparse.Namespace) -> int:
 
     try:
         out = export_hf(args.ckpt_dir, args.out_dir, args.tag, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
-    except (FileNotFoundError, FileExistsError, ValueError) as exc:
+    except (FileNotFoundError, FileExistsError, ValueError, OSError) as exc:  # CheckpointError is a ValueError
         print(f"export: error: {exc}", file=sys.stderr)
         return 1
     files = sorted(p.name for p in out.iterdir())

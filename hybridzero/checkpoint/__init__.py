@@ -1,17 +1,26 @@
-"""Checkpoint loading: lazy, shard-aware tensor sources (see :mod:`hybridzero.checkpoint.hf_source`)."""
+"""Checkpoints on disk and tensor sources: the engine format (:mod:`~hybridzero.checkpoint.format`), tag paths
+(:mod:`~hybridzero.checkpoint.paths`), Hugging Face safetensors (:mod:`~hybridzero.checkpoint.hf_source`) and
+export (:mod:`~hybridzero.checkpoint.export`). Never imports the engine: saving and loading an engine is
+:mod:`hybridzero.runtime.checkpointing`."""
 
-from hybridzero.checkpoint.hf_source import (
-    CheckpointFileError,
-    HFCheckpointSource,
-    ModuleSource,
-    TensorSource,
-    resolve_name,
-)
+from hybridzero.checkpoint.format import SavedSource, SavedTag, open_tag, verify_tag
+from hybridzero.checkpoint.hf_source import CheckpointFileError, HFCheckpointSource, ModuleSource
+from hybridzero.checkpoint.paths import CheckpointError, check_tag, find_tag, list_tags, read_latest
+from hybridzero.tensor_source import TensorSource, resolve_name
 
 __all__ = [
+    "CheckpointError",
     "CheckpointFileError",
     "HFCheckpointSource",
     "ModuleSource",
+    "SavedSource",
+    "SavedTag",
     "TensorSource",
+    "check_tag",
+    "find_tag",
+    "list_tags",
+    "open_tag",
+    "read_latest",
     "resolve_name",
+    "verify_tag",
 ]

@@ -1,9 +1,9 @@
-"""Turn an engine checkpoint (:mod:`hybridzero.checkpoint.saved`) into full tensors or a Hugging Face directory.
+"""Turn an engine checkpoint (:mod:`hybridzero.checkpoint.format`) into full tensors or a Hugging Face directory.
 
 * :func:`consolidated_state_dict` is the ``zero_to_fp32`` use case: every parameter's fp32 master value in full,
   keyed by its canonical (first) name; a tied tensor appears once. It holds the whole model by design.
 * :func:`export_hf` writes ``config.json`` plus safetensors weights that ``from_pretrained`` loads, **streaming**:
-  parameters are read one at a time from the rank files (memory-mapped), converted to the export dtype and
+  parameters are read one at a time from the rank files (safetensors slices), converted to the export dtype and
   collected for one shard file only; the file is written and its tensors freed before the next shard is read.
   Peak memory is therefore about one shard (``max_shard_bytes``, or the largest tensor if that is bigger) plus one
   parameter in fp32, never the whole model.
@@ -37,8 +37,9 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from hybridzero.checkpoint.format import SavedSource, open_tag
 from hybridzero.checkpoint.hf_source import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
-from hybridzero.checkpoint.saved import SavedSource, load_rank_file, read_meta, resolve_tag
+from hybridzero.checkpoint.paths import find_tag, list_tags
 
 __all__ = ["EXPORT_DTYPES", "ShardEntry", "ShardPlan", "consolidated_state_dict", "export_hf", "plan_shards"]
 
@@ -77,11 +78,14 @@ class ShardPlan:
 
 
 def _open(ckpt_dir: str | os.PathLike[str], tag: str | None) -> tuple[dict[str, Any], SavedSource]:
-    """The tag's metadata and a reader of its fp32 master weights (rank files memory-mapped)."""
-    path = resolve_tag(ckpt_dir, tag)
-    meta = read_meta(path)
-    shards = [load_rank_file(path, r) for r in range(int(meta["world_size"]))]
-    return meta, SavedSource(path, meta, shards, "master")
+    """The tag's metadata and a reader of its fp32 master weights, after the full verification of
+    :func:`~hybridzero.checkpoint.format.open_tag` (checksums, metadata consistency, rank-file headers)."""
+    path = find_tag(ckpt_dir, tag)
+    if path is None:
+        raise FileNotFoundError(f"checkpoint {'latest' if tag is None else repr(tag)} not found in {ckpt_dir}; "
+                                f"complete tags: {list_tags(ckpt_dir)}")
+    saved = open_tag(path)
+    return saved.meta, SavedSource(saved, "master")
 
 
 def _read(source: SavedSource, entry: ShardEntry, dtype: torch.dtype) -> torch.Tensor:
@@ -91,6 +95,8 @@ def _read(source: SavedSource, entry: ShardEntry, dtype: torch.dtype) -> torch.T
 
 def consolidated_state_dict(ckpt_dir: str | os.PathLike[str], tag: str | None = None) -> dict[str, torch.Tensor]:
     """Every parameter's full fp32 master value by canonical name (tied weights once, under their first name).
+
+    The checkpoint is verified first (checksums, metadata): a damaged one raises CheckpointError naming the file.
 
     ``tag`` defaults to the one ``latest`` names. The values equal the engine's ``full_parameters()`` bitwise.
     """
@@ -222,6 +228,10 @@ def export_hf(ckpt_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     out = Path(out_dir)
     _check_out_dir(out)
     meta, source = _open(ckpt_dir, tag)
+    if meta.get("excluded"):
+        raise ValueError(f"checkpoint saved with exclude_frozen_parameters: {len(meta['excluded'])} parameters "
+                         f"(e.g. {meta['excluded'][0]!r}) are not in it, so it cannot become a complete model; "
+                         "save without exclude_frozen_parameters to export")
     config = _hf_config(meta, dtype)
     plan = plan_shards(_entries(meta), torch.empty((), dtype=torch_dtype).element_size(), max_shard_bytes)
     out.parent.mkdir(parents=True, exist_ok=True)

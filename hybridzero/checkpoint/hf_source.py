@@ -15,18 +15,23 @@ Tied weights are stored under a single name (GPT-2 and OPT save the embedding, n
 
 from __future__ import annotations
 
-import difflib
 import json
 import math
 import os
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Any, Protocol, runtime_checkable
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
+
+from hybridzero.tensor_source import TensorSource, resolve_name
+
+__all__ = ["CheckpointFileError", "HFCheckpointSource", "ModuleSource", "TensorSource", "check_against_model",
+           "check_range", "resolve_name"]
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -57,25 +62,6 @@ class CheckpointFileError(OSError):
     """A checkpoint file exists but cannot be parsed (truncated, corrupt, or malformed index)."""
 
 
-@runtime_checkable
-class TensorSource(Protocol):
-    """Named tensors readable by flat element range.
-
-    Invariants every implementation keeps: ``names()`` is stable for the life of the source;
-    ``read_flat(n, lo, hi)`` returns a fresh 1-D tensor (never a view of storage the source
-    keeps) of ``hi - lo`` elements in ``dtype(n)``, equal to the row-major flattening of the
-    tensor restricted to ``[lo, hi)``; ``0 <= lo <= hi <= shape(n).numel()`` or ValueError.
-    """
-
-    def names(self) -> list[str]: ...
-
-    def shape(self, name: str) -> torch.Size: ...
-
-    def dtype(self, name: str) -> torch.dtype: ...
-
-    def read_flat(self, name: str, lo: int, hi: int) -> torch.Tensor: ...
-
-
 def check_range(name: str, numel: int, lo: int, hi: int) -> None:
     """Raise ValueError unless ``lo``/``hi`` are ints with ``0 <= lo <= hi <= numel``."""
     for label, value in (("lo", lo), ("hi", hi)):
@@ -83,6 +69,21 @@ def check_range(name: str, numel: int, lo: int, hi: int) -> None:
             raise ValueError(f"{label} for {name!r} must be an int, got {type(value).__name__}")
     if not 0 <= lo <= hi <= numel:
         raise ValueError(f"bad range [{lo}, {hi}) for {name!r} with {numel} elements")
+
+
+def confined_name(index: Path, value: object) -> str:
+    """``value`` (a file name from ``index``) if it names a file inside the index's directory, else ValueError.
+
+    Checked lexically (no symlink resolution: a Hugging Face cache snapshot links its files into a blob store), so
+    absolute paths, drive letters, ``..`` components, empty names and control characters are refused."""
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"file name {value!r} in {index} must be a non-empty string")
+    parts = value.replace("\\", "/").split("/")
+    if (os.path.isabs(value) or value.startswith(("/", "\\")) or ":" in value
+            or any(p in ("", ".", "..") for p in parts) or any(ord(c) < 32 or ord(c) == 127 for c in value)):
+        raise ValueError(f"file name {value!r} in {index} leaves the checkpoint directory {index.parent} "
+                         "(only relative names inside it are allowed)")
+    return value
 
 
 def _resolve_files(path: Path) -> tuple[Path, dict[str, Path] | None]:
@@ -106,7 +107,7 @@ def _resolve_files(path: Path) -> tuple[Path, dict[str, Path] | None]:
     try:
         raw: Any = json.loads(index.read_text())
         mapping = raw["weight_map"]
-        weight_map = {str(k): path / str(v) for k, v in mapping.items()}
+        weight_map = {str(k): path / confined_name(index, v) for k, v in mapping.items()}
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CheckpointFileError(f"malformed safetensors index {index}: {exc}") from exc
     for shard in sorted(set(weight_map.values())):
@@ -282,24 +283,25 @@ class ModuleSource(TensorSource):
         return param.detach().reshape(-1)[lo:hi].clone()
 
 
-def resolve_name(source: TensorSource, aliases: Sequence[str]) -> str:
-    """The first of ``aliases`` present in ``source``.
+def check_against_model(source: TensorSource, params: Mapping[str, tuple[Sequence[str], torch.Size]],
+                        allowed_extra: Sequence[str] = (), ignore_patterns: Sequence[str] = ()) -> None:
+    """Raise ValueError unless ``source`` holds every parameter (under some alias) with the model's shape and no
+    tensor that is neither a parameter alias, in ``allowed_extra`` (buffers) nor matched by ``ignore_patterns``
+    (regexes, transformers' ``_keys_to_ignore_on_load_unexpected``), as transformers' loader rejects them.
 
-    Tied weights are saved under one name only (e.g. GPT-2/OPT save the embedding, not
-    ``lm_head.weight``), so callers list every acceptable name. If none is present, raise
-    KeyError naming all aliases and the source, with up to 5 close names as hints.
-    """
-    if isinstance(aliases, str) or not aliases:
-        raise ValueError(f"aliases must be a non-empty sequence of names, got {aliases!r}")
-    available = source.names()
-    present = set(available)
-    for alias in aliases:
-        if alias in present:
-            return alias
-    close: list[str] = []
-    for alias in aliases:
-        for match in difflib.get_close_matches(alias, available, n=5, cutoff=0.6):
-            if match not in close:
-                close.append(match)
-    hint = f"; close names: {close[:5]}" if close else ""
-    raise KeyError(f"none of {list(aliases)} found in {source!r}{hint}")
+    ``params`` maps each parameter's first name to (every alias, shape). Reads headers only."""
+    stored = set(source.names())
+    problems: list[str] = []
+    known = set(allowed_extra)
+    for first, (aliases, shape) in params.items():
+        known.update(aliases)
+        hit = next((a for a in aliases if a in stored), None)
+        if hit is None:
+            problems.append(f"missing '{first}'" + (f" (or {list(aliases[1:])})" if len(aliases) > 1 else ""))
+        elif source.shape(hit) != torch.Size(shape):
+            problems.append(f"'{hit}' has shape {list(source.shape(hit))}, the model expects {list(shape)}")
+    unexpected = sorted(n for n in stored - known if not any(re.search(p, n) for p in ignore_patterns))
+    problems += [f"unexpected '{n}'" for n in unexpected[:10]]
+    if problems:
+        more = f" (and {len(unexpected) - 10} more unexpected)" if len(unexpected) > 10 else ""
+        raise ValueError(f"checkpoint {source!r} does not match the model: {'; '.join(problems)}{more}")

@@ -5,9 +5,15 @@ Invariants:
   bytes), before it is issued, with the engine phase the caller names.
 * An asynchronous call returns a :class:`PendingCollective`; whoever holds it must ``wait()`` it exactly once (the
   zero layer stores it in the one group object that owns the buffer). There is no "in flight" state without a handle.
-* A failure on one rank is posted to the rendezvous store; a peer whose collective then breaks (the failing rank
-  tore its process group down, or the collective timed out) raises :class:`PeerFailure` naming that rank and error,
-  instead of hanging.
+* A failure is fatal to the process group unless every rank agreed on it (:meth:`Comm.agree`). :meth:`Comm.fail`
+  posts the first failure to the rendezvous store (first writer wins) and marks this rank failed: from then on it
+  issues no collective at all (ours refuse; the process group is destroyed, so raw ``torch.distributed`` calls fail
+  too). A peer's next collective therefore cannot complete; its wait, finding itself blocked, looks at the store
+  within milliseconds and raises :class:`PeerFailure` naming the failing rank and its error. No rank can go on
+  issuing collectives that pair with a peer's different ones (the silent wrong state of a caught exception).
+  Destroying the group also closes the transport when nothing else holds it (then peers fail even sooner, and on
+  NCCL, where waits do not poll, that is the mechanism); it is not relied on for gloo, since a third-party reference
+  to the group (Hugging Face models hold one) keeps gloo's sockets open.
 * At world size 1 without a process group the collectives are local copies, still recorded.
 """
 from __future__ import annotations
@@ -15,8 +21,10 @@ from __future__ import annotations
 import datetime
 import gc
 import os
+import pickle
 import socket
 import time
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -27,11 +35,23 @@ from hybridzero.comm.ledger import Ledger
 
 _FAILURE_KEY = "hybridzero/failure"
 DEFAULT_TIMEOUT_S = 600.0
-_POLL_CHECK_S = 1.0
+_FIRST_CHECK_S = 1e-3  # a blocked wait first looks for a posted failure after this long
+_POLL_CHECK_S = 0.05  # ... and then at least this often
 
 
 class PeerFailure(RuntimeError):
     """A collective could not complete because another rank failed (its rank and error are in the message)."""
+
+
+class FailureState:
+    """What this process knows about failures on one process group; shared by a :class:`Comm` and its splits.
+
+    ``failed`` is set once (sticky) when this rank tore the group down; ``agreed`` is the last exception that every
+    rank raised together after :meth:`Comm.agree` (not fatal: the ranks are still in step)."""
+
+    def __init__(self) -> None:
+        self.failed: str | None = None
+        self.agreed: BaseException | None = None
 
 
 class PendingCollective:
@@ -53,7 +73,8 @@ class PendingCollective:
         if self._done:
             return
         if self._work is not None:
-            self._comm._wait(self._work)
+            work, self._work = self._work, None  # a held Work keeps the transport (gloo's sockets) alive
+            self._comm._wait(work)
         if self._on_done is not None:
             self._on_done()
         self._done = True
@@ -106,18 +127,29 @@ class Comm:
         self._local = not (dist.is_available() and dist.is_initialized())
         self._poll = not self._local and dist.get_backend(group) == "gloo"
         self.failure_key = _FAILURE_KEY  # scoped per engine by ``scope_failures`` so old failures never leak
+        self.failures = FailureState()
+        self.poll_interval_s = _POLL_CHECK_S  # longest pause between two looks at the store while blocked
+        # Held so the posted failure stays readable after a teardown: rank 0's store also serves every peer.
+        self._store = None if self._local else dist.distributed_c10d._get_default_store()
+        self._own_rank = 0 if self._local else dist.get_rank()
 
     # --- sub-groups --------------------------------------------------------------------------------------------
     def split(self, rank_lists: list[list[int]], name: str) -> "Comm":
         """A Comm over the sub-group of ``rank_lists`` that contains this rank (every rank must call this)."""
         if self._local:
-            return Comm(self.ledger, None, name)
+            return self._child(None, name)
+        self._check_usable()
         mine = None
         for ranks in rank_lists:
             pg = dist.new_group(ranks=ranks)
             if dist.get_rank() in ranks:
                 mine = pg
-        return Comm(self.ledger, mine, name)
+        return self._child(mine, name)
+
+    def _child(self, group: Any | None, name: str) -> "Comm":
+        child = Comm(self.ledger, group, name)
+        child.failure_key, child.failures, child.poll_interval_s = self.failure_key, self.failures, self.poll_interval_s
+        return child
 
     # --- tensor collectives -------------------------------------------------------------------------------------
     def all_gather(self, out: torch.Tensor, inp: torch.Tensor, *, phase: str, async_op: bool = False,
@@ -130,6 +162,7 @@ class Comm:
         if w == 1:
             out.copy_(inp.view_as(out))
             return PendingCollective(self, None)
+        self._check_usable()
         work = dist.all_gather_single(out, inp, group=self.group, async_op=True)
         return self._finish(work, async_op)
 
@@ -141,6 +174,7 @@ class Comm:
         if w == 1:
             out.copy_(inp.view_as(out))
             return PendingCollective(self, None)
+        self._check_usable()
         work = dist.reduce_scatter_single(out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         return self._finish(work, async_op)
 
@@ -159,6 +193,7 @@ class Comm:
         if w == 1:
             recv.copy_(inp)
             return PendingCollective(self, None)
+        self._check_usable()
         work = dist.all_to_all_single(recv, inp, group=self.group, async_op=True)
         return self._finish(work, async_op)
 
@@ -169,6 +204,7 @@ class Comm:
         self.ledger.record("all_reduce", self.name, phase, nbytes, 2 * nbytes * (w - 1) // w)
         if w == 1:
             return PendingCollective(self, None)
+        self._check_usable()
         red = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
         work = dist.all_reduce(t, op=red, group=self.group, async_op=True)
         return self._finish(work, async_op)
@@ -180,53 +216,122 @@ class Comm:
         self.ledger.record("broadcast", self.name, phase, nbytes, nbytes if self.rank == src and w > 1 else 0)
         if w == 1:
             return
+        self._check_usable()
         global_src = dist.get_global_rank(self.group, src) if self.group is not None else src
         self._finish(dist.broadcast(t, global_src, group=self.group, async_op=True), False)
 
     # --- object collectives (metadata, agreement) --------------------------------------------------------------
     def all_gather_object(self, obj: Any, *, phase: str) -> list[Any]:
-        """Every rank's ``obj``, in rank order (pickled; used for metadata and error agreement only)."""
+        """Every rank's ``obj``, in rank order (pickled between our own ranks; metadata and error agreement only).
+        Two tensor all-gathers (sizes, then padded bytes) through :meth:`_wait`, so a rank blocked here learns of a
+        peer's failure like in any other collective."""
         self.ledger.record("all_gather_object", self.name, phase, 0, 0)
         if self.world_size == 1:
             return [obj]
-        out: list[Any] = [None] * self.world_size
-        try:
-            dist.all_gather_object(out, obj, group=self.group)
-        except RuntimeError as exc:
-            self._raise_peer_failure(exc)
-        return out
+        self._check_usable()
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else None
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+        sizes = torch.empty(self.world_size, dtype=torch.int64, device=device)
+        self._finish(dist.all_gather_single(sizes, torch.tensor([data.numel()], device=device), group=self.group,
+                                            async_op=True), False)
+        longest = int(sizes.max())
+        sent = torch.zeros(longest, dtype=torch.uint8, device=device)
+        sent[:data.numel()] = data
+        got = torch.empty(self.world_size * longest, dtype=torch.uint8, device=device)
+        self._finish(dist.all_gather_single(got, sent, group=self.group, async_op=True), False)
+        rows = got.view(self.world_size, longest).cpu()
+        return [pickle.loads(rows[r, :int(n)].numpy().tobytes()) for r, n in enumerate(sizes.tolist())]
 
     def barrier(self, *, phase: str) -> None:
         """Wait until every rank of the group arrives."""
         self.ledger.record("barrier", self.name, phase, 0, 0)
         if self.world_size > 1:
+            self._check_usable()
             self._finish(dist.barrier(group=self.group, async_op=True), False)
 
-    # --- failure propagation ------------------------------------------------------------------------------------
+    # --- agreement and failure --------------------------------------------------------------------------------
+    def agree(self, error: BaseException | None, what: str, *, phase: str) -> None:
+        """Raise on every rank if any rank has ``error`` (one ``all_gather_object``): a failing rank re-raises its own
+        error, the others the first failing rank's, with a note naming it. Every rank raises at the same point of
+        the collective sequence, so the raised exception is recorded as *agreed* and :meth:`fail` leaves the process
+        group up: use this for errors a caller may catch and carry on from (bad input, a checkpoint that fails to
+        verify)."""
+        errors = self.all_gather_object(error, phase=phase)
+        raised = error
+        for rank, err in enumerate(errors):
+            if raised is None and err is not None:
+                if hasattr(err, "add_note"):
+                    err.add_note(f"(raised on rank {rank} during {what}; this is rank {self.rank})")
+                raised = err
+        if raised is not None:
+            self.failures.agreed = raised
+            raise raised
+
+    def fail(self, exc: BaseException) -> None:
+        """``exc`` escaped a call that issues collectives on this rank: unless it was agreed (:meth:`agree`), post it
+        (first failure wins), mark this rank failed and tear the process group down, so every peer's pending and next
+        collective raises :class:`PeerFailure`. When a peer had already failed, ``exc`` (kept as it is: it may be a
+        genuine error of this rank's own) gets a note naming that first failure. Idempotent; never raises; a no-op
+        without peers."""
+        if self._local or _world_info(None)[1] == 1 or self._is_agreed(exc):
+            return
+        posted = self.peer_failure()
+        peer = posted if posted is not None and not posted.startswith(f"rank {self._global_rank()}:") else None
+        if peer is None and not isinstance(exc, PeerFailure):
+            self.post_failure(_describe(exc))
+        if self.failures.failed is None:
+            self.failures.failed = peer or f"rank {self._global_rank()}: {_describe(exc)}"
+            if peer is not None and not isinstance(exc, PeerFailure) and hasattr(exc, "add_note"):
+                exc.add_note(f"(a peer failed first: {peer})")
+        abort_process_group()
+
+    def _is_agreed(self, exc: BaseException) -> bool:
+        agreed, seen = self.failures.agreed, 0
+        link: BaseException | None = exc
+        while agreed is not None and link is not None and seen < 16:  # the exception, or what it was raised from
+            if link is agreed:
+                return True
+            link, seen = link.__cause__ or link.__context__, seen + 1
+        return False
+
+    def _global_rank(self) -> int:
+        return 0 if self._local else self._own_rank
+
+    def _check_usable(self) -> None:
+        """Refuse to issue a collective once this rank failed: it could pair with a peer's different one."""
+        if self.failures.failed is not None:
+            raise PeerFailure(f"collective on group '{self.name}' refused: the process group was torn down after "
+                              f"{self.failures.failed}")
+        if not dist.is_initialized():
+            raise PeerFailure(f"collective on group '{self.name}' refused: the process group was torn down after a "
+                              "failure (on this rank or a peer)")
+
     def scope_failures(self, scope: str) -> None:
         """Use a failure key of this engine's own (every rank passes the same ``scope``)."""
         self.failure_key = f"{_FAILURE_KEY}/{scope}"
 
     def post_failure(self, message: str) -> None:
-        """Tell every peer that this rank failed with ``message`` (best effort; never raises)."""
-        if self._local:
+        """Tell every peer that this rank failed with ``message`` (best effort; never raises). The first failure
+        posted under a key stays (compare-and-set): later ones are consequences of it."""
+        if self._store is None:
             return
-        try:
-            store = dist.distributed_c10d._get_default_store()
-            store.set(self.failure_key, f"rank {dist.get_rank()}: {message}")
-        except Exception:  # noqa: BLE001 - reporting a failure must never mask it
-            pass
+        value = f"rank {self._global_rank()}: {message}"
+        for key in dict.fromkeys((self.failure_key, _FAILURE_KEY)):  # this engine's key, and the group-wide one
+            try:
+                self._store.compare_set(key, "", value)
+            except Exception:  # noqa: BLE001 - reporting a failure must never mask it
+                pass
 
     def peer_failure(self) -> str | None:
-        """The failure a peer posted, if any."""
-        if self._local:
+        """The failure posted for this engine, else for any engine on this process group (``None`` if none)."""
+        if self._store is None:
             return None
-        try:
-            store = dist.distributed_c10d._get_default_store()
-            if store.check([self.failure_key]):
-                return store.get(self.failure_key).decode()
-        except Exception:  # noqa: BLE001 - the store may be gone with the failed rank
-            return None
+        for key in dict.fromkeys((self.failure_key, _FAILURE_KEY)):
+            try:
+                if self._store.check([key]):
+                    return self._store.get(key).decode()
+            except Exception:  # noqa: BLE001 - the store may be gone with the failed rank
+                return None
         return None
 
     @property
@@ -241,11 +346,16 @@ class Comm:
         return handle
 
     def _wait(self, work: Any) -> None:
-        """Complete ``work``. On gloo (CPU) the wait polls, checking about once a second whether a peer posted a
-        failure, so a rank blocked on a dead peer raises :class:`PeerFailure` instead of hanging; the fast path
-        (already complete) costs one query. NCCL waits stay asynchronous with respect to the host."""
+        """Complete ``work``; a transport error becomes :class:`PeerFailure` naming the posted failure.
+
+        On gloo (CPU) a wait that blocks polls the store for a posted failure: first after ``_FIRST_CHECK_S`` of
+        blocking, then at doubling intervals up to ``poll_interval_s``. A failed rank never issues another
+        collective (:meth:`_check_usable`), so a peer's collective that needs it blocks and this poll reports it
+        within milliseconds. A collective that completes without blocking costs one ``is_completed`` query and no
+        store access. NCCL waits stay asynchronous with respect to the host (there the teardown breaks them)."""
         if self._poll and not work.is_completed():
-            next_check = time.monotonic() + _POLL_CHECK_S
+            interval = _FIRST_CHECK_S
+            next_check = time.monotonic() + interval
             pause = 1e-5
             while not work.is_completed():
                 time.sleep(pause)
@@ -254,7 +364,8 @@ class Comm:
                     posted = self.peer_failure()
                     if posted is not None:
                         raise PeerFailure(f"collective on group '{self.name}' aborted because {posted}")
-                    next_check += _POLL_CHECK_S
+                    interval = min(interval * 2, self.poll_interval_s)
+                    next_check = time.monotonic() + interval
         try:
             work.wait()
         except RuntimeError as exc:
@@ -265,6 +376,10 @@ class Comm:
         if posted is not None:
             raise PeerFailure(f"collective on group '{self.name}' aborted because {posted}") from exc
         raise PeerFailure(f"collective on group '{self.name}' failed: {exc}") from exc
+
+
+def _describe(exc: BaseException) -> str:
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
 
 
 def abort_process_group() -> None:

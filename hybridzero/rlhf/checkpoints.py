@@ -111,7 +111,10 @@ class RoleCheckpoints:
             return 0
         tag = iteration_tag(newest)
         for name, engine in self.engines.items():
-            _, client = engine.load_checkpoint(str(self.root / name), tag=tag)
+            path, client = engine.load_checkpoint(str(self.root / name), tag=tag)
+            if path is None or not isinstance(client, dict) or "iteration" not in client:
+                raise ValueError(f"{self.root / name / tag}: the completion marker names it, but it holds no "
+                                 "checkpoint of this run (removed or replaced?); delete the marker to resume earlier")
             if int(client["iteration"]) != newest:
                 raise ValueError(f"{self.root / name / tag}: holds iteration {client['iteration']}, expected {newest}")
         echo(f"resumed from {self.root} at iteration {newest} ({', '.join(self.engines)})")

@@ -26,7 +26,7 @@ from hybridzero.comm.ledger import Ledger
 from hybridzero.rlhf.models import ValueHeadModel, dropout_overrides, load_value_model
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
 from hybridzero.runtime.engine import Engine
-from hybridzero.runtime.pretrained import meta_model
+from hybridzero.runtime.pretrained import check_model_matches, meta_model
 
 __all__ = ["OptimSpec", "Roles", "build_engine", "build_roles", "ds_config", "engine_numel", "global_sum",
            "load_actor_engine", "scheduler_block", "world_comm"]
@@ -111,6 +111,7 @@ def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool) -> En
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with HFCheckpointSource(path) as source:
+        check_model_matches(source, model)  # a missing, transposed or oversized tensor is an error naming it
         engine, *_ = hybridzero.initialize(model=model, config=cfg, checkpoint_source=source)
     return engine
 

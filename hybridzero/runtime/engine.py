@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
 from hybridzero.comm import topology
-from hybridzero.comm.collectives import Comm, abort_process_group
+from hybridzero.comm.collectives import Comm
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config
 from hybridzero.optim import sharded
@@ -29,16 +28,19 @@ from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
 from hybridzero.optim.swap import StateSwapper
+from hybridzero.runtime import checkpointing, weights16
 from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
+from hybridzero.runtime.failures import failure_guard, leave_synced_generation
 from hybridzero.runtime.fragments import TensorFragments
-from hybridzero.runtime.hybrid import generation_mode, hybrid_generate
-from hybridzero.zero.coordinator import ZeroCoordinator
-from hybridzero.checkpoint.hf_source import TensorSource
+from hybridzero.runtime.hybrid import gathered_bytes, generation_mode, hybrid_generate
+from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import materialize
+from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.gathered import GatheredParameters, ZeroParamOwner
 from hybridzero.zero.groups import ShardedGroup, ShardMode
+from hybridzero.zero.init_source import init_stores, release_from_init, stage_group
 from hybridzero.zero.offload import Placement, move
-from hybridzero.zero.partition import plan_groups
+from hybridzero.zero.partition import param_aliases, plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.qgz import HierarchicalQuantizedReduce
 from hybridzero.zero.reduce import GradReducer, reduction_scales
@@ -46,23 +48,6 @@ from hybridzero.zero.registry import REGISTRY
 
 _LOG = logging.getLogger("hybridzero")
 _DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@contextlib.contextmanager
-def failure_guard(comm: Comm) -> Iterator[None]:
-    """Re-raise any exception after posting it to the peers, so none of them hangs.
-
-    An exception inside a training call is fatal to the job: peers blocked on gloo see the posted failure within
-    about a second and raise :class:`PeerFailure`; on backends whose waits do not poll (NCCL) the process group is
-    also torn down so that peers' collectives fail fast."""
-    try:
-        yield
-    except Exception as exc:
-        if comm.world_size > 1:
-            comm.post_failure("".join(traceback.format_exception_only(type(exc), exc)).strip())
-            if not comm.polls:
-                abort_process_group()
-        raise
 
 
 class Engine(DeepSpeedEngineAPI, nn.Module):
@@ -77,7 +62,11 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         self.config = config
         self.comm = comm
         self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-        self.module = module if materialize.has_meta(module) else module.to(self.device)
+        self._init_stores = init_stores(module)  # zero.Init: parameters are placeholders, shards in these stores
+        if self._init_stores:
+            self.module = materialize.move_buffers(module, self.device)
+        else:
+            self.module = module if materialize.has_meta(module) else module.to(self.device)
         self.compute_dtype = config.compute_dtype
         self.reduce_dtype = _DTYPES[config.communication_data_type] if config.communication_data_type else self.compute_dtype
         self.global_steps = 0
@@ -91,6 +80,9 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
             rank=comm.rank, log=_LOG.warning if comm.rank == 0 else None)
         self.skipped_steps = 0
         self.overflow = False
+        # fp32/bf16: skip (on every rank) a boundary step whose gradients hold inf/nan anywhere, as fp16 does
+        self.skip_nonfinite_steps = bool(getattr(config, "skip_nonfinite_steps", False))
+        self.nonfinite_skipped_steps = 0
         self.hpz = self._hpz_comm()
         off_opt, off_param = config.zero.offload_optimizer, config.zero.offload_param
         self.placement = Placement.build(self.device, off_opt.device, off_param.device,
@@ -132,10 +124,7 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         stage = self.config.zero.stage
         threshold = self.config.zero.param_persistence_threshold if stage == 3 else 0
         mode = {0: ShardMode.DDP, 1: ShardMode.PARAMS_WHOLE, 2: ShardMode.PARAMS_WHOLE, 3: ShardMode.ZERO3}[stage]
-        by_id: dict[int, list[str]] = {}
-        for name, p in self.module.named_parameters(remove_duplicate=False):
-            by_id.setdefault(id(p), []).append(name)
-        aliases = {names[0]: names for names in by_id.values()}
+        aliases = param_aliases(self.module)
         meta = materialize.has_meta(self.module)
         init_fn = materialize.default_init_fn(self.module)
         if meta:
@@ -149,11 +138,15 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
                 params = [self.module.get_parameter(n) for n in plan.param_names]
             named = sharded.order_for_optimizer(list(zip(plan.param_names, params)), index_of)
             group_mode = ShardMode.PERSISTENT if plan.replicated else mode
+            # zero.Init: this rank's pieces of the group, gathered one parameter at a time from the Init store
+            group_source = stage_group(named, group_mode, self.comm, self._init_stores) if self._init_stores else source
             groups.append(ShardedGroup(i, plan.name, plan.owner, named, self.comm, self.compute_dtype,
-                                       self.reduce_dtype, self.device, mode=group_mode, source=source,
+                                       self.reduce_dtype, self.device, mode=group_mode, source=group_source,
                                        aliases={n: aliases[n] for n, _ in named}, hpz=self.hpz,
                                        quantize_block=self._qwz_block(plan.name, named),
                                        placement=self.placement))
+        release_from_init(self._init_stores, [slot.param for group in groups for slot in group.slots])
+        self._init_stores = []  # released: the engine is the only owner now
         return groups
 
     def _qwz_block(self, name: str, named: list[tuple[str, nn.Parameter]]) -> int | None:
@@ -259,6 +252,8 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         self.overflow = False
         if self.config.fp16.enabled and not self._unscale_or_skip():
             return
+        if not self.config.fp16.enabled and self.skip_nonfinite_steps and self._skip_nonfinite():
+            return
         if self.config.gradient_clipping > 0:
             self.last_grad_norm = float(sharded.clip_grad_shards(self.groups, self.comm, self.config.gradient_clipping))
         trained = [g for g in self.groups if g.n_trainable > 0]  # frozen groups never change: nothing to move
@@ -290,10 +285,26 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
             group.grad_shard.div_(used)
         return True
 
+    def _skip_nonfinite(self) -> bool:
+        """fp32/bf16 with ``skip_nonfinite_steps``: the fp16 overflow agreement without a loss scale (one MAX
+        all-reduce of a local inf/nan flag). On inf/nan anywhere every rank drops the gradients and skips the update,
+        optimizer and scheduler untouched (True); the step still counts in ``global_steps``."""
+        if not self.check_overflow():
+            return False
+        self.overflow = True
+        self.skipped_steps += 1
+        self.nonfinite_skipped_steps += 1
+        self.zero_grad()
+        if self.comm.rank == 0:
+            _LOG.warning("[hybridzero] OVERFLOW! Rank 0 Skipping step %d. Non-finite (inf/nan) gradients with %s; "
+                         "skipped steps: %d", self.global_steps + 1, self.compute_dtype, self.skipped_steps)
+        return True
+
     def check_overflow(self) -> bool:
-        """fp16: True if any rank's gradient shards hold inf/nan (a counted MAX all-reduce; every rank calls it,
-        before ``step``). Without fp16 it is False and exchanges nothing. Leaves the loss scale alone."""
-        if not self.config.fp16.enabled:
+        """True if any rank's gradient shards hold inf/nan (a counted MAX all-reduce; every rank calls it, before
+        ``step``), with fp16 or ``skip_nonfinite_steps``. Otherwise False, exchanging nothing. Leaves the loss scale
+        alone."""
+        if not (self.config.fp16.enabled or self.skip_nonfinite_steps):
             return False
         flag = overflow_flag([g.grad_shard for g in self.groups], device=self.device)
         self.comm.all_reduce(flag, op="max", phase="step")
@@ -345,32 +356,57 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
     def generate(self, *args: Any, max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
         """Hybrid-engine generation (HF ``generate`` arguments): parameters gathered once, no collective while
         decoding, shards untouched. See :mod:`hybridzero.runtime.hybrid`."""
-        # No failure guard: in full mode nothing is exchanged until exit, so an exception here (a stopping criterion,
-        # a logits processor) is local; it reaches the caller unchanged and the engine stays usable.
-        return hybrid_generate(self.coordinator, self.config.hybrid_engine.max_out_tokens, *args,
-                               max_gathered_bytes=max_gathered_bytes, **kwargs)
+        # Full mode exchanges nothing until exit, so an exception there (a stopping criterion, a logits processor) is
+        # local: it reaches the caller unchanged and the engine stays usable. Bucketed mode (the same test as
+        # generation_mode's) is HF's synced generation over the ZeRO-3 hooks: peers wait in collectives this rank
+        # left, so an exception there is fatal to the group and reaches every peer as PeerFailure.
+        limit = self.config.hybrid_engine.max_out_tokens
+        bucketed = max_gathered_bytes is not None and gathered_bytes(self.coordinator) > max_gathered_bytes
+        if not bucketed:
+            return hybrid_generate(self.coordinator, limit, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
+        with failure_guard(self.comm):
+            try:
+                return hybrid_generate(self.coordinator, limit, *args, max_gathered_bytes=max_gathered_bytes,
+                                       **kwargs)
+            except Exception as exc:
+                # HF syncs when asked, or by default for a module that declares itself sharded (ZeRO-3 here)
+                if kwargs.get("synced_gpus", getattr(self.module, "_is_fsdp_managed_module", False)):
+                    leave_synced_generation(self.comm, exc, self.device)
+                raise
 
     def generation_mode(self, max_gathered_bytes: int | None = None) -> Any:
         """``with engine.generation_mode():`` — the module runs on fully gathered parameters inside the block."""
         return generation_mode(self.coordinator, max_gathered_bytes)
 
     def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict[str, Any] | None = None,
-                        save_latest: bool = True) -> Any:
-        """Write a sharded, atomic checkpoint (every rank calls it); see :mod:`hybridzero.checkpoint.engine_io`."""
-        from hybridzero.checkpoint.engine_io import save
+                        save_latest: bool = True, exclude_frozen_parameters: bool = False) -> bool:
+        """DeepSpeed's ``save_checkpoint``: a sharded, checksummed, atomic checkpoint (every rank calls it; also
+        inside an accumulation window, without the partial gradients). See :mod:`hybridzero.runtime.checkpointing`."""
+        with self.optimizer_state_resident():  # NVMe offload: the state is read through memory, never the swap files
+            return checkpointing.save(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
 
+    def load_checkpoint(self, load_dir: str, tag: str | None = None, load_module_strict: bool = True,
+                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
+                        load_module_only: bool = False) -> tuple[str | None, Any]:
+        """DeepSpeed's ``load_checkpoint``: ``(load_path, client_state)``, ``(None, None)`` when there is nothing to
+        load. Verified on every rank before anything changes: a bad checkpoint raises ``CheckpointError`` on every
+        rank and leaves the engine as it was."""
+        with self.optimizer_state_resident():  # NVMe offload: loaded state goes to the swap files on exit
+            staged = checkpointing.prepare_load(self, load_dir, tag, load_module_strict, load_optimizer_states,
+                                                load_lr_scheduler_states, load_module_only)
+            if staged is None:
+                return None, None
+            with failure_guard(self.comm):
+                return checkpointing.apply_load(self, staged)
+
+    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
+                         exclude_frozen_parameters: bool = False) -> bool:
+        """DeepSpeed's ``save_16bit_model``: consolidated weights in the compute dtype, written by rank 0 (every
+        rank calls it); False and nothing written at stage 3 without ``stage3_gather_16bit_weights_on_model_save``."""
         self.release_held()
-        with failure_guard(self.comm), self.optimizer_state_resident():
-            return save(self, save_dir, tag, client_state, save_latest)
-
-    def load_checkpoint(self, load_dir: str, tag: str | None = None, load_optimizer_states: bool = True,
-                        load_lr_scheduler_states: bool = True) -> tuple[Any, Any]:
-        """Restore from a checkpoint of any world size; returns ``(path, client_state)`` like DeepSpeed."""
-        from hybridzero.checkpoint.engine_io import load
-
-        self.release_held()
-        with failure_guard(self.comm), self.optimizer_state_resident():
-            return load(self, load_dir, tag, load_optimizer_states, load_lr_scheduler_states)
+        gather = self.config.zero.stage != 3 or self.config.zero.gather_16bit_weights_on_model_save
+        full = self.full_parameters() if gather else None
+        return weights16.save_16bit_model(self, full, save_dir, save_filename, exclude_frozen_parameters)
 
     def optimizer_state_resident(self) -> contextlib.AbstractContextManager[None]:
         """Every leaf's optimizer state in ``optimizer.state`` for the block; with NVMe offload it is read from the

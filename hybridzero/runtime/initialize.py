@@ -2,7 +2,7 @@
 
 Invariant: every rank either returns an engine or raises; a failure on one rank during construction is agreed on
 before any parameter collective (so peers raise the same error instead of hanging), and a failure after that point
-tears the process group down (see :func:`hybridzero.runtime.engine.failure_guard`).
+fails the process group on every rank (see :func:`hybridzero.runtime.failures.failure_guard`).
 """
 from __future__ import annotations
 
@@ -17,25 +17,20 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from hybridzero import comm as comm_api
-from hybridzero.checkpoint.hf_source import TensorSource
 from hybridzero.comm.collectives import Comm
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config
-from hybridzero.runtime.engine import Engine, failure_guard
+from hybridzero.runtime.engine import Engine
+from hybridzero.runtime.failures import failure_guard
+from hybridzero.tensor_source import TensorSource
 
 _LOG = logging.getLogger("hybridzero")
 
 
 def agree(comm: Comm, error: BaseException | None, what: str) -> None:
-    """Raise on every rank if any rank has ``error`` (each peer re-raises the first failing rank's exception)."""
-    errors = comm.all_gather_object(error, phase="init")
-    if error is not None:
-        raise error
-    for rank, err in enumerate(errors):
-        if err is not None:
-            if hasattr(err, "add_note"):
-                err.add_note(f"(raised on rank {rank} during {what}; this is rank {comm.rank})")
-            raise err
+    """Raise on every rank if any rank has ``error`` (each peer re-raises the first failing rank's exception); an
+    agreed error leaves the process group up (see :meth:`Comm.agree`)."""
+    comm.agree(error, what, phase="init")
 
 
 def _dataloader(data: Dataset, cfg: Config, comm: Comm, collate_fn: Callable[..., Any] | None) -> DataLoader:

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from hybridzero.zero.gathered import GatheredParameters
+from hybridzero.zero.init import Init
 
-__all__ = ["GatheredParameters"]
-
-# zero.Init (hybridzero/zero/init.py, another slice) is exported on its own line here:
+__all__ = ["GatheredParameters", "Init"]

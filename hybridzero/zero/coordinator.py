@@ -21,12 +21,17 @@ Phases come from the engine's own root-level events (DESIGN invariant 3)::
   reduction completed and every group released. Forward hooks firing inside BACKWARD (activation-checkpoint
   recomputation) only make sure the group is gathered.
 
+* A root forward that raises (also ``engine.module(...)`` or ``engine.module.generate(...)`` called directly, which no
+  engine guard wraps) ends its phase as usual and then fails the group (:meth:`Comm.fail`): peers waiting in the
+  gathers this rank will never issue raise ``PeerFailure`` instead of waiting for the timeout.
+
 After each phase end :meth:`ZeroCoordinator.is_quiescent` holds (checked by ``engine.assert_quiescent()``).
 """
 from __future__ import annotations
 
 import dataclasses
 import enum
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -84,6 +89,7 @@ class ZeroCoordinator:
         self.peak_gathered_bytes = 0  # high-water mark of gathered (ZeRO-3) parameter buffers
         self.bypass = False  # hybrid generation: everything is gathered and pinned; hooks do nothing
         self._kept: set[int] = set()  # groups held gathered from a forward for its backward
+        self._in_flight_before: BaseException | None = None  # exception being handled when the root forward began
         self._handles: list[RemovableHandle] = []
         self._root = next((g for g in groups if g.owner == ""), None)
         self._install(module)
@@ -203,6 +209,7 @@ class ZeroCoordinator:
         if self._depth == 1:
             self.phase = Phase.FORWARD
             self.prefetcher.begin("forward")
+            self._in_flight_before = sys.exc_info()[1]  # forward called inside an ``except`` block: not ours
         if self._root is not None:
             self.use(self._root, "forward")
 
@@ -214,14 +221,22 @@ class ZeroCoordinator:
         self._depth = max(0, self._depth - 1)
         if self._depth > 0:
             return
-        keep = set(self._kept)
-        if self._root is not None and output is not None:
-            self._attach_pre_backward(self._root, output)
-            if self._keep_for_backward(self._root):
-                keep.add(self._root.index)
-            elif torch.is_grad_enabled():
-                self._root.build_secondary()
-        self.end_phase(keep if torch.is_grad_enabled() else None)
+        raised = sys.exc_info()[1]  # set while torch runs this always-called hook for a forward that raised
+        try:
+            keep = set(self._kept)
+            if self._root is not None and output is not None:
+                self._attach_pre_backward(self._root, output)
+                if self._keep_for_backward(self._root):
+                    keep.add(self._root.index)
+                elif torch.is_grad_enabled():
+                    self._root.build_secondary()
+            self.end_phase(keep if torch.is_grad_enabled() else None)
+        finally:
+            if raised is not None and raised is not self._in_flight_before:
+                # The forward raised on this rank: peers are (or will be) in collectives this rank skipped, also
+                # when the module was called directly (``module.generate`` under the hooks). Tear the group down so
+                # they raise PeerFailure now instead of waiting for the timeout.
+                self.reducer.comm.fail(raised)
 
     def _block_pre_hook(self, group: ShardedGroup) -> Callable[[nn.Module, Any], None]:
         def hook(module: nn.Module, args: Any) -> None:

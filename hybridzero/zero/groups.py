@@ -28,8 +28,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from hybridzero.checkpoint.hf_source import TensorSource
-from hybridzero.checkpoint.ranges import read_range
 from hybridzero.comm.collectives import Comm, PendingCollective
 from hybridzero.comm.quantize import (
     dequantize_blockwise,
@@ -37,6 +35,8 @@ from hybridzero.comm.quantize import (
     quantize_blockwise,
     to_wire,
 )
+from hybridzero.tensor_source import TensorSource
+from hybridzero.zero.fill import read_range
 from hybridzero.zero.layout import FlatLayout, ParamSpec, build_layout, intersect
 from hybridzero.zero.offload import Placement, move
 

@@ -37,6 +37,15 @@ def default_init_fn(model: nn.Module) -> InitFn:
     return init
 
 
+def move_buffers(model: nn.Module, device: torch.device) -> nn.Module:
+    """Move every buffer of ``model`` to ``device`` in place (parameters untouched); returns ``model``."""
+    for mod in model.modules():
+        for name, buf in mod._buffers.items():
+            if buf is not None and buf.device != device:
+                mod._buffers[name] = buf.to(device)
+    return model
+
+
 def _owner_and_attr(model: nn.Module, name: str) -> tuple[nn.Module, str]:
     path, _, attr = name.rpartition(".")
     return (model.get_submodule(path) if path else model), attr

@@ -66,17 +66,25 @@ def _owner_of(param_names: Sequence[str], blocks: Sequence[str]) -> str:
     return owners.pop() if len(owners) == 1 else ""
 
 
+def param_aliases(module: nn.Module) -> dict[str, list[str]]:
+    """Every name of each parameter (tied weights have several), keyed by its first name, in registration order.
+
+    The one place alias lists are computed: gather groups, checkpoints and HF loading all use it."""
+    by_id: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        by_id.setdefault(id(p), []).append(name)
+    return {names[0]: names for names in by_id.values()}
+
+
 def plan_groups(module: nn.Module, persistence_threshold: int, blocks: Sequence[str] | None = None) -> list[GroupPlan]:
     """Gather groups for ``module``: root first, then blocks in order, then the persistent group (if any).
 
     Empty groups are omitted. ``blocks`` overrides :func:`find_blocks`.
     """
     block_names = list(find_blocks(module) if blocks is None else blocks)
-    aliases: dict[int, list[str]] = {}
-    canonical: dict[int, str] = {}
-    for name, p in module.named_parameters(remove_duplicate=False):
-        aliases.setdefault(id(p), []).append(name)
-        canonical.setdefault(id(p), name)
+    by_first = param_aliases(module)
+    aliases = {id(module.get_parameter(first)): names for first, names in by_first.items()}
+    canonical = {pid: names[0] for pid, names in aliases.items()}
     members: dict[str, list[str]] = {"": [], **{b: [] for b in block_names}}
     persistent: list[str] = []
     sizes = {name: p.numel() for name, p in module.named_parameters()}

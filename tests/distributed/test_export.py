@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ import torch
 from hybridzero.checkpoint import export
 from hybridzero.checkpoint.export import consolidated_state_dict, export_hf
 from hybridzero.cli import main
-from tests.workers.ckpt import run_with_checkpoint
+from tests.workers.ckpt import edit_json, run_with_checkpoint
 from tests.workers.export_checks import (export_peak_bytes, index_of, load_exported, logits, reference_model,
                                               save_big_checkpoint)
 from tests.harness.parity import RunSpec
@@ -134,11 +135,9 @@ def test_export_without_hf_config_fails_clearly(saved, tmp_path: Path) -> None:
     (copy / "global_step2").mkdir(parents=True)
     (copy / "latest").write_text("global_step2")
     for item in (ckpt / "global_step2").iterdir():
-        os.symlink(item, copy / "global_step2" / item.name)
-    meta_file = copy / "global_step2" / "meta.json"
-    meta = json.loads(meta_file.read_text())
-    meta_file.unlink()
-    meta_file.write_text(json.dumps({**meta, "hf_config": None}))
+        shutil.copy(item, copy / "global_step2" / item.name)
+    meta = json.loads((copy / "global_step2" / "meta.json").read_text())
+    edit_json(copy / "global_step2", "meta.json", lambda m: {**m, "hf_config": None})
     with pytest.raises(ValueError, match="hf_config is null"):
         export_hf(copy, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -144,6 +144,13 @@ def _worker_main(rank: int, env: dict[str, str], conn: Connection, pg_timeout_s:
             dist.destroy_process_group()
 
 
+def _spent_suffix() -> str:
+    """``"_spent"`` once this worker's process group is gone (a failure tore it down): the pool cannot run more."""
+    import torch.distributed as dist
+
+    return "" if dist.is_initialized() else "_spent"
+
+
 def _serve(conn: Connection) -> None:
     """Run ``("run", fn, args, kwargs)`` requests until ``("close",)`` or the parent goes away."""
     while True:
@@ -156,9 +163,10 @@ def _serve(conn: Connection) -> None:
             if request[0] == "close":
                 return
             _, fn, args, kwargs = request
-            reply = _dumps(("ok", fn(*args, **kwargs)))
+            value = fn(*args, **kwargs)
+            reply = _dumps(("ok" + _spent_suffix(), value))
         except BaseException:
-            reply = _dumps(("error", traceback.format_exc()))
+            reply = _dumps(("error" + _spent_suffix(), traceback.format_exc()))
         try:
             conn.send_bytes(reply)
         except (BrokenPipeError, OSError):
@@ -218,6 +226,7 @@ class WorldPool:
         self._grace = grace
         self._broken = False
         self._closed = False
+        self._spent = False  # a worker's process group was torn down by a failure: no further runs
         self._processes: list[BaseProcess] = []
         self._conns: list[Connection] = []
         self._finalizer = weakref.finalize(self, _terminate, self._processes, self._conns)
@@ -238,8 +247,9 @@ class WorldPool:
 
     @property
     def broken(self) -> bool:
-        """True once the pool cannot run anything: torn down after a failure, a worker died, or closed."""
-        return self._broken or self._closed or any(not p.is_alive() for p in self._processes)
+        """True once the pool cannot run anything: torn down after a failure, a worker died or lost its process
+        group, or closed."""
+        return self._broken or self._spent or self._closed or any(not p.is_alive() for p in self._processes)
 
     def _start(self, extra: dict[str, str], start_timeout: float, pg_timeout: float) -> None:
         ctx = get_context("spawn")
@@ -276,6 +286,9 @@ class WorldPool:
             kind, value = _loads(self._conns[rank].recv_bytes())
         except (EOFError, OSError):
             return "died", _exit_text(self._processes[rank])
+        if kind.endswith("_spent"):
+            self._spent = True
+            kind = kind.removesuffix("_spent")
         return ("failed", value) if kind in ("error", "init_error") else (kind, value)
 
     def _collect(self, deadline: float, grace: float) -> tuple[list[Any], set[int], dict[int, str], list[int]]:

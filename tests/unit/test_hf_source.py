@@ -279,3 +279,46 @@ def test_empty_directory_and_bad_index(tmp_path: Path) -> None:
     (tmp_path / "model.safetensors.index.json").write_text("{not json")
     with pytest.raises(CheckpointFileError, match="index.json"):
         HFCheckpointSource(tmp_path)
+
+
+# --- trust: index file names stay inside the directory; the model's shapes are checked
+@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors", "a\nb",
+                                  "C:\\x.safetensors", "", "./"])
+def test_index_file_names_cannot_leave_the_directory(tmp_path: Path, name: str) -> None:
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    save_file({"w": torch.ones(3)}, str(tmp_path / "outside.safetensors"))  # a real file the index points at
+    index = {"metadata": {}, "weight_map": {"w": name}}
+    (model_dir / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointFileError, match="leaves the checkpoint directory|non-empty string"):
+        HFCheckpointSource(model_dir)
+
+
+def _expected(model: torch.nn.Module) -> dict[str, tuple[list[str], torch.Size]]:
+    from hybridzero.zero.partition import param_aliases
+
+    shapes = dict(model.named_parameters())
+    return {first: (names, shapes[first].shape) for first, names in param_aliases(model).items()}
+
+
+def test_check_against_model_accepts_a_saved_model(llama: Any, llama_sharded: Path) -> None:
+    with HFCheckpointSource(llama_sharded) as src:
+        hf_source.check_against_model(src, _expected(llama))
+
+
+@pytest.mark.parametrize("damage", ["transposed", "oversized", "missing", "unexpected"])
+def test_check_against_model_names_the_bad_tensor(llama: Any, tmp_path: Path, damage: str) -> None:
+    state = {k: v.detach().clone().contiguous() for k, v in llama.state_dict().items()}
+    victim = "model.layers.0.mlp.up_proj.weight"
+    if damage == "transposed":
+        state[victim] = state[victim].t().contiguous()
+    elif damage == "oversized":
+        state[victim] = torch.cat([state[victim], state[victim][:1]])
+    elif damage == "missing":
+        del state[victim]
+    else:
+        victim = "model.layers.0.mlp.extra.weight"
+        state[victim] = torch.ones(5)
+    save_file(state, str(tmp_path / "model.safetensors"))
+    with HFCheckpointSource(tmp_path) as src, pytest.raises(ValueError, match=victim.replace(".", r"\.")):
+        hf_source.check_against_model(src, _expected(llama))

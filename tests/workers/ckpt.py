@@ -1,11 +1,15 @@
 """Per-rank functions for checkpoint tests: interrupted vs uninterrupted runs, resharding, crashes, bad input."""
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from hybridzero.runtime.optim_state import leaf_ranges
 from tests.harness.parity import RunSpec, batches_for, build_model, client_optimizer, ds_config
 
 
@@ -34,14 +38,12 @@ def _train(engine: Any, batches: torch.Tensor, rank: int, steps: range, accumula
 
 def full_optimizer_state(engine: Any) -> dict[str, dict[str, torch.Tensor]]:
     """Every parameter's per-element optimizer state, consolidated over ranks (a collective)."""
-    from hybridzero.checkpoint.engine_io import leaf_ranges
-
     keys = sorted({k for st in engine.optimizer.state.values() for k, t in st.items() if t.dim() == 1})
     out: dict[str, dict[str, torch.Tensor]] = {}
     for key in keys:
         for g in engine.groups:
             local = torch.zeros(g.master.numel())
-            for _, leaf, group, a, b in leaf_ranges(engine):
+            for _, leaf, group, a, b in leaf_ranges(engine.optimizer, engine.groups):
                 if group is g and leaf in engine.optimizer.state:
                     local[a:b] = engine.optimizer.state[leaf][key]
             if g.master_is_whole:
@@ -85,8 +87,6 @@ def load_and_consolidate(spec: RunSpec, ckpt: str, tag: str | None = None) -> di
 
 def save_then_crash(spec: RunSpec, ckpt: str) -> None:
     """Save ``tag1``, then die on rank 0 right before ``tag2`` would become visible (a test double for a kill)."""
-    import hybridzero.checkpoint.engine_io as io
-
     engine, batches, rank = _engine(spec)
     _train(engine, batches, rank, range(1), spec.accumulation)
     engine.save_checkpoint(ckpt, tag="tag1")
@@ -95,28 +95,44 @@ def save_then_crash(spec: RunSpec, ckpt: str) -> None:
     def die(*args: Any) -> None:
         os._exit(17)
 
-    io.os.replace = die  # only in this doomed worker process
+    os.replace = die  # only in this doomed worker process
     engine.save_checkpoint(ckpt, tag="tag2")
 
 
 def try_load(spec: RunSpec, ckpt: str, tag: str | None) -> str:
-    """Load and return 'ok' or the error text."""
+    """Load and return 'ok', 'nothing' (DeepSpeed's ``(None, None)``) or the error text."""
     engine, _, _ = _engine(spec)
     try:
-        engine.load_checkpoint(ckpt, tag)
-        return "ok"
+        path, _ = engine.load_checkpoint(ckpt, tag)
+        return "ok" if path is not None else "nothing"
     except (ValueError, FileNotFoundError, KeyError) as exc:
         return f"{type(exc).__name__}: {exc}"
 
 
-def save_inside_accumulation_window(spec: RunSpec, ckpt: str) -> str:
-    """One micro-step into an accumulation window, then try to save: the error text (and nothing written)."""
+def save_inside_accumulation_window(spec: RunSpec, ckpt: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One full step, then one micro-step into the next window, save; load into a fresh engine. Both sides'
+    parameters and counters (and the fresh engine's gradient norm)."""
     engine, batches, rank = _engine(spec)
+    _train(engine, batches, rank, range(1), spec.accumulation)
     ids = batches[0, 0, rank]
     engine.backward(engine(input_ids=ids, labels=ids).loss)
     engine.step()
-    try:
-        engine.save_checkpoint(ckpt)
-        return "saved"
-    except ValueError as exc:
-        return str(exc)
+    engine.save_checkpoint(ckpt)
+    saved = {"params": engine.full_parameters(), "micro_steps": engine.micro_steps}
+    fresh, _, _ = _engine(spec)
+    fresh.load_checkpoint(ckpt)
+    grads = sum(float(g.grad_shard.abs().sum()) for g in fresh.groups)
+    loaded = {"params": fresh.full_parameters(), "micro_steps": fresh.micro_steps,
+              "global_steps": fresh.global_steps, "grad_norm": grads}
+    return saved, loaded
+
+
+def edit_json(tag_dir: str | os.PathLike[str], name: str, edit: Any) -> None:
+    """Rewrite ``tag_dir/name`` (a JSON file) through ``edit(obj) -> obj`` and re-sign it in the manifest, as an
+    attacker who also controls the manifest would: only the consistency checks can catch what follows."""
+    file = Path(tag_dir) / name
+    file.write_text(json.dumps(edit(json.loads(file.read_text()))))
+    manifest_file = Path(tag_dir) / "manifest.json"
+    manifest = json.loads(manifest_file.read_text())
+    manifest["files"][name] = hashlib.sha256(file.read_bytes()).hexdigest()
+    manifest_file.write_text(json.dumps(manifest))

@@ -97,24 +97,21 @@ def export_peak_bytes(ckpt: str, out: str, max_shard_bytes: int, dtype: str = "f
     """Run ``export_hf`` and report the largest number of tensor bytes it held at once.
 
     The measurement scans every live tensor (not the exporter's own bookkeeping) after each parameter read and
-    right before each file write, counting storages that did not exist before the export and are not the
-    memory-mapped rank files (file-backed page cache, not memory the export allocates).
+    right before each file write, counting storages that did not exist before the export (rank files are read
+    slice by slice through safetensors, so they hold no tensors of their own).
     """
     from hybridzero.checkpoint import export
-    from hybridzero.checkpoint.saved import SavedSource
+    from hybridzero.checkpoint.format import SavedSource
 
     before = set(live_storages())
-    mapped: set[int] = set()
     peak = {"bytes": 0, "samples": 0}
     read_flat, save_file = SavedSource.read_flat, export.save_file
 
     def sample() -> None:
-        held = sum(n for ptr, n in live_storages().items() if ptr not in before and ptr not in mapped)
+        held = sum(n for ptr, n in live_storages().items() if ptr not in before)
         peak["bytes"], peak["samples"] = max(peak["bytes"], held), peak["samples"] + 1
 
     def counted_read(self: SavedSource, name: str, lo: int, hi: int) -> torch.Tensor:
-        if not mapped:
-            mapped.update(t.untyped_storage().data_ptr() for t in _tensors_in(self.shards))
         value = read_flat(self, name, lo, hi)
         sample()
         return value

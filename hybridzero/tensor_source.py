@@ -1,0 +1,56 @@
+"""The one protocol shared by checkpoint readers and the sharding core: named tensors readable by flat range.
+
+A neutral module (no hybridzero imports) so that ``checkpoint/`` implements it and ``zero/`` consumes it without
+either importing the other.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+__all__ = ["TensorSource", "resolve_name"]
+
+
+@runtime_checkable
+class TensorSource(Protocol):
+    """Named tensors readable by flat element range.
+
+    Invariants every implementation keeps: ``names()`` is stable for the life of the source;
+    ``read_flat(n, lo, hi)`` returns a fresh 1-D tensor (never a view of storage the source
+    keeps) of ``hi - lo`` elements in ``dtype(n)``, equal to the row-major flattening of the
+    tensor restricted to ``[lo, hi)``; ``0 <= lo <= hi <= shape(n).numel()`` or ValueError.
+    """
+
+    def names(self) -> list[str]: ...
+
+    def shape(self, name: str) -> torch.Size: ...
+
+    def dtype(self, name: str) -> torch.dtype: ...
+
+    def read_flat(self, name: str, lo: int, hi: int) -> torch.Tensor: ...
+
+
+def resolve_name(source: TensorSource, aliases: Sequence[str]) -> str:
+    """The first of ``aliases`` present in ``source``.
+
+    Tied weights are saved under one name only (e.g. GPT-2/OPT save the embedding, not
+    ``lm_head.weight``), so callers list every acceptable name. If none is present, raise
+    KeyError naming all aliases and the source, with up to 5 close names as hints.
+    """
+    if isinstance(aliases, str) or not aliases:
+        raise ValueError(f"aliases must be a non-empty sequence of names, got {aliases!r}")
+    available = source.names()
+    present = set(available)
+    for alias in aliases:
+        if alias in present:
+            return alias
+    close: list[str] = []
+    for alias in aliases:
+        for match in difflib.get_close_matches(alias, available, n=5, cutoff=0.6):
+            if match not in close:
+                close.append(match)
+    hint = f"; close names: {close[:5]}" if close else ""
+    raise KeyError(f"none of {list(aliases)} found in {source!r}{hint}")
