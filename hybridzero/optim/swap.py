@@ -128,7 +128,7 @@ class StateSwapper:
 
     def _write(self, pairs: list[tuple[Region, torch.Tensor]]) -> None:
         for region, t in pairs:
-            view = memoryview(t.detach().contiguous().numpy()).cast("B")
+            view = t.detach().contiguous().numpy().data.cast("B")
             done = os.pwritev(self.fd, [view], region.offset)
             if done != region.nbytes:
                 raise OSError(f"short write to {self.dir.path / STATE_FILE}: {done} of {region.nbytes} bytes")
@@ -139,7 +139,7 @@ class StateSwapper:
         state: dict[str, Any] = dict(self.scalars.get(id(leaf), {}))
         for key, region in list(self.regions.get(id(leaf), {}).items()):
             t = torch.empty(region.shape, dtype=region.dtype)
-            done = os.preadv(self.fd, [memoryview(t.numpy()).cast("B")], region.offset)
+            done = os.preadv(self.fd, [t.numpy().data.cast("B")], region.offset)
             if done != region.nbytes:
                 raise OSError(f"short read from {self.dir.path / STATE_FILE}: {done} of {region.nbytes} bytes")
             with self._count:

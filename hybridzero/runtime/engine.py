@@ -33,6 +33,7 @@ from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
 from hybridzero.runtime.failures import failure_guard, leave_synced_generation
 from hybridzero.runtime.fragments import TensorFragments
 from hybridzero.runtime.hybrid import gathered_bytes, generation_mode, hybrid_generate
+from hybridzero.runtime.memory import memory_report
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import materialize
 from hybridzero.zero.coordinator import ZeroCoordinator
@@ -422,8 +423,6 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
     def memory_report(self) -> dict[str, Any]:
         """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank,
         and under ``"placement"`` where each category lives (device / host / file) with its bytes."""
-        from hybridzero.runtime.memory import memory_report
-
         return memory_report(self.groups, self.optimizer, self.placement,
                              self.swapper.file_bytes() if self.swapper is not None else 0)
 
