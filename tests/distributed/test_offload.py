@@ -11,7 +11,7 @@ import torch
 
 from tests.harness.parity import RunSpec
 from tests.workers.dropin import set_state_roundtrip
-from tests.workers.offload import VARIANTS, offload_block, save_resume, train_variants
+from tests.workers.offload import VARIANTS, offload_block, save_resume, start_with_bad_nvme_path, train_variants
 from tests.workers.rlhf_runs import make_model_dirs, step3_run
 
 TIMEOUT = 400
@@ -131,3 +131,11 @@ def test_rlhf_step3_offload_flags_at_world_2(world, tmp_path: Path) -> None:
     for got, want in zip(offloaded["history"], plain["history"]):
         for key in ("reward", "kl", "answer_len", "value", "actor_loss", "critic_loss"):
             assert got[key] == want[key], key
+
+
+def test_unwritable_nvme_path_fails_at_engine_start(world, tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    got = world(1).run(start_with_bad_nvme_path, RunSpec(model="llama", stage=2), str(blocker / "swap"),
+                       timeout=TIMEOUT)[0]
+    assert got.startswith("SwapSpaceError: offload_optimizer.nvme_path = ") and "is not a writable directory" in got

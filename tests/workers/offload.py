@@ -107,3 +107,12 @@ def save_resume(spec: RunSpec, ckpt: str, nvme_dir: str, save_with: str, load_wi
     params = engine.full_parameters()
     engine.destroy()
     return {"losses": losses, "params": params if rank == 0 else None, "state": state if rank == 0 else None}
+
+
+def start_with_bad_nvme_path(spec: RunSpec, nvme_path: str) -> str:
+    """Build an engine whose ``nvme_path`` cannot be used; returns the error's text (empty if none was raised)."""
+    try:
+        _engine(spec.replace(extra_zero={**spec.extra_zero, **offload_block("nvme", nvme_path)}))
+    except Exception as exc:  # noqa: BLE001 -- the test checks the type and the text
+        return f"{type(exc).__name__}: {exc}"
+    return ""
