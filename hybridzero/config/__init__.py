@@ -13,7 +13,7 @@ from __future__ import annotations
 from .batch import resolve_batch_sizes
 from .errors import ConfigError
 from .load import AcceptedKey, accepted_keys, load_config, notes
-from .models import BF16Config, FP16Config, HybridEngineConfig, OffloadConfig, ZeroConfig
+from .models import BF16Config, FP16Config, HybridEngineConfig, OffloadConfig, ParamOffloadConfig, ZeroConfig
 from .optim import (
     OptimizerConfig,
     SchedulerConfig,
@@ -34,6 +34,7 @@ __all__ = [
     "FP16Config",
     "HybridEngineConfig",
     "OffloadConfig",
+    "ParamOffloadConfig",
     "OptimizerConfig",
     "SchedulerConfig",
     "ZeroConfig",

@@ -3,8 +3,9 @@
 Semantics follow DeepSpeed: batch arithmetic, ``"auto"`` for sizes meaning the default, the legacy ``bfloat16`` /
 ``cpu_offload`` / ``stage3_gather_fp16_weights_on_model_save`` spellings, ``overlap_comm`` defaulting to
 ``stage == 3``, duplicate JSON keys rejected. Stricter than DeepSpeed: unknown keys are errors (with the nearest
-valid key), values are never coerced from strings, offload devices other than ``none`` are refused, and every key
-accepted without effect warns once per call, by name (:func:`notes` walks the JSON against the models).
+valid key), values are never coerced from strings, ``offload_param`` acts only with stage 3 and an offloaded
+optimizer, and every key accepted without effect warns once per call, by name (:func:`notes` walks the JSON against
+the models).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 
 Every accepted key is either a typed field (``acts=False`` on the ones hybridzero does not act on) or listed in the
 block's ``_ignored`` set; both kinds without effect warn once by name (:mod:`.load`). Defaults are DeepSpeed's
-effective defaults; the deliberate differences (bucket sizes must be >= 1; offload devices other than ``none``
-are refused until offload is implemented) are noted where they occur.
+effective defaults; the deliberate differences (bucket sizes must be >= 1; ``offload_param`` needs stage 3 and an
+offloaded optimizer, and only ``cpu``) are noted where they occur.
 """
 
 from __future__ import annotations
@@ -19,41 +19,47 @@ from .base import Block
 from .errors import show
 from .values import BlockProblem, boolean, choice, integer, key, number, optional, text
 
-__all__ = ["BF16Config", "FP16Config", "HybridEngineConfig", "OffloadConfig", "ZeroConfig"]
+__all__ = ["BF16Config", "FP16Config", "HybridEngineConfig", "OffloadConfig", "ParamOffloadConfig", "ZeroConfig"]
 
 _SIZE = Annotated[int, integer(0)]  # element counts may be 0
 _BUCKET = Annotated[int, integer(1)]  # a 0-element bucket never fills
-_NO_OFFLOAD = ("offloading is not implemented in hybridzero yet (it is planned); remove the block or set "
-               "{0} to 'none'")
-
-
 class OffloadConfig(Block):
-    """One ``zero_optimization.offload_*`` block.
+    """One ``zero_optimization.offload_*`` block (acts through :mod:`hybridzero.optim.offload`).
 
-    Invariant: ``device == "none"`` -- any other device is refused at load, naming the key, because offload is not
-    implemented yet; ``pin_memory``, ``nvme_path`` and the tuning keys are accepted and warned about.
+    Invariants: ``device`` is ``none``, ``cpu`` or ``nvme``; ``nvme`` needs ``nvme_path``; ``buffer_count >= 1``
+    (chunks of optimizer state in flight between the swap files and memory). Rules across the two blocks and the
+    stage live on :class:`ZeroConfig`.
     """
 
     _prefix: ClassVar[str] = "offload"
     _ignored: ClassVar[frozenset[str]] = frozenset(
-        {"buffer_count", "buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init", "ratio",
+        {"buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init", "ratio",
          "nvme_path_per_local_rank", "super_offload", "cpuadam_cores_perc"})
 
-    device: Annotated[str, choice("none", "cpu", "nvme")] = key("none", "device",
-                                                               note="refused unless 'none' (offload not built)")
-    pin_memory: Annotated[bool, boolean] = key(False, "pin_memory", acts=False)
-    nvme_path: Annotated[str | None, optional(text)] = key(None, "nvme_path", acts=False)
+    device: Annotated[str, choice("none", "cpu", "nvme")] = key("none", "device", note="optim.offload")
+    pin_memory: Annotated[bool, boolean] = key(False, "pin_memory", note="optim.offload (CUDA only)")
+    nvme_path: Annotated[str | None, optional(text)] = key(None, "nvme_path", note="optim.swap")
+    buffer_count: Annotated[int, integer(1)] = key(4, "buffer_count", note="optim.swap (chunks in flight)")
 
     @model_validator(mode="after")
-    def _refuse_offload(self) -> OffloadConfig:
-        if self.device != "none":
-            raise BlockProblem("{0} = " + repr(self.device) + ": " + _NO_OFFLOAD, ("device",), self.device)
+    def _nvme_needs_path(self) -> OffloadConfig:
+        if self.device == "nvme" and not self.nvme_path:
+            raise BlockProblem("{0} = 'nvme' needs {1}: a directory on a fast local disk for the swap files",
+                               ("device", "nvme_path"), self.device)
         return self
 
     @property
     def enabled(self) -> bool:
-        """True when something is offloaded (never, until offload is implemented)."""
+        """True when something is offloaded."""
         return self.device != "none"
+
+
+class ParamOffloadConfig(OffloadConfig):
+    """``zero_optimization.offload_param``: as :class:`OffloadConfig`, but parameter shards never go to files in
+    hybridzero (``device: nvme`` is refused by :class:`ZeroConfig`), so the NVMe tuning keys have no effect here."""
+
+    nvme_path: Annotated[str | None, optional(text)] = key(None, "nvme_path", acts=False)
+    buffer_count: Annotated[int, integer(1)] = key(4, "buffer_count", acts=False)
 
 
 class ZeroConfig(Block):
@@ -62,7 +68,8 @@ class ZeroConfig(Block):
     Invariants: ``0 <= stage <= 3``; sizes/thresholds are ints >= 0 and bucket sizes ints >= 1 (elements, not
     bytes); ``hpz_partition_size >= 1``; ``overlap_comm`` is a bool -- omitted or ``null`` gives DeepSpeed's
     effective default, ``stage == 3``. The deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` mean an
-    offload block with device ``cpu`` (so ``true`` is refused like one).
+    offload block with device ``cpu``. ``offload_param`` acts only at stage 3, with ``device`` ``cpu`` and an offloaded
+    optimizer (the compute shard is cast from the fp32 master, so the master must live off the device too).
     """
 
     _prefix: ClassVar[str] = "zero_optimization"
@@ -87,7 +94,7 @@ class ZeroConfig(Block):
     overlap_comm: Annotated[bool, boolean] = key(False, "overlap_comm")
     contiguous_gradients: Annotated[bool, boolean] = key(True, "contiguous_gradients", acts=False)
     reduce_scatter: Annotated[bool, boolean] = key(True, "reduce_scatter", acts=False)
-    sub_group_size: _BUCKET = key(1_000_000_000, "sub_group_size", auto=True, acts=False)
+    sub_group_size: _BUCKET = key(1_000_000_000, "sub_group_size", auto=True, note="optim.swap (nvme chunks)")
     hpz_partition_size: Annotated[int, integer(1)] = key(1, "zero_hpz_partition_size")
     quantized_weights: Annotated[bool, boolean] = key(False, "zero_quantized_weights")
     quantized_gradients: Annotated[bool, boolean] = key(False, "zero_quantized_gradients")
@@ -96,7 +103,7 @@ class ZeroConfig(Block):
     quantization_block_size: Annotated[int, integer(2)] = key(2048, "zero_quantization_block_size")
     quantized_gradients_bits: Annotated[int, integer(4, 8)] = key(8, "zero_quantized_gradients_bits")
     offload_optimizer: OffloadConfig = key(OffloadConfig(), "offload_optimizer")
-    offload_param: OffloadConfig = key(OffloadConfig(), "offload_param")
+    offload_param: ParamOffloadConfig = key(ParamOffloadConfig(), "offload_param")
     # acts through engine.save_16bit_model (consolidated 16-bit weights on save)
     gather_16bit_weights_on_model_save: Annotated[bool, boolean] = key(
         False, "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
@@ -125,9 +132,29 @@ class ZeroConfig(Block):
                 shown = show(value).replace("{", "{{").replace("}", "}}")  # the template's own braces stay
                 raise BlockProblem(f"{{0}} = {shown} is invalid: expected true or false", (legacy,), value)
             if value:
-                raise BlockProblem("{0} = true: offloading is not implemented in hybridzero yet (it is planned); "
-                                   "remove it or set it to false", (legacy,), True)
+                data[new] = {"device": "cpu"}
         return data
+
+    @model_validator(mode="after")
+    def _offload_rules(self) -> ZeroConfig:
+        param, opt = self.offload_param, self.offload_optimizer
+        if opt.enabled and self.stage == 0:
+            raise BlockProblem(f"{{0}}.device = {opt.device!r} needs stage 1, 2 or 3 (ZeRO-Offload moves the "
+                               f"optimizer's shard), got {{1}} = 0; use stage >= 1 or device 'none'",
+                               ("offload_optimizer", "stage"), opt.device)
+        if param.enabled and self.stage != 3:
+            raise BlockProblem(f"{{0}}.device = {param.device!r} needs stage 3 (parameters are only sharded at "
+                               f"stage 3), got {{1}} = {self.stage}; use stage 3 or device 'none'",
+                               ("offload_param", "stage"), param.device)
+        if param.device == "nvme":
+            raise BlockProblem("{0}.device = 'nvme' is not supported by hybridzero (parameter shards in files are "
+                               "not built); use 'cpu' (optimizer state can go to nvme through {1})",
+                               ("offload_param", "offload_optimizer"), param.device)
+        if param.enabled and not opt.enabled:
+            raise BlockProblem("{0}.device = 'cpu' needs {1}.device 'cpu' or 'nvme' in hybridzero: compute shards "
+                               "are cast from the fp32 master, so the master must be off the device as well",
+                               ("offload_param", "offload_optimizer"), param.device)
+        return self
 
 
 class FP16Config(Block):

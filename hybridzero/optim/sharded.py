@@ -20,6 +20,7 @@ from torch import nn
 from hybridzero.comm.collectives import Comm
 from hybridzero.optim.clip import clip_coefficient
 from hybridzero.zero.groups import ShardedGroup
+from hybridzero.zero.offload import move
 
 FROZEN = 1 << 30  # sort key for parameters that no optimizer group holds
 
@@ -49,12 +50,16 @@ def optimizer_groups(module: nn.Module, client: torch.optim.Optimizer | None,
     return {name: index_of[id(p)] for name, p in module.named_parameters() if id(p) in index_of}, overrides
 
 
-def order_for_optimizer(params: Sequence[tuple[str, nn.Parameter]], index_of: dict[str, int]) -> list[tuple[str, nn.Parameter]]:
+Views = list[list[tuple[torch.Tensor, torch.Tensor]]]  # per optimizer group: (master view, grad view) pairs
+
+
+def order_for_optimizer(params: Sequence[tuple[str, nn.Parameter]],
+                        index_of: dict[str, int]) -> list[tuple[str, nn.Parameter]]:
     """Stable order of a gather group's parameters by optimizer group (frozen / unoptimized last)."""
     return sorted(params, key=lambda item: index_of.get(item[0], FROZEN))
 
 
-def shard_views(groups: Sequence[ShardedGroup], index_of: dict[str, int], n_opt_groups: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+def shard_views(groups: Sequence[ShardedGroup], index_of: dict[str, int], n_opt_groups: int) -> Views:
     """For each optimizer group: (master view, grad view) pairs of this rank's shards, in gather-group order."""
     out: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in range(n_opt_groups)]
     for group in groups:
@@ -72,7 +77,15 @@ def shard_views(groups: Sequence[ShardedGroup], index_of: dict[str, int], n_opt_
     return out
 
 
-def make_leaf_params(views: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> list[list[tuple[nn.Parameter, torch.Tensor]]]:
+def split_views(views: Views, max_numel: int) -> Views:
+    """Each (master view, grad view) pair cut into consecutive pieces of at most ``max_numel`` elements (NVMe
+    offload: ``sub_group_size`` bounds what one streamed chunk holds). Element-wise optimizers step the pieces
+    exactly as the whole view; the pieces still cover the same elements, in order."""
+    return [[(m[lo:lo + max_numel], g[lo:lo + max_numel]) for m, g in group for lo in range(0, m.numel(), max_numel)]
+            for group in views]
+
+
+def make_leaf_params(views: Views) -> list[list[tuple[nn.Parameter, torch.Tensor]]]:
     """Leaf parameters sharing each master view's storage, paired with their gradient views."""
     return [[(nn.Parameter(master, requires_grad=True), grad) for master, grad in group] for group in views]
 
@@ -123,5 +136,5 @@ def clip_grad_shards(groups: Sequence[ShardedGroup], comm: Comm, max_norm: float
     norm = global_grad_norm(groups, comm)
     coef = clip_coefficient(norm, max_norm)
     for group in groups:
-        group.grad_shard.mul_(coef)
+        group.grad_shard.mul_(move(coef, group.grad_shard.device))  # the shard may be offloaded to the host
     return norm

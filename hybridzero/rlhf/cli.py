@@ -40,8 +40,9 @@ __all__ = ["UNSUPPORTED", "add_rlhf_commands", "add_settings_arguments", "settin
 
 # flag -> (DeepSpeed-Chat default that means "off", why hybridzero refuses any other value)
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "offload": (False, "ZeRO-Offload is not implemented (CPU runs keep everything in host memory anyway)"),
-    "offload_reference_model": (False, "ZeRO-Offload is not implemented"),
+    "offload": (False, "offload in the RLHF CLI acts at step 3 only (put offload_optimizer in a DeepSpeed config "
+                "for steps 1-2)"),
+    "offload_reference_model": (False, "offload in the RLHF CLI acts at step 3 only"),
     "unpin_actor_parameters": (False, "the hybrid engine pins nothing to unpin"),
     "release_inference_cache": (False, "the hybrid engine keeps no inference cache between generations"),
     "inference_tp_size": (1, "tensor-parallel inference is not implemented"),

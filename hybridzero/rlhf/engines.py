@@ -59,14 +59,25 @@ def scheduler_block(spec: OptimSpec) -> dict[str, Any]:
                                                    "warmup_min_ratio": floor, "cos_min_ratio": 0.1, **common}}
 
 
+def offload_blocks(stage: int) -> dict[str, Any]:
+    """DeepSpeed-Chat's ``--offload*`` as ``zero_optimization`` keys: the fp32 master (and optimizer state) on the
+    host, and at stage 3 the parameter shards too (hybridzero casts compute shards from the host master)."""
+    blocks: dict[str, Any] = {"offload_optimizer": {"device": "cpu"}}
+    if stage == 3:
+        blocks["offload_param"] = {"device": "cpu"}
+    return blocks
+
+
 def ds_config(*, stage: int, dtype: str, micro_batch: int, world_size: int, grad_accum: int = 1,
-              optim: OptimSpec | None = None, clipping: float = 1.0, hybrid: bool = False) -> dict[str, Any]:
-    """A DeepSpeed JSON config for one engine; ``optim=None`` builds an inference-only engine."""
+              optim: OptimSpec | None = None, clipping: float = 1.0, hybrid: bool = False,
+              offload: bool = False) -> dict[str, Any]:
+    """A DeepSpeed JSON config for one engine; ``optim=None`` builds an inference-only engine; ``offload`` adds
+    :func:`offload_blocks`."""
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
         "train_batch_size": micro_batch * grad_accum * world_size,
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": {"stage": stage, **(offload_blocks(stage) if offload else {})},
         "steps_per_print": 10**9,
     }
     if dtype == "bf16":
@@ -131,17 +142,20 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
         optim = OptimSpec(lr, wd, s.lr_scheduler_type, s.num_warmup_steps, updates)
         return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world,
                          grad_accum=s.gradient_accumulation_steps, optim=optim, clipping=s.gradient_clipping,
-                         hybrid=hybrid)
+                         hybrid=hybrid, offload=s.offload)
 
-    def frozen(stage: int) -> dict[str, Any]:
-        return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world)
+    def frozen(stage: int, offload: bool) -> dict[str, Any]:
+        return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world, offload=offload)
 
     actor = load_actor_engine(s.actor_model_name_or_path,
                               trained(s.actor_zero_stage, s.actor_learning_rate, s.actor_weight_decay,
                                       s.enable_hybrid_engine), s.actor_gradient_checkpointing)
-    ref = load_actor_engine(s.actor_model_name_or_path, frozen(s.reference_zero_stage), False)
-    ema = load_actor_engine(s.actor_model_name_or_path, frozen(s.actor_zero_stage), False) if s.enable_ema else None
-    reward = build_engine(load_value_model(s.critic_model_name_or_path).float(), frozen(s.reward_zero_stage))
+    ref = load_actor_engine(s.actor_model_name_or_path, frozen(s.reference_zero_stage, s.offload_reference_model),
+                            False)
+    ema = (load_actor_engine(s.actor_model_name_or_path, frozen(s.actor_zero_stage, s.offload_reference_model), False)
+           if s.enable_ema else None)
+    reward = build_engine(load_value_model(s.critic_model_name_or_path).float(),
+                          frozen(s.reward_zero_stage, s.offload_reward_model))
     critic = None
     if not isinstance(s, GRPOSettings):
         critic = build_engine(load_value_model(s.critic_model_name_or_path).float(),

@@ -106,6 +106,10 @@ class PPOSettings(StepSettings):
     actor_gradient_checkpointing: bool = False
     critic_gradient_checkpointing: bool = False
     enable_hybrid_engine: bool = False
+    # DeepSpeed-Chat's ZeRO-Offload flags: actor + critic / reference + EMA / reward model state on the host
+    offload: bool = Field(False, description="actor and critic: fp32 master, gradients and Adam state on the host")
+    offload_reference_model: bool = Field(False, description="reference (and EMA) model shards on the host")
+    offload_reward_model: bool = Field(False, description="reward model shards on the host")
     enable_ema: bool = False
     ema_beta: float = Field(0.992, gt=0.0, lt=1.0)
     unsupervised_dataset_name: str | None = None

@@ -11,6 +11,7 @@ that no peer hangs.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -26,17 +27,20 @@ from hybridzero.optim import sharded
 from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
+from hybridzero.optim.swap import StateSwapper
 from hybridzero.runtime import checkpointing, weights16
 from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
 from hybridzero.runtime.failures import failure_guard, leave_synced_generation
 from hybridzero.runtime.fragments import TensorFragments
 from hybridzero.runtime.hybrid import check_out_tokens, gathered_bytes, generation_mode, hybrid_generate
+from hybridzero.runtime.memory import memory_report
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import materialize
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.gathered import GatheredParameters, ZeroParamOwner
 from hybridzero.zero.groups import ShardedGroup, ShardMode
 from hybridzero.zero.init_source import init_stores, release_from_init, stage_group
+from hybridzero.zero.offload import Placement, move
 from hybridzero.zero.partition import param_aliases, plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.qgz import HierarchicalQuantizedReduce
@@ -81,6 +85,9 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         self.skip_nonfinite_steps = bool(getattr(config, "skip_nonfinite_steps", False))
         self.nonfinite_skipped_steps = 0
         self.hpz = self._hpz_comm()
+        off_opt, off_param = config.zero.offload_optimizer, config.zero.offload_param
+        self.placement = Placement.build(self.device, off_opt.device, off_param.device,
+                                         off_opt.pin_memory or off_param.pin_memory)
         index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
         self.groups = self._build_groups(blocks, index_of, source)
         self._cast_buffers()
@@ -100,8 +107,14 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
             # until all ranks are done, so a rank that finished early still joins the gathers. No other state of
             # ours lives on the module.
             self.module._is_fsdp_managed_module = True
-        self._leaves = sharded.make_leaf_params(sharded.shard_views(self.groups, index_of, len(overrides)))
+        views = sharded.shard_views(self.groups, index_of, len(overrides))
+        if self.placement.state_in_files:  # streamed chunks hold at most sub_group_size elements
+            views = sharded.split_views(views, z.sub_group_size)
+        self._leaves = sharded.make_leaf_params(views)
         self.optimizer = self._build_optimizer(optimizer, overrides)
+        self.swapper = (StateSwapper(self.optimizer, str(off_opt.nvme_path), comm.rank, z.sub_group_size,
+                                     off_opt.buffer_count)
+                        if self.placement.state_in_files and self.optimizer is not None else None)
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
 
     # --- construction -------------------------------------------------------------------------------------------
@@ -131,7 +144,8 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
             groups.append(ShardedGroup(i, plan.name, plan.owner, named, self.comm, self.compute_dtype,
                                        self.reduce_dtype, self.device, mode=group_mode, source=group_source,
                                        aliases={n: aliases[n] for n, _ in named}, hpz=self.hpz,
-                                       quantize_block=self._qwz_block(plan.name, named)))
+                                       quantize_block=self._qwz_block(plan.name, named),
+                                       placement=self.placement))
         release_from_init(self._init_stores, [slot.param for group in groups for slot in group.slots])
         self._init_stores = []  # released: the engine is the only owner now
         return groups
@@ -247,7 +261,10 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         for group in trained:
             group.assemble_grad()
         sharded.bind_grads(self._leaves)
-        self.optimizer.step()
+        if self.swapper is not None:
+            self.swapper.step()  # ZeRO-Infinity: state streamed from the swap files chunk by chunk
+        else:
+            self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
         for group in trained:
@@ -367,7 +384,8 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
                         save_latest: bool = True, exclude_frozen_parameters: bool = False) -> bool:
         """DeepSpeed's ``save_checkpoint``: a sharded, checksummed, atomic checkpoint (every rank calls it; also
         inside an accumulation window, without the partial gradients). See :mod:`hybridzero.runtime.checkpointing`."""
-        return checkpointing.save(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
+        with self.optimizer_state_resident():  # NVMe offload: the state is read through memory, never the swap files
+            return checkpointing.save(self, save_dir, tag, client_state, save_latest, exclude_frozen_parameters)
 
     def load_checkpoint(self, load_dir: str, tag: str | None = None, load_module_strict: bool = True,
                         load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
@@ -375,12 +393,13 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         """DeepSpeed's ``load_checkpoint``: ``(load_path, client_state)``, ``(None, None)`` when there is nothing to
         load. Verified on every rank before anything changes: a bad checkpoint raises ``CheckpointError`` on every
         rank and leaves the engine as it was."""
-        staged = checkpointing.prepare_load(self, load_dir, tag, load_module_strict, load_optimizer_states,
-                                            load_lr_scheduler_states, load_module_only)
-        if staged is None:
-            return None, None
-        with failure_guard(self.comm):
-            return checkpointing.apply_load(self, staged)
+        with self.optimizer_state_resident():  # NVMe offload: loaded state goes to the swap files on exit
+            staged = checkpointing.prepare_load(self, load_dir, tag, load_module_strict, load_optimizer_states,
+                                                load_lr_scheduler_states, load_module_only)
+            if staged is None:
+                return None, None
+            with failure_guard(self.comm):
+                return checkpointing.apply_load(self, staged)
 
     def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
                          exclude_frozen_parameters: bool = False) -> bool:
@@ -391,11 +410,22 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
         full = self.full_parameters() if gather else None
         return weights16.save_16bit_model(self, full, save_dir, save_filename, exclude_frozen_parameters)
 
-    def memory_report(self) -> dict[str, int]:
-        """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank."""
-        from hybridzero.runtime.memory import memory_report
+    def optimizer_state_resident(self) -> contextlib.AbstractContextManager[None]:
+        """Every leaf's optimizer state in ``optimizer.state`` for the block; with NVMe offload it is read from the
+        swap file and written back after (checkpoints and the fragment API read state only through this)."""
+        return self.swapper.resident() if self.swapper is not None else contextlib.nullcontext()
 
-        return memory_report(self.groups, self.optimizer)
+    def destroy(self) -> None:
+        """DeepSpeed's ``destroy`` (:class:`DeepSpeedEngineAPI`), and the NVMe swap directory removed."""
+        super().destroy()
+        if self.swapper is not None:
+            self.swapper.close()
+
+    def memory_report(self) -> dict[str, Any]:
+        """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank,
+        and under ``"placement"`` where each category lives (device / host / file) with its bytes."""
+        return memory_report(self.groups, self.optimizer, self.placement,
+                             self.swapper.file_bytes() if self.swapper is not None else 0)
 
     def gathered_parameters(self, params: Any, modifier_rank: int | None = None) -> Any:
         """``with engine.gathered_parameters(params, modifier_rank=0):`` — see :mod:`hybridzero.zero.gathered`."""
@@ -409,7 +439,7 @@ class Engine(DeepSpeedEngineAPI, nn.Module):
                 flat = group.master
             else:
                 flat = torch.empty(group.layout.padded_numel, dtype=torch.float32, device=self.device)
-                self.comm.all_gather(flat, group.master, phase="consolidate")
+                self.comm.all_gather(flat, move(group.master, self.device), phase="consolidate")
             for slot in group.slots:
                 out[slot.spec.name] = flat[slot.spec.offset:slot.spec.end].view(slot.spec.shape).clone()
         return out

@@ -30,6 +30,7 @@ from torch import nn
 from hybridzero.zero.gathered import ZeroParamOwner
 from hybridzero.zero.groups import ShardedGroup, Slot
 from hybridzero.zero.layout import intersect
+from hybridzero.zero.offload import move
 
 _PHASE = "fragments"
 
@@ -42,6 +43,10 @@ class FragmentHost(Protocol):
 
     @property
     def loss_scale(self) -> float: ...
+
+    def optimizer_state_resident(self) -> AbstractContextManager[None]:
+        """Inside the block every leaf's state is in ``optimizer.state`` (NVMe offload swaps it out between steps)."""
+        ...
 
 
 def master_range(group: ShardedGroup) -> tuple[int, int]:
@@ -58,6 +63,7 @@ def _full(group: ShardedGroup, local: torch.Tensor, whole: bool) -> torch.Tensor
     """The group's whole flat buffer of a per-rank tensor (an all-gather unless ``whole``)."""
     if whole:
         return local
+    local = move(local, group.device)  # offloaded shards live on the host; the collective runs on the device
     out = torch.empty(group.layout.padded_numel, dtype=local.dtype, device=local.device)
     group.comm.all_gather(out, local.contiguous(), phase=_PHASE)
     return out
@@ -98,8 +104,9 @@ class TensorFragments:
         opt = self.host.optimizer
         if opt is None:
             return set()
-        return {k for leaf, st in opt.state.items() for k, v in st.items()
-                if isinstance(v, torch.Tensor) and v.shape == leaf.shape}
+        with self.host.optimizer_state_resident():
+            return {k for leaf, st in opt.state.items() for k, v in st.items()
+                    if isinstance(v, torch.Tensor) and v.shape == leaf.shape}
 
     def _check_key(self, key: str, what: str) -> None:
         keys = self._state_keys()
@@ -112,10 +119,11 @@ class TensorFragments:
         out = torch.zeros(group.master.numel(), dtype=torch.float32, device=group.device)
         opt = self.host.optimizer
         assert opt is not None
-        for lo, leaf in self._leaves(group):
-            value = opt.state.get(leaf, {}).get(key)
-            if isinstance(value, torch.Tensor) and value.shape == leaf.shape:
-                out[lo:lo + leaf.numel()] = value
+        with self.host.optimizer_state_resident():
+            for lo, leaf in self._leaves(group):
+                value = opt.state.get(leaf, {}).get(key)
+                if isinstance(value, torch.Tensor) and value.shape == leaf.shape:
+                    out[lo:lo + leaf.numel()] = value
         return out
 
     # --- full values (collectives) --------------------------------------------------------------------------------
@@ -174,12 +182,13 @@ class TensorFragments:
         """Write ``values`` at master coordinate ``lo`` into the state of the leaves that cover it."""
         opt = self.host.optimizer
         assert opt is not None
-        for leaf_lo, leaf in self._leaves(group):
-            hit = intersect((leaf_lo, leaf_lo + leaf.numel()), (lo, lo + values.numel()))
-            state = opt.state.get(leaf, {}).get(key)
-            if hit is not None and isinstance(state, torch.Tensor):
-                with torch.no_grad():
-                    state[hit[0] - leaf_lo:hit[1] - leaf_lo].copy_(values[hit[0] - lo:hit[1] - lo])
+        with self.host.optimizer_state_resident():  # written back to the swap file on exit
+            for leaf_lo, leaf in self._leaves(group):
+                hit = intersect((leaf_lo, leaf_lo + leaf.numel()), (lo, lo + values.numel()))
+                state = opt.state.get(leaf, {}).get(key)
+                if hit is not None and isinstance(state, torch.Tensor):
+                    with torch.no_grad():
+                        state[hit[0] - leaf_lo:hit[1] - leaf_lo].copy_(values[hit[0] - lo:hit[1] - lo])
 
     # --- this rank's part (no collective but write_shard's) ------------------------------------------------------
     def local_fp32(self, param: torch.Tensor) -> torch.Tensor:

@@ -38,6 +38,7 @@ from hybridzero.comm.quantize import (
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero.fill import read_range
 from hybridzero.zero.layout import FlatLayout, ParamSpec, build_layout, intersect
+from hybridzero.zero.offload import Placement, move
 
 
 class ShardMode(enum.Enum):
@@ -73,8 +74,11 @@ class ShardedGroup:
                  comm: Comm, compute_dtype: torch.dtype, reduce_dtype: torch.dtype, device: torch.device,
                  mode: ShardMode = ShardMode.ZERO3, source: TensorSource | None = None,
                  aliases: Mapping[str, Sequence[str]] | None = None, hpz: Comm | None = None,
-                 quantize_block: int | None = None) -> None:
+                 quantize_block: int | None = None, placement: Placement | None = None) -> None:
         self.index = index
+        # master, gradient shard (and so the optimizer state) live on the placement's host (ZeRO-Offload)
+        self.placement = placement or Placement.build(device)
+        self.host = self.placement.host
         self.name = name
         self.owner = owner if mode is ShardMode.ZERO3 else None
         self.comm = comm
@@ -109,9 +113,9 @@ class ShardedGroup:
         whole_master = self.master_is_whole
         self.master = self._init_master(source, aliases or {}, whole_master)
         self._send: torch.Tensor | None = None  # the gather's input, alive until the gather completed
-        self.grad_shard = torch.zeros(self.layout.shard_numel, dtype=torch.float32, device=device)
+        self.grad_shard = self._host_zeros(self.layout.shard_numel)
         # DDP steps the whole master copy: its gradient is the all-gathered grad shards (assembled at step time).
-        self.opt_grad = (torch.zeros(self.layout.padded_numel, dtype=torch.float32, device=device)
+        self.opt_grad = (self._host_zeros(self.layout.padded_numel)
                          if mode is ShardMode.DDP else self.grad_shard)
         if self.always_full:
             self.full = self.compute_shard() if whole_master else self._gathered_copy(self.compute_shard())
@@ -121,6 +125,10 @@ class ShardedGroup:
             self._unbind()
 
     # --- construction -------------------------------------------------------------------------------------------
+    def _host_zeros(self, numel: int) -> torch.Tensor:
+        pin = self.placement.pin_memory and self.host.type == "cpu"
+        return torch.zeros(numel, dtype=torch.float32, device=self.host, pin_memory=pin)
+
     def _init_master(self, source: TensorSource | None, aliases: Mapping[str, Sequence[str]],
                      whole: bool) -> torch.Tensor:
         """fp32 master (this rank's shard, or the whole buffer when ``whole``).
@@ -130,13 +138,16 @@ class ShardedGroup:
         """
         lo, hi = (0, self.layout.padded_numel) if whole else self.layout.shard_range(self.comm.rank)
         if source is not None:
-            return read_range(self.layout.specs, lo, hi, source, aliases).to(self.device)
+            return self._to_host(read_range(self.layout.specs, lo, hi, source, aliases))
         flat = torch.zeros(self.layout.padded_numel, dtype=torch.float32, device=self.device)
         with torch.no_grad():
             for slot in self.slots:
                 flat[slot.spec.offset:slot.spec.end].copy_(slot.param.detach().reshape(-1))
         self.comm.broadcast(flat, 0, phase="init")
-        return flat if whole else flat[lo:hi].clone()
+        return self._to_host(flat if whole else flat[lo:hi].clone())
+
+    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
+        return move(t, self.host, torch.float32, self.placement.pin_memory)
 
     def _gathered_copy(self, shard: torch.Tensor, phase: str = "init") -> torch.Tensor:
         full = torch.empty(self.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
@@ -302,8 +313,9 @@ class ShardedGroup:
 
     def compute_shard(self) -> torch.Tensor:
         """This rank's part in the compute dtype: the master itself in fp32, else a fresh cast (mixed precision
-        keeps no second copy of the shard: model states stay at 16 bytes per parameter / N with Adam)."""
-        return self.master if self.compute_dtype == torch.float32 else self.master.to(self.compute_dtype)
+        keeps no second copy of the shard: model states stay at 16 bytes per parameter / N with Adam). With the master
+        offloaded to the host this is the copy that brings the shard to the device for the gather."""
+        return move(self.master, self.device, self.compute_dtype)
 
     def assemble_grad(self) -> None:
         """DDP only: the whole reduced gradient from every rank's grad shard (before clipping and stepping)."""

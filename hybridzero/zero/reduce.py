@@ -34,6 +34,7 @@ import torch
 
 from hybridzero.comm.collectives import Comm, PendingCollective
 from hybridzero.zero.groups import ShardedGroup
+from hybridzero.zero.offload import move
 from hybridzero.zero.ordered import ordered_sum
 from hybridzero.zero.qgz import HierarchicalQuantizedReduce
 
@@ -147,7 +148,8 @@ class GradReducer:
         start = 0
         for p in pieces:
             take = p.cols.shape[1]
-            p.group.grad_shard[p.col_offset:p.col_offset + take].add_(reduced[start:start + take])
+            dst = p.group.grad_shard  # on the host with ZeRO-Offload: the reduced gradient goes there as it arrives
+            dst[p.col_offset:p.col_offset + take].add_(move(reduced[start:start + take], dst.device))
             start += take
 
     @staticmethod
@@ -164,7 +166,8 @@ class GradReducer:
         for group, grad in self._replicated:
             recv = torch.empty(self.world * grad.numel(), dtype=grad.dtype, device=grad.device)
             self.comm.all_gather(recv, _scaled(grad, self.scales.pre), phase="backward", label="grad_all_gather")
-            group.grad_shard.add_(_scaled(ordered_sum(recv.view(self.world, -1)), self.scales.post))
+            summed = _scaled(ordered_sum(recv.view(self.world, -1)), self.scales.post)
+            group.grad_shard.add_(move(summed, group.grad_shard.device))
         self._replicated.clear()
 
     def abort(self) -> None:

@@ -23,6 +23,7 @@ from hybridzero.config import (
     FP16Config,
     HybridEngineConfig,
     OffloadConfig,
+    ParamOffloadConfig,
     ZeroConfig,
     load_config,
     resolve_batch_sizes,
@@ -77,7 +78,8 @@ def test_zero_defaults() -> None:
     assert z.contiguous_gradients and z.reduce_scatter and z.overlap_comm is False
     assert z.hpz_partition_size == 1
     assert not (z.quantized_weights or z.quantized_gradients or z.quantized_nontrainable_weights)
-    assert z.offload_optimizer == z.offload_param == OffloadConfig(device="none", pin_memory=False)
+    assert z.offload_optimizer == OffloadConfig(device="none", pin_memory=False)
+    assert z.offload_param == ParamOffloadConfig(device="none", pin_memory=False)
     assert not z.gather_16bit_weights_on_model_save and not z.offload_param.enabled
     assert z.ignore_unused_parameters  # DeepSpeed's default
 
@@ -144,11 +146,11 @@ MAPPINGS: list[tuple[str, str, Any, str, Any]] = [
     (Z, "offload_optimizer", {"device": "none", "pin_memory": True}, "zero.offload_optimizer",
      OffloadConfig("none", True)),
     (Z, "offload_param", {"device": "none", "nvme_path": "/n"}, "zero.offload_param",
-     OffloadConfig("none", False, "/n")),
+     ParamOffloadConfig("none", False, "/n")),
     (Z, "offload_param", {"device": "NONE"}, "zero.offload_param.device", "none"),
-    (Z, "offload_param", None, "zero.offload_param", OffloadConfig()),
+    (Z, "offload_param", None, "zero.offload_param", ParamOffloadConfig()),
     (Z, "cpu_offload", False, "zero.offload_optimizer", OffloadConfig()),
-    (Z, "cpu_offload_param", False, "zero.offload_param", OffloadConfig()),
+    (Z, "cpu_offload_param", False, "zero.offload_param", ParamOffloadConfig()),
     (Z, "ignore_unused_parameters", False, "zero.ignore_unused_parameters", False),
     (Z, "zero_quantization_block_size", 64, "zero.quantization_block_size", 64),
     (Z, "zero_quantized_gradients_bits", 4, "zero.quantized_gradients_bits", 4),
@@ -193,6 +195,18 @@ def test_key_mapping(block: str, key: str, value: Any, attribute: str, expected:
     extra = {block: {key: value}} if block else {key: value}
     got = operator.attrgetter(attribute)(load(extra, world_size=4))
     assert got == expected and type(got) is type(expected)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+@pytest.mark.parametrize("key, value, expected", [
+    ("cpu_offload", True, OffloadConfig("cpu")),
+    ("offload_optimizer", {"device": "nvme", "nvme_path": "/n", "buffer_count": 2},
+     OffloadConfig("nvme", False, "/n", 2)),
+    ("offload_optimizer", {"device": "CPU", "pin_memory": True}, OffloadConfig("cpu", True)),
+])
+def test_offload_optimizer_mapping(key: str, value: Any, expected: OffloadConfig) -> None:
+    got = load({Z: {"stage": 1, key: value}}, world_size=4).zero.offload_optimizer
+    assert got == expected
 
 
 # ----------------------------------------------------------------------------- batch arithmetic
@@ -391,14 +405,23 @@ def test_deprecations_and_no_effect_settings_warn(extra: dict[str, Any], fragmen
         ({"zero_optimization": {"offload_param": {"device": "gpu"}}},
          ["zero_optimization.offload_param.device = 'gpu'", "'none', 'cpu', 'nvme'"]),
         ({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}},
-         ["zero_optimization.offload_optimizer.device = 'nvme'", "not implemented"]),
-        ({"zero_optimization": {"offload_optimizer": {"device": "cpu", "pin_memory": True}}},
-         ["zero_optimization.offload_optimizer.device = 'cpu'", "not implemented"]),
+         ["zero_optimization.offload_optimizer.device = 'nvme'",
+          "needs zero_optimization.offload_optimizer.nvme_path"]),
+        ({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}},
+         ["zero_optimization.offload_optimizer.device = 'cpu'", "needs stage 1, 2 or 3",
+          "zero_optimization.stage = 0"]),
+        ({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu", "buffer_count": 0}}},
+         ["zero_optimization.offload_optimizer.buffer_count = 0", ">= 1"]),
+        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
+                                "offload_param": {"device": "CPU"}}},
+         ["zero_optimization.offload_param.device = 'cpu'", "needs stage 3", "zero_optimization.stage = 2"]),
         ({"zero_optimization": {"stage": 3, "offload_param": {"device": "CPU"}}},
-         ["zero_optimization.offload_param.device = 'cpu'", "not implemented"]),
-        ({"zero_optimization": {"cpu_offload": True}}, ["zero_optimization.cpu_offload = true", "not implemented"]),
+         ["zero_optimization.offload_param.device = 'cpu'", "zero_optimization.offload_optimizer.device"]),
+        ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
+                                "offload_param": {"device": "nvme", "nvme_path": "/n"}}},
+         ["zero_optimization.offload_param.device = 'nvme'", "not supported", "'cpu'"]),
         ({"zero_optimization": {"cpu_offload_param": True}},
-         ["zero_optimization.cpu_offload_param = true", "not implemented"]),
+         ["zero_optimization.offload_param.device = 'cpu'", "needs stage 3"]),
         ({"zero_optimization": {"cpu_offload": "yes"}}, ["zero_optimization.cpu_offload = 'yes'", "true or false"]),
         ({"zero_optimization": {"ignore_unused_parameters": 0}}, ["zero_optimization.ignore_unused_parameters = 0"]),
         ({"gradient_allreduce_op": "max"}, ["gradient_allreduce_op = 'max'", "'mean', 'sum'"]),

@@ -31,6 +31,9 @@ _FP16 = "distributed/test_fp16.py::test_overflow_on_one_rank_skips_everywhere_wi
 _REDUCE = "distributed/test_reduction_options.py::test_allreduce_op_prescale_and_predivide_against_reference"
 _OPTIM = "unit/test_optim.py::test_invalid_adam_params"
 _SCHED = "unit/test_schedulers.py::test_invalid_params_name_key_and_value"
+_OFFLOAD = "distributed/test_offload.py::test_offload_is_bitwise_identical"
+_OFFLOAD_MAP = "unit/test_config.py::test_offload_optimizer_mapping"
+_OFFLOAD_PARAM = "distributed/test_offload.py::test_offload_param_at_stage_3_is_bitwise_identical"
 _PROGRESS = "distributed/test_reduction_options.py::test_steps_per_print_logs_progress_every_n_steps_on_rank_0"
 
 # canonical key -> the test that shows its effect (a group shares one)
@@ -52,12 +55,15 @@ ACTS: dict[str, str] = {
     "zero_optimization.zero_quantized_nontrainable_weights": _ZEROPP,
     "zero_optimization.zero_quantization_block_size": _ZEROPP,
     "zero_optimization.zero_quantized_gradients_bits": _ZEROPP,
-    # offload blocks act by refusing any device but "none" (offload is not built yet)
-    "zero_optimization.offload_optimizer": "unit/test_config.py::test_bad_values_name_key_and_value",
-    "zero_optimization.offload_optimizer.device": "unit/test_config.py::test_bad_values_name_key_and_value",
-    "zero_optimization.offload_param": "unit/test_config.py::test_bad_values_name_key_and_value",
-    "zero_optimization.offload_param.device": "unit/test_config.py::test_bad_values_name_key_and_value",
-    "zero_optimization.cpu_offload": "unit/test_config.py::test_bad_values_name_key_and_value",
+    # offload (optim.offload / optim.swap): bitwise-identical runs with the state on the host or in swap files
+    "zero_optimization.offload_optimizer": _OFFLOAD, "zero_optimization.offload_optimizer.device": _OFFLOAD,
+    "zero_optimization.offload_optimizer.nvme_path": _OFFLOAD,
+    "zero_optimization.offload_optimizer.buffer_count": _OFFLOAD,
+    "zero_optimization.sub_group_size": _OFFLOAD, "zero_optimization.cpu_offload": _OFFLOAD_MAP,
+    # pin_memory pins the host buffers (CUDA only; on a CPU-only machine host and device are one)
+    "zero_optimization.offload_optimizer.pin_memory": _OFFLOAD_MAP,
+    "zero_optimization.offload_param.pin_memory": _MAPPING,
+    "zero_optimization.offload_param": _OFFLOAD_PARAM, "zero_optimization.offload_param.device": _OFFLOAD_PARAM,
     "zero_optimization.cpu_offload_param": "unit/test_config.py::test_bad_values_name_key_and_value",
     # acts through engine.save_16bit_model (another slice)
     "zero_optimization.stage3_gather_16bit_weights_on_model_save": _MAPPING,

@@ -42,6 +42,21 @@ def test_deepspeed_chat_step3_flags_parse_unchanged() -> None:
     assert (s.actor_zero_stage, s.critic_zero_stage, s.unsup_coef, s.dtype) == (3, 3, 27.8, "bf16")
 
 
+def test_offload_flags_map_to_the_engines_offload_blocks(capsys: pytest.CaptureFixture[str]) -> None:
+    from hybridzero.rlhf.engines import ds_config
+
+    s = _settings(["ppo", "--offload", "--offload_reference_model", "--offload_reward_model", "false"])
+    assert (s.offload, s.offload_reference_model, s.offload_reward_model) == (True, True, False)
+    assert not _settings(["ppo"]).offload
+    z3 = ds_config(stage=3, dtype="fp32", micro_batch=1, world_size=1, offload=True)["zero_optimization"]
+    assert z3 == {"stage": 3, "offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
+    z1 = ds_config(stage=1, dtype="fp32", micro_batch=1, world_size=1, offload=True)["zero_optimization"]
+    assert z1 == {"stage": 1, "offload_optimizer": {"device": "cpu"}}
+    assert main(["sft", "--offload"]) == 2  # steps 1-2 refuse it by name
+    err = capsys.readouterr().err
+    assert "--offload" in err and "step 3 only" in err
+
+
 def test_dashed_aliases_and_bool_values() -> None:
     s = _settings(["ppo", "--enable-hybrid-engine", "false", "--generation-batches", "3", "--enable_ema"])
     assert (s.enable_hybrid_engine, s.generation_batches, s.enable_ema) == (False, 3, True)
@@ -49,7 +64,6 @@ def test_dashed_aliases_and_bool_values() -> None:
 
 
 @pytest.mark.parametrize(("flag", "value", "reason"), [
-    ("--offload", None, "ZeRO-Offload is not implemented"),
     ("--actor_lora_dim", "64", "LoRA is not implemented"),
     ("--inference_tp_size", "2", "tensor-parallel inference"),
     ("--actor_dropout", "0.1", "dropout is forced to 0"),

@@ -1,0 +1,118 @@
+"""Per-rank bodies for the offload tests: the same run with offload off, on CPU and on NVMe, and what lives where."""
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from tests.harness.parity import RunSpec
+from tests.workers.ckpt import _engine, _train, full_optimizer_state
+
+VARIANTS = ("none", "cpu", "nvme")
+
+
+def offload_block(variant: str, nvme_dir: str, param: bool = False) -> dict[str, Any]:
+    """The ``zero_optimization`` keys of one variant (``sub_group_size`` small so NVMe streams several chunks)."""
+    if variant == "none":
+        return {}
+    block: dict[str, Any] = {"device": variant}
+    if variant == "nvme":
+        block.update(nvme_path=nvme_dir, buffer_count=2)
+    out: dict[str, Any] = {"offload_optimizer": block, "sub_group_size": 700}
+    if param:
+        out["offload_param"] = {"device": "cpu"}
+    return out
+
+
+def _resident(engine: Any) -> contextlib.AbstractContextManager[None]:
+    return engine.swapper.resident() if engine.swapper is not None else contextlib.nullcontext()
+
+
+def _placement_facts(engine: Any) -> dict[str, Any]:
+    """The memory report next to an independent count of live tensors (per device) and of swap-file bytes."""
+    report = engine.memory_report()
+    host = engine.placement.host
+    masters = [g.master for g in engine.groups]
+    grads = [g.grad_shard for g in engine.groups]
+    state = [t for st in engine.optimizer.state.values() for t in st.values() if torch.is_tensor(t) and t.dim() > 0]
+    shard_numel = sum(g.master.numel() for g in engine.groups)
+    leaf_numel = sum(p.numel() for group in engine._leaves for p, _ in group)
+    facts: dict[str, Any] = {
+        "report": report, "host": str(host), "shard_numel": shard_numel, "leaf_numel": leaf_numel,
+        "on_host": all(t.device == host for t in masters + grads + state),
+        "master_bytes": sum(t.numel() * t.element_size() for t in masters),
+        "state_bytes": sum(t.numel() * t.element_size() for t in state),
+        "file_bytes": 0, "swap_dir": None,
+    }
+    if engine.swapper is not None:
+        path = engine.swapper.dir.path
+        facts["swap_dir"] = str(path)
+        facts["file_bytes"] = os.path.getsize(path / "optimizer_state.bin")
+        facts["files"] = sorted(p.name for p in path.iterdir())
+    return facts
+
+
+def train_variants(spec: RunSpec, nvme_dir: str, variants: tuple[str, ...] = VARIANTS,
+                   param: bool = False) -> dict[str, Any]:
+    """Train ``spec`` once per variant (same data, same seed); return losses, scales, full params and state, and the
+    placement facts; the swap directory must be gone after ``engine.destroy()``."""
+    out: dict[str, Any] = {}
+    for variant in variants:
+        run = spec.replace(extra_zero={**spec.extra_zero, **offload_block(variant, nvme_dir, param)})
+        engine, batches, rank = _engine(run)
+        scales = []
+        losses = []
+        for s in range(spec.steps):
+            for m in range(spec.accumulation):
+                ids = batches[s, m, rank]
+                loss = engine(input_ids=ids, labels=ids).loss
+                if (s, rank) in spec.inf_at:
+                    loss = loss * float("inf")
+                engine.backward(loss)
+                engine.step()
+                losses.append(loss.item())
+            scales.append((engine.loss_scale, engine.was_step_applied()))
+        engine.assert_quiescent()
+        facts = _placement_facts(engine)
+        with _resident(engine):
+            state = full_optimizer_state(engine)
+        params = engine.full_parameters()
+        io = (engine.swapper.bytes_read, engine.swapper.bytes_written) if engine.swapper is not None else (0, 0)
+        engine.destroy()
+        facts["swap_dir_removed"] = facts["swap_dir"] is None or not Path(facts["swap_dir"]).exists()
+        out[variant] = {"losses": losses, "scales": scales, "params": params if rank == 0 else None,
+                        "state": state if rank == 0 else None, "facts": facts, "io": io,
+                        "skipped": engine.skipped_steps}
+    return out
+
+
+def save_resume(spec: RunSpec, ckpt: str, nvme_dir: str, save_with: str, load_with: str,
+                save_at: int) -> dict[str, Any]:
+    """Train ``save_at`` steps with ``save_with`` offload and save; a fresh engine with ``load_with`` offload loads
+    and trains to ``spec.steps``. Returns the resumed losses, full params and optimizer state."""
+    first = spec.replace(extra_zero={**spec.extra_zero, **offload_block(save_with, nvme_dir)})
+    engine, batches, rank = _engine(first)
+    _train(engine, batches, rank, range(save_at), spec.accumulation)
+    engine.save_checkpoint(ckpt)
+    engine.destroy()
+    second = spec.replace(extra_zero={**spec.extra_zero, **offload_block(load_with, nvme_dir)})
+    engine, batches, rank = _engine(second)
+    engine.load_checkpoint(ckpt)
+    losses = _train(engine, batches, rank, range(save_at, spec.steps), spec.accumulation)
+    with _resident(engine):
+        state = full_optimizer_state(engine)
+    params = engine.full_parameters()
+    engine.destroy()
+    return {"losses": losses, "params": params if rank == 0 else None, "state": state if rank == 0 else None}
+
+
+def start_with_bad_nvme_path(spec: RunSpec, nvme_path: str) -> str:
+    """Build an engine whose ``nvme_path`` cannot be used; returns the error's text (empty if none was raised)."""
+    try:
+        _engine(spec.replace(extra_zero={**spec.extra_zero, **offload_block("nvme", nvme_path)}))
+    except Exception as exc:  # noqa: BLE001 -- the test checks the type and the text
+        return f"{type(exc).__name__}: {exc}"
+    return ""
