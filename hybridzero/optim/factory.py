@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -154,7 +154,7 @@ def _group_hyperparameters(group: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def rebuild_optimizer(
-    client: torch.optim.Optimizer, new_params: list[list[torch.Tensor]]
+    client: torch.optim.Optimizer, new_params: Sequence[Sequence[torch.Tensor]]
 ) -> torch.optim.Optimizer:
     """Build an optimizer of ``client``'s class over ``new_params``, group by group.
 
