@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 
+from hybridzero.cli import main
 from hybridzero.launch import LaunchSpec, parse_launch, torchrun_command
 from hybridzero.rlhf.data.dschat import DSCHAT_DATASETS, dschat_rows
 from hybridzero.rlhf.data.ptx import unsupervised_records
@@ -197,3 +198,15 @@ def test_unloadable_models_end_in_one_line_naming_them(tmp_path: Path, monkeypat
     (t5 / "model.safetensors").write_bytes(b"")
     with pytest.raises(ModelLoadError, match="is not a causal LM"):
         check_loadable(str(t5), "--model_name_or_path")
+
+
+def test_cli_model_error_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    missing = str(tmp_path / "no_model")
+    assert main(["sft", "--model_name_or_path", missing, "--progress", "false"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"sft: error: --model_name_or_path {missing!r}: no such directory"]
+    with pytest.raises(ModelLoadError):
+        main(["ppo", "--actor_model_name_or_path", missing, "--debug"])
+
