@@ -16,7 +16,8 @@ from hybridzero.cli import main
 from hybridzero.launch import LaunchSpec, parse_launch, torchrun_command
 from hybridzero.rlhf.data.dschat import DSCHAT_DATASETS, dschat_rows
 from hybridzero.rlhf.data.ptx import unsupervised_records
-from hybridzero.rlhf.data.records import phase_records
+from hybridzero.rlhf.data.dealing import make_plan
+from hybridzero.rlhf.data.records import phase_records, whole_records
 from hybridzero.rlhf.engines import OptimSpec, decay_groups, hf_scheduler
 from hybridzero.rlhf.models import ModelLoadError, check_loadable
 from hybridzero.rlhf.settings import HF_SCHEDULES, PPOSettings, RewardSettings, SFTSettings
@@ -210,3 +211,22 @@ def test_cli_model_error_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.C
     with pytest.raises(ModelLoadError):
         main(["ppo", "--actor_model_name_or_path", missing, "--debug"])
 
+
+
+def test_test_mode_counts_generation_batches_and_keeps_the_schedule_horizon() -> None:
+    base = {"per_device_generation_batch_size": 2, "per_device_training_batch_size": 2, "generation_batches": 2}
+    full = make_plan(PPOSettings(**base), world=2, n_prompts=40)  # 8 prompts per iteration: 5 iterations
+    assert (full.total_iterations, full.schedule_iterations) == (5, 5)
+    three = make_plan(PPOSettings(**base, enable_test_mode=True, test_stop_step=3), world=2, n_prompts=40)
+    assert (three.total_iterations, three.schedule_iterations) == (2, 5)  # 3 generation batches: 2 iterations
+    assert make_plan(PPOSettings(**base, test_stop_step=3), world=2, n_prompts=40).total_iterations == 5  # off
+    one_epoch = make_plan(PPOSettings(**base, enable_test_mode=True, num_train_epochs=3), world=2, n_prompts=40)
+    assert one_epoch.total_iterations == 5 and one_epoch.schedule_iterations == 15
+
+
+def test_sft_only_data_is_used_whole(tmp_path: Path) -> None:
+    _write_copy(tmp_path, "lmqg/qg_jaquad", [{"question": f"q{i}", "sentence": "s"} for i in range(5)])
+    rows = whole_records(["lmqg/qg_jaquad"], str(tmp_path))
+    assert len(rows) == 5 and rows[0] == {"prompt": " Human: q0 Assistant:", "response": " s"}
+    s = SFTSettings(sft_only_data_path=["lmqg/qg_jaquad"], print_loss=True)
+    assert s.sft_only_data_path == ["lmqg/qg_jaquad"] and s.print_loss
