@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LaunchSpec", "STEP_NAMES", "launch_main", "parse_launch", "torchrun_command"]
+__all__ = ["STEP_NAMES", "LaunchSpec", "launch_main", "parse_launch", "torchrun_command"]
 
 STEP_NAMES: dict[str, str] = {"sft": "sft", "step1": "sft", "reward": "reward", "step2": "reward", "ppo": "ppo",
                               "step3": "ppo", "grpo": "grpo"}

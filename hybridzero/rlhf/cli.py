@@ -33,10 +33,16 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from hybridzero.rlhf.demo.run import demo_monitor, run_demo
+from hybridzero.rlhf.models import check_loadable
 from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
 from hybridzero.rlhf.reward import train_reward
-from hybridzero.rlhf.models import check_loadable
-from hybridzero.rlhf.settings import GRPOSettings, PPOSettings, RewardSettings, SFTSettings, SupervisedSettings
+from hybridzero.rlhf.settings import (
+    GRPOSettings,
+    PPOSettings,
+    RewardSettings,
+    SFTSettings,
+    SupervisedSettings,
+)
 from hybridzero.rlhf.sft import train_sft
 from hybridzero.rlhf.trainer import train_step3
 

@@ -84,7 +84,7 @@ def check_loadable(path: str, what: str, causal: bool = True) -> None:
         offline = " (offline: HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
         raise ModelLoadError(f"{what} {path!r} cannot be loaded{offline}: {_first_line(exc)}") from None
     if causal and not is_value_model_dir(path) and type(hf_config) not in \
-            transformers.AutoModelForCausalLM._model_mapping:  # noqa: SLF001 - HF's registry of causal-LM configs
+            transformers.AutoModelForCausalLM._model_mapping:  # HF's registry of causal-LM configs (private attribute)
         raise ModelLoadError(f"{what} {path!r} is not a causal LM (its config is {type(hf_config).__name__}, "
                              f"model_type {hf_config.model_type!r})")
 
@@ -179,7 +179,7 @@ def _with_architectures(hf_config: PretrainedConfig) -> PretrainedConfig:
     from a config), so ``AutoModelForCausalLM`` and other tools load the directory."""
     if getattr(hf_config, "architectures", None):
         return hf_config
-    mapping = transformers.AutoModelForCausalLM._model_mapping  # noqa: SLF001 - HF's registry of causal-LM classes
+    mapping = transformers.AutoModelForCausalLM._model_mapping  # HF's registry of causal-LM classes (private attribute)
     model_class = mapping.get(type(hf_config), None)
     if model_class is None:
         return hf_config

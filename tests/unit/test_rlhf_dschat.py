@@ -14,13 +14,18 @@ import transformers
 
 from hybridzero.cli import main
 from hybridzero.launch import LaunchSpec, parse_launch, torchrun_command
+from hybridzero.rlhf.data.dealing import make_plan
 from hybridzero.rlhf.data.dschat import DSCHAT_DATASETS, dschat_rows
 from hybridzero.rlhf.data.ptx import unsupervised_records
-from hybridzero.rlhf.data.dealing import make_plan
 from hybridzero.rlhf.data.records import phase_records, whole_records
 from hybridzero.rlhf.engines import OptimSpec, decay_groups, hf_scheduler
 from hybridzero.rlhf.models import ModelLoadError, check_loadable
-from hybridzero.rlhf.settings import HF_SCHEDULES, PPOSettings, RewardSettings, SFTSettings
+from hybridzero.rlhf.settings import (
+    HF_SCHEDULES,
+    PPOSettings,
+    RewardSettings,
+    SFTSettings,
+)
 
 # one raw row per schema, and what DeepSpeed-Chat's class extracts from it: (prompt, chosen, rejected)
 SCHEMAS: dict[str, tuple[dict[str, Any], tuple[str, str, str | None]]] = {

@@ -23,7 +23,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hybridzero.rlhf.data.sources import read_hf_directory, read_hub_dataset, read_json_file, read_jsonl_file
+from hybridzero.rlhf.data.sources import (
+    read_hf_directory,
+    read_hub_dataset,
+    read_json_file,
+    read_jsonl_file,
+)
 
 __all__ = ["DSCHAT_DATASETS", "DsChatDataset", "dschat_rows", "find_dschat_dataset", "local_copy"]
 

@@ -20,8 +20,12 @@ import torch
 
 from hybridzero.rlhf.data.dealing import epoch_order, rank_slice
 from hybridzero.rlhf.data.dschat import DATA_ROOT_ENV
-from hybridzero.rlhf.data.sources import read_hf_directory, read_json_file, read_jsonl_file
 from hybridzero.rlhf.data.records import load_records
+from hybridzero.rlhf.data.sources import (
+    read_hf_directory,
+    read_json_file,
+    read_jsonl_file,
+)
 from hybridzero.rlhf.data.tokens import IGNORE_INDEX, pad_sequences, sft_example
 from hybridzero.rlhf.demo.task import demo_data_dir
 from hybridzero.rlhf.settings import PPOSettings
@@ -66,8 +70,8 @@ def unsupervised_records(name: str, config: str | None, data_root: str | None) -
         elif isinstance(row, dict) and isinstance(row.get("prompt"), str):
             out.append((row["prompt"], str(row.get("response", row.get("chosen", "")))))
         else:
-            raise ValueError(f"unsupervised_dataset_name {name!r}: record {index} has neither a 'text' nor a "
-                             f"'prompt' column")
+            why = f"unsupervised_dataset_name {name!r}: record {index} has neither a 'text' nor a 'prompt' column"
+            raise ValueError(why)  # noqa: TRY004 - bad data, not a programming error
     if not out:
         raise ValueError(f"unsupervised_dataset_name {name!r}: no non-empty records in {copy}")
     return out
