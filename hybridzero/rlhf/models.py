@@ -82,7 +82,8 @@ def check_loadable(path: str, what: str, causal: bool = True) -> None:
         hf_config = transformers.AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as exc:
         offline = " (offline: HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
-        raise ModelLoadError(f"{what} {path!r} cannot be loaded{offline}: {_first_line(exc)}") from None
+        where = "" if local.exists() else ": not a local directory, and"
+        raise ModelLoadError(f"{what} {path!r}{where} cannot be loaded{offline}: {_first_line(exc)}") from None
     if causal and not is_value_model_dir(path) and type(hf_config) not in \
             transformers.AutoModelForCausalLM._model_mapping:  # HF's registry of causal-LM configs (private attribute)
         raise ModelLoadError(f"{what} {path!r} is not a causal LM (its config is {type(hf_config).__name__}, "

@@ -12,8 +12,9 @@ import pytest
 import torch
 import transformers
 
-from hybridzero.cli import main
+from hybridzero.cli import build_parser, main
 from hybridzero.launch import LaunchSpec, parse_launch, torchrun_command
+from hybridzero.rlhf.cli import settings_from_args
 from hybridzero.rlhf.data.dealing import make_plan
 from hybridzero.rlhf.data.dschat import DSCHAT_DATASETS, dschat_rows
 from hybridzero.rlhf.data.ptx import unsupervised_records
@@ -197,7 +198,7 @@ def test_unloadable_models_end_in_one_line_naming_them(tmp_path: Path, monkeypat
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="no config.json"):
         check_loadable(str(tmp_path / "empty"), "--model_name_or_path")
-    with pytest.raises(ModelLoadError, match=r"'no-such-org/no-such-model' cannot be loaded \(offline"):
+    with pytest.raises(ModelLoadError, match=r"'no-such-org/no-such-model': not a local directory, and cannot be loaded \(offline"):
         check_loadable("no-such-org/no-such-model", "--actor_model_name_or_path")
     t5 = tmp_path / "t5"
     transformers.T5Config(vocab_size=11, d_model=8, d_kv=4, d_ff=8, num_layers=1, num_heads=2).save_pretrained(t5)
@@ -235,3 +236,14 @@ def test_sft_only_data_is_used_whole(tmp_path: Path) -> None:
     assert len(rows) == 5 and rows[0] == {"prompt": " Human: q0 Assistant:", "response": " s"}
     s = SFTSettings(sft_only_data_path=["lmqg/qg_jaquad"], print_loss=True)
     assert s.sft_only_data_path == ["lmqg/qg_jaquad"] and s.print_loss
+
+
+@pytest.mark.parametrize("schedule", HF_SCHEDULES)
+def test_deepspeed_chat_launcher_and_config_flags_are_accepted(schedule: str) -> None:
+    argv = ["sft", "--deepspeed", "--deepspeed_config", "ds.json", "--deepscale", "--deepscale_config", "ds.json",
+            "--disable_dropout", "--eot_token", "<|im_end|>", "--print_loss", "--sft_only_data_path", "a", "b",
+            "--lr_scheduler_type", schedule, "--local_rank", "0", "--data_root", "/data"]
+    s = settings_from_args(SFTSettings, build_parser().parse_args(argv))
+    assert isinstance(s, SFTSettings)
+    assert (s.eot_token, s.print_loss, s.sft_only_data_path, s.lr_scheduler_type, s.data_root) == \
+        ("<|im_end|>", True, ["a", "b"], schedule, "/data")
