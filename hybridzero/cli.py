@@ -3,6 +3,9 @@
 Subcommands are registered by small ``_add_*`` functions listed in :func:`build_parser`, each setting a handler
 ``func(args) -> int``; the RLHF commands (sft, reward, ppo, grpo, plot, demo) come from :mod:`hybridzero.rlhf.cli`.
 
+``launch [--num_gpus N] STEP ARGS`` starts a step under torchrun with DeepSpeed's launcher flags
+(:mod:`hybridzero.launch`).
+
 ``export CKPT_DIR OUT_DIR`` writes a Hugging Face directory (``config.json`` + safetensors) from an engine
 checkpoint, streaming one shard file at a time (:func:`hybridzero.checkpoint.export.export_hf`); errors (unknown tag,
 non-empty destination, no HF config) print one line to stderr and exit 1.
@@ -39,11 +42,20 @@ def build_parser() -> argparse.ArgumentParser:
 
     for add in (_add_export, add_rlhf_commands):
         add(subparsers)
+    subparsers.add_parser("launch", help="DeepSpeed's launcher for a step: hybridzero launch [--num_gpus N] STEP "
+                          "ARGS (replaces `deepspeed [--num_gpus N] main.py ARGS`)", add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default ``sys.argv[1:]``), run the subcommand and return its exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:  # a relaunch passes our arguments after "--" so torchrun's parser never reads them
+        argv = argv[1:]
+    if argv[:1] == ["launch"]:  # parsed by hand: everything after STEP belongs to the step, never to argparse
+        from hybridzero.launch import launch_main  # the launcher imports torch only; keep `hybridzero --help` light
+
+        return launch_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if getattr(args, "func", None) is None:

@@ -13,7 +13,10 @@ Flags (:func:`add_settings_arguments`): every settings field ``name`` is a flag 
 too). Booleans take an optional value (``--enable_ema`` or ``--enable_ema false``). ``--config FILE`` reads a JSON
 object of settings first; flags given on the command line override it. DeepSpeed-Chat flags that hybridzero does
 not implement are accepted only at their DeepSpeed-Chat default (a no-op); any other value is an error naming the
-flag and why. Launcher flags (``--local_rank``, ``--deepspeed``) are accepted and ignored.
+flag and why. Launcher and config flags (``--local_rank``, ``--deepspeed``, ``--deepspeed_config``, ``--deepscale``,
+``--deepscale_config``) are accepted and ignored. A model or data error prints one line (``--debug``: the traceback)
+and exits 1; a model path or Hub id is checked before anything starts (:func:`~hybridzero.rlhf.models.check_loadable`).
+``hybridzero launch`` (:mod:`hybridzero.launch`) stands in for ``deepspeed main.py``.
 """
 from __future__ import annotations
 
@@ -30,9 +33,16 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from hybridzero.rlhf.demo.run import demo_monitor, run_demo
+from hybridzero.rlhf.models import check_loadable
 from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
 from hybridzero.rlhf.reward import train_reward
-from hybridzero.rlhf.settings import GRPOSettings, PPOSettings, RewardSettings, SFTSettings
+from hybridzero.rlhf.settings import (
+    GRPOSettings,
+    PPOSettings,
+    RewardSettings,
+    SFTSettings,
+    SupervisedSettings,
+)
 from hybridzero.rlhf.sft import train_sft
 from hybridzero.rlhf.trainer import train_step3
 
@@ -53,7 +63,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "only_optimize_lora": (False, "LoRA is not implemented"),
     "enable_mixed_precision_lora": (False, "LoRA is not implemented"),
     "add_eot_token": (False, "answers end with the tokenizer's eos token; no separate end-of-turn token"),
-    "unsupervised_dataset_config_name": (None, "give unsupervised_dataset_name a local file or dataset directory"),
     "dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "actor_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "critic_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
@@ -66,6 +75,12 @@ _LORA_COMPANIONS = ("lora_module_name", "actor_lora_module_name", "critic_lora_m
 _IGNORED = {
     "local_rank": "set by the launcher; torchrun's LOCAL_RANK is used",
     "deepspeed": "DeepSpeed's launcher switch; hybridzero builds its own config",
+    "deepspeed_config": "DeepSpeed-Chat builds its config from the flags too; hybridzero does the same",
+    "deepscale": "DeepSpeed's old name of --deepspeed",
+    "deepscale_config": "DeepSpeed's old name of --deepspeed_config",
+    "disable_dropout": "dropout is always 0 (log-probabilities must be deterministic)",
+    "disable_actor_dropout": "dropout is always 0 (log-probabilities must be deterministic)",
+    "disable_critic_dropout": "dropout is always 0 (log-probabilities must be deterministic)",
     "data_output_path": "tokenized data is not cached on disk",
     "preprocessing_num_workers": "tokenization runs in-process",
     "num_padding_at_beginning": "scores are read at the last token by the attention mask",
@@ -73,10 +88,9 @@ _IGNORED = {
     "align_overflow": "an fp16 overflow in actor or critic always skips both updates",
     "tensorboard_path": "TensorBoard files go to OUTPUT_DIR/tensorboard",
     "eval_iters": "evaluation covers the whole held-out split",
-    "enable_test_mode": "use --max_steps (or --test_stop_step)",
     "print_answers_interval": "answers are printed with the report every --print_every iterations",
 }
-_ALIASES = {"test_stop_step": "max_steps"}
+_ALIASES: dict[str, str] = {}
 
 
 def _parse_bool(text: str) -> bool:
@@ -103,7 +117,7 @@ def _flag_kwargs(annotation: Any) -> dict[str, Any]:
     if annotation is bool:
         return {"nargs": "?", "const": True, "type": _parse_bool}
     if origin is list:
-        return {"nargs": "+", "type": str}
+        return {"nargs": "*", "type": str}
     if origin is typing.Literal:
         return {"type": type(args[0]), "choices": list(args)}
     if args and origin is not None:  # Optional[X]
@@ -114,6 +128,8 @@ def _flag_kwargs(annotation: Any) -> dict[str, Any]:
 def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
     """One flag per settings field, plus ``--config`` and DeepSpeed-Chat's accepted/refused flags."""
     parser.add_argument("--config", default=None, help="JSON file of settings; command-line flags override it")
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show the traceback of a data or model error")
     for name, field in model.model_fields.items():
         flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
         text = field.description or f"default: {field.get_default(call_default_factory=True)!r}"
@@ -160,7 +176,8 @@ def _format_validation(exc: ValidationError, model: type[BaseModel]) -> str:
 
 def settings_from_args(model: type[BaseModel], args: argparse.Namespace) -> BaseModel:
     """Settings from ``--config`` then the given flags; ``ValueError`` naming the bad keys/values."""
-    given = {k: v for k, v in vars(args).items() if k not in ("func", "command", "config", "world_size", "argv")}
+    given = {k: v for k, v in vars(args).items()
+             if k not in ("func", "command", "config", "world_size", "argv", "debug")}
     _check_unsupported(given)
     values: dict[str, Any] = {}
     if getattr(args, "config", None):
@@ -189,7 +206,7 @@ _STEPS: dict[str, tuple[type, str]] = {
 def _relaunch(world: int, argv: list[str]) -> int:
     """Run ``hybridzero ARGV`` under ``torch.distributed.run`` with ``world`` local ranks."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
-           "-m", "hybridzero", *argv]
+           "-m", "hybridzero", "--", *argv]  # after "--": torchrun's parser never reads (or abbreviates) our flags
     try:
         return subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False).returncode
     except KeyboardInterrupt:
@@ -220,6 +237,7 @@ def _run_step(args: argparse.Namespace) -> int:
     if args.world_size and "RANK" not in os.environ:
         return _relaunch(args.world_size, _strip_world(sys.argv[1:] if args.argv is None else args.argv))
     try:
+        _check_models(settings)
         if args.command == "sft":
             train_sft(settings)
         elif args.command == "reward":
@@ -227,10 +245,27 @@ def _run_step(args: argparse.Namespace) -> int:
         else:
             monitor = demo_monitor() if getattr(settings, "monitor", "none") == "demo" else None
             train_step3(settings, monitor=monitor)
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"{args.command}: error: {exc}", file=sys.stderr)
+    except (ValueError, OSError, ImportError) as exc:  # FileNotFoundError and ModelLoadError included
+        if getattr(args, "debug", False):
+            raise
+        print(f"{args.command}: error: {_one_line(exc)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _one_line(exc: BaseException) -> str:
+    """The first line of an error (transformers' load errors run to many lines; --debug shows them whole)."""
+    lines = str(exc).strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+def _check_models(settings: BaseModel) -> None:
+    """Fail in one line, before any engine exists, on a model path or Hub id that cannot be loaded."""
+    if isinstance(settings, PPOSettings):
+        check_loadable(settings.actor_model_name_or_path, "--actor_model_name_or_path")
+        check_loadable(settings.critic_model_name_or_path, "--critic_model_name_or_path")
+    elif isinstance(settings, SupervisedSettings):
+        check_loadable(settings.model_name_or_path, "--model_name_or_path")
 
 
 def _plot(args: argparse.Namespace) -> int:

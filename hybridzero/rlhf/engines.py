@@ -5,13 +5,16 @@ Roles (DeepSpeed-Chat's step 3): the **actor** (trained; ZeRO stage and hybrid e
 from the reward model), the **reward model** (inference only) and an optional **EMA** copy of the actor (inference
 only, moved by :meth:`Engine.ema_update_from` shard by shard from the actor's fp32 master: no communication).
 
-The optimizer and scheduler blocks built here (:func:`ds_config`, :func:`scheduler_block`) are the only place the
-RLHF steps turn settings into DeepSpeed optimizer/scheduler JSON; the settings' own bounds are in
-:mod:`hybridzero.rlhf.settings`.
+The optimizer and scheduler built here (:func:`ds_config`, :func:`scheduler_block`, :func:`hf_scheduler`,
+:func:`decay_groups`) are the only place the RLHF steps turn settings into an optimizer and a schedule; the settings'
+own bounds are in :mod:`hybridzero.rlhf.settings`. As in DeepSpeed-Chat: AdamW with betas (0.9, 0.95); weight decay
+on every trained parameter except biases and norm weights (``get_optimizer_grouped_parameters``'s name list); the
+six ``lr_scheduler_type`` choices are ``transformers.get_scheduler``'s curves over the run's optimizer steps, handed
+to the engine as a client scheduler (``warmup_cosine`` is DeepSpeed's ``WarmupCosineLR`` block).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +27,16 @@ from hybridzero.checkpoint.hf_source import HFCheckpointSource
 from hybridzero.comm.collectives import Comm, init_distributed
 from hybridzero.comm.ledger import Ledger
 from hybridzero.rlhf.models import ValueHeadModel, dropout_overrides, load_value_model
-from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
+from hybridzero.rlhf.settings import HF_SCHEDULES, GRPOSettings, PPOSettings
 from hybridzero.runtime.engine import Engine
 from hybridzero.runtime.pretrained import check_model_matches, meta_model
 
-__all__ = ["OptimSpec", "Roles", "build_engine", "build_roles", "ds_config", "engine_numel", "global_sum",
-           "load_actor_engine", "scheduler_block", "world_comm"]
+__all__ = ["NO_DECAY_NAMES", "OptimSpec", "Roles", "build_engine", "build_roles", "decay_groups", "ds_config",
+           "engine_numel", "global_sum", "hf_scheduler", "load_actor_engine", "scheduler_block", "world_comm"]
+
+# DeepSpeed-Chat's get_optimizer_grouped_parameters: parameters whose lower-cased name contains one of these get no
+# weight decay
+NO_DECAY_NAMES: tuple[str, ...] = ("bias", "layer_norm.weight", "layernorm.weight", "norm.weight", "ln_f.weight")
 
 
 @dataclass(frozen=True)
@@ -38,9 +45,34 @@ class OptimSpec:
 
     lr: float
     weight_decay: float
-    schedule: str  # cosine | linear | constant
+    schedule: str  # one of HF_SCHEDULES (transformers.get_scheduler) or "warmup_cosine" (DeepSpeed block)
     warmup_steps: int
     total_steps: int
+
+
+def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]] | None:
+    """Torch param groups ``[decayed, not decayed]`` split by :data:`NO_DECAY_NAMES` (empty groups left out), or
+    ``None`` when ``weight_decay`` is 0 (one group: the same update, and the same shard layout as before)."""
+    if weight_decay == 0.0:
+        return None
+    decay, plain = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (plain if any(key in name.lower() for key in NO_DECAY_NAMES) else decay).append(param)
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": plain, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
+def hf_scheduler(spec: OptimSpec) -> Callable[[torch.optim.Optimizer], Any] | None:
+    """A client scheduler factory for the engine: ``transformers.get_scheduler(schedule, ...)`` over
+    ``total_steps`` optimizer steps; ``None`` for ``warmup_cosine`` (the DeepSpeed block does it)."""
+    if spec.schedule not in HF_SCHEDULES:
+        return None
+
+    def make(optimizer: torch.optim.Optimizer) -> Any:
+        return transformers.get_scheduler(spec.schedule, optimizer, num_warmup_steps=spec.warmup_steps,
+                                          num_training_steps=max(spec.total_steps, 1))
+    return make
 
 
 def scheduler_block(spec: OptimSpec) -> dict[str, Any]:
@@ -87,32 +119,43 @@ def ds_config(*, stage: int, dtype: str, micro_batch: int, world_size: int, grad
     if optim is not None:
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": optim.lr, "weight_decay": optim.weight_decay,
                                                         "betas": [0.9, 0.95], "eps": 1e-8}}
-        cfg["scheduler"] = scheduler_block(optim)
+        if optim.schedule not in HF_SCHEDULES:
+            cfg["scheduler"] = scheduler_block(optim)
         cfg["gradient_clipping"] = clipping
     if hybrid:
         cfg["hybrid_engine"] = {"enabled": True}
     return cfg
 
 
-def build_engine(model: nn.Module, config: dict[str, Any], *, checkpointing: bool = False) -> Engine:
-    """``hybridzero.initialize`` on ``model`` (activation checkpointing enabled first when asked)."""
+def _client_optim(model: nn.Module, optim: OptimSpec | None) -> dict[str, Any]:
+    """``initialize`` keyword arguments for ``optim``: the weight-decay groups and the HF scheduler factory."""
+    if optim is None:
+        return {}
+    return {"model_parameters": decay_groups(model, optim.weight_decay), "lr_scheduler": hf_scheduler(optim)}
+
+
+def build_engine(model: nn.Module, config: dict[str, Any], *, checkpointing: bool = False,
+                 optim: OptimSpec | None = None) -> Engine:
+    """``hybridzero.initialize`` on ``model`` (activation checkpointing enabled first when asked); ``optim`` (the
+    spec ``config``'s optimizer was built from) adds the decay groups and the scheduler."""
     if checkpointing:
         if isinstance(model, ValueHeadModel):
             model.gradient_checkpointing_enable()
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    engine, *_ = hybridzero.initialize(model=model, config=config)
+    engine, *_ = hybridzero.initialize(model=model, config=config, **_client_optim(model, optim))
     return engine
 
 
-def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool) -> Engine:
+def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool, optim: OptimSpec | None = None) -> Engine:
     """A causal-LM engine read straight into shards from the HF directory ``path`` (dropout forced to 0)."""
     model = meta_model(path, **dropout_overrides(transformers.AutoConfig.from_pretrained(path)))
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with HFCheckpointSource(path) as source:
         check_model_matches(source, model)  # a missing, transposed or oversized tensor is an error naming it
-        engine, *_ = hybridzero.initialize(model=model, config=cfg, checkpoint_source=source)
+        engine, *_ = hybridzero.initialize(model=model, config=cfg, checkpoint_source=source,
+                                           **_client_optim(model, optim))
     return engine
 
 
@@ -138,8 +181,10 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
     updates = max(total_steps * s.ppo_epochs * s.generation_batches * (gen // train)
                   // s.gradient_accumulation_steps, 1)
 
-    def trained(stage: int, lr: float, wd: float, hybrid: bool = False) -> dict[str, Any]:
-        optim = OptimSpec(lr, wd, s.lr_scheduler_type, s.num_warmup_steps, updates)
+    def spec(lr: float, wd: float) -> OptimSpec:
+        return OptimSpec(lr, wd, s.lr_scheduler_type, s.num_warmup_steps, updates)
+
+    def trained(stage: int, optim: OptimSpec, hybrid: bool = False) -> dict[str, Any]:
         return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world,
                          grad_accum=s.gradient_accumulation_steps, optim=optim, clipping=s.gradient_clipping,
                          hybrid=hybrid, offload=s.offload)
@@ -147,20 +192,22 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
     def frozen(stage: int, offload: bool) -> dict[str, Any]:
         return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world, offload=offload)
 
+    actor_optim = spec(s.actor_learning_rate, s.actor_weight_decay)
     actor = load_actor_engine(s.actor_model_name_or_path,
-                              trained(s.actor_zero_stage, s.actor_learning_rate, s.actor_weight_decay,
-                                      s.enable_hybrid_engine), s.actor_gradient_checkpointing)
-    ref = load_actor_engine(s.actor_model_name_or_path, frozen(s.reference_zero_stage, s.offload_reference_model),
+                              trained(s.actor_zero_stage, actor_optim, s.enable_hybrid_engine),
+                              s.actor_gradient_checkpointing, actor_optim)
+    ref = load_actor_engine(s.actor_model_name_or_path, frozen(s.stage_of("reference"), s.offload_reference_model),
                             False)
     ema = (load_actor_engine(s.actor_model_name_or_path, frozen(s.actor_zero_stage, s.offload_reference_model), False)
            if s.enable_ema else None)
     reward = build_engine(load_value_model(s.critic_model_name_or_path).float(),
-                          frozen(s.reward_zero_stage, s.offload_reward_model))
+                          frozen(s.stage_of("reward"), s.offload_reward_model))
     critic = None
     if not isinstance(s, GRPOSettings):
+        critic_optim = spec(s.critic_learning_rate, s.critic_weight_decay)
         critic = build_engine(load_value_model(s.critic_model_name_or_path).float(),
-                              trained(s.critic_zero_stage, s.critic_learning_rate, s.critic_weight_decay),
-                              checkpointing=s.critic_gradient_checkpointing)
+                              trained(s.critic_zero_stage, critic_optim), checkpointing=s.critic_gradient_checkpointing,
+                              optim=critic_optim)
     for frozen_engine in (ref, reward, ema):  # inference only: no optimizer state; scored under no_grad
         if frozen_engine is not None:
             frozen_engine.eval()

@@ -24,6 +24,7 @@ forward gets no ``position_ids``, which would score left-padded rows at shifted 
 """
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -39,13 +40,54 @@ from transformers import PretrainedConfig, PreTrainedTokenizerBase
 from hybridzero.rlhf.demo.task import build_tokenizer, demo_model_config
 from hybridzero.runtime.engine import Engine
 
-__all__ = ["VALUE_MODEL_FILE", "ValueHeadModel", "dropout_overrides", "is_value_model_dir", "last_token_index",
+__all__ = ["VALUE_MODEL_FILE", "ModelLoadError", "ValueHeadModel", "check_loadable", "dropout_overrides",
+           "is_value_model_dir", "last_token_index",
            "load_causal_lm", "load_tokenizer", "load_value_model", "position_ids", "save_causal_lm",
            "save_value_model", "write_value_model"]
 
 VALUE_MODEL_FILE = "value_model.safetensors"
 _MARKER = "value_model.json"
 _FORMAT = "hybridzero-value-model-v1"
+
+
+_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json", VALUE_MODEL_FILE)
+
+
+class ModelLoadError(ValueError):
+    """A model path or Hub id that cannot be loaded; the message is one line naming it and why."""
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+def check_loadable(path: str, what: str, causal: bool = True) -> None:
+    """Raise :class:`ModelLoadError` (one line: ``what``, ``path`` and why) unless ``path`` is ``"demo"``, a local
+    model directory with a config and weights, or a Hub id whose config loads (the Hub's cache, or the network).
+    ``causal``: the config must be a causal LM's (a saved value model also passes)."""
+    if path == "demo":
+        return
+    local = Path(path)
+    if local.exists():
+        if not (local / "config.json").is_file():
+            raise ModelLoadError(f"{what} {path!r}: no config.json in that directory; expected a Hugging Face model "
+                                 "directory (config.json, weights, tokenizer)")
+        if not any((local / name).is_file() for name in _WEIGHT_FILES):
+            raise ModelLoadError(f"{what} {path!r}: no weights (none of {', '.join(_WEIGHT_FILES)})")
+    elif local.is_absolute() or path.startswith(".") or path.count("/") > 1:
+        raise ModelLoadError(f"{what} {path!r}: no such directory")
+    try:
+        hf_config = transformers.AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        offline = " (offline: HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        where = "" if local.exists() else ": not a local directory, and"
+        raise ModelLoadError(f"{what} {path!r}{where} cannot be loaded{offline}: {_first_line(exc)}") from None
+    if causal and not is_value_model_dir(path) and type(hf_config) not in \
+            transformers.AutoModelForCausalLM._model_mapping:  # HF's registry of causal-LM configs (private attribute)
+        raise ModelLoadError(f"{what} {path!r} is not a causal LM (its config is {type(hf_config).__name__}, "
+                             f"model_type {hf_config.model_type!r})")
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -133,6 +175,20 @@ def _commit_dir(tmp: Path, out: Path) -> None:
     tmp.rmdir()
 
 
+def _with_architectures(hf_config: PretrainedConfig) -> PretrainedConfig:
+    """``hf_config``, or a copy naming its causal-LM class in ``architectures`` when it names none (a model built
+    from a config), so ``AutoModelForCausalLM`` and other tools load the directory."""
+    if getattr(hf_config, "architectures", None):
+        return hf_config
+    mapping = transformers.AutoModelForCausalLM._model_mapping  # HF's registry of causal-LM classes (private attribute)
+    model_class = mapping.get(type(hf_config), None)
+    if model_class is None:
+        return hf_config
+    named = copy.deepcopy(hf_config)
+    named.architectures = [model_class.__name__]
+    return named
+
+
 def _write_dir(out: Path, files: dict[str, dict[str, torch.Tensor]], hf_config: PretrainedConfig,
                tokenizer: PreTrainedTokenizerBase | None,
                extra_json: dict[str, Any] | None, dtype: torch.dtype) -> None:
@@ -144,7 +200,7 @@ def _write_dir(out: Path, files: dict[str, dict[str, torch.Tensor]], hf_config: 
     for name, state in files.items():
         save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(tmp / name),
                   metadata={"format": "pt"})
-    hf_config.save_pretrained(tmp)
+    _with_architectures(hf_config).save_pretrained(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
     if extra_json is not None:

@@ -100,7 +100,7 @@ def train_reward(s: RewardSettings) -> dict[str, Any]:
     tok = load_tokenizer(s.model_name_or_path)
     pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
     model = _build_model(s, tok).float()
-    records = phase_records(s.data_path, s.data_split, 2, PAIRWISE_COLUMNS, s.seed)
+    records = phase_records(s.data_path, s.data_split, 2, PAIRWISE_COLUMNS, s.seed, s.data_root)
     train_recs, eval_recs = train_eval_split(records, s.eval_fraction, s.seed)
     engine, total, global_batch = supervised_engine(model, s, len(train_recs), "reward-model training pairs")
     encode = [pairwise_example(tok, r["prompt"], r["chosen"], r["rejected"], s.max_seq_len)

@@ -13,9 +13,17 @@ coefficient would train to an all-NaN model. The optimizer and scheduler keys (`
 the types :data:`LearningRate`, :data:`WeightDecay` and :data:`Schedule`; :mod:`hybridzero.rlhf.engines` turns
 them into DeepSpeed ``optimizer`` / ``scheduler`` blocks.
 
+Defaults are DeepSpeed-Chat's ``main.py`` defaults of each step (``dtype`` fp16, ``data_path`` Dahoas/rm-static,
+``data_split`` 2,4,4, ZeRO stage 0, TensorBoard off, step 1 lr 1e-3, step 2 lr 5e-5, step 3 warmup 100, ...), so a
+DeepSpeed-Chat launch script means here what it means there; the demo (:mod:`hybridzero.rlhf.demo.run`) spells out
+every value it relies on. ``lr_scheduler_type`` takes DeepSpeed-Chat's six choices with Hugging Face's curves
+(``transformers.get_scheduler``: cosine decays to 0); ``warmup_cosine`` is hybridzero's own (DeepSpeed's
+``WarmupCosineLR``, decaying to 10%: what the demo was tuned with).
+
 Special values: ``data_path`` entry ``"demo"`` is the dataset that ships with the project
-(:mod:`hybridzero.rlhf.demo.task`); ``model_name_or_path`` ``"demo"`` builds the demo's tiny Llama from its config
-and trains it from scratch (with the demo tokenizer).
+(:mod:`hybridzero.rlhf.demo.task`); a DeepSpeed-Chat dataset name (``Dahoas/rm-static``, ...) is read from its local
+saved copy under ``data_root`` (:mod:`hybridzero.rlhf.data.dschat`); ``model_name_or_path`` ``"demo"`` builds the
+demo's tiny Llama from its config and trains it from scratch (with the demo tokenizer).
 """
 from __future__ import annotations
 
@@ -23,10 +31,13 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["GRPOSettings", "PPOSettings", "RewardSettings", "SFTSettings", "StepSettings", "SupervisedSettings"]
+__all__ = ["HF_SCHEDULES", "GRPOSettings", "PPOSettings", "RewardSettings", "SFTSettings", "StepSettings",
+           "SupervisedSettings"]
 
 Dtype = Literal["fp32", "bf16", "fp16"]
-Schedule = Literal["cosine", "linear", "constant"]
+HF_SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
+Schedule = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                   "warmup_cosine"]
 Stage = Literal[0, 1, 2, 3]
 LearningRate = Annotated[float, Field(gt=0.0)]
 WeightDecay = Annotated[float, Field(ge=0.0)]
@@ -39,16 +50,18 @@ class StepSettings(BaseModel):
 
     model_config = _CONFIG
 
-    data_path: list[str] = Field(default_factory=lambda: ["demo"], min_length=1)
+    data_path: list[str] = Field(default_factory=lambda: ["Dahoas/rm-static"], min_length=1)
     data_split: str = "2,4,4"
+    data_root: str | None = Field(None, description="folder holding local copies of DeepSpeed-Chat's datasets "
+                                  "(DATA_ROOT/Dahoas/rm-static, ...); default: $HYBRIDZERO_DATA_ROOT")
     output_dir: str = "runs/step"
     seed: int = 1234
-    dtype: Dtype = "fp32"
+    dtype: Dtype = "fp16"
     num_train_epochs: int = Field(1, ge=1)
     lr_scheduler_type: Schedule = "cosine"
     num_warmup_steps: int = Field(0, ge=0)
     gradient_clipping: float = Field(1.0, ge=0.0)
-    enable_tensorboard: bool = True
+    enable_tensorboard: bool = False
     print_every: int = Field(1, ge=1)
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (all epochs)")
     gradient_accumulation_steps: int = Field(1, ge=1)
@@ -64,7 +77,7 @@ class SupervisedSettings(StepSettings):
     max_seq_len: int = Field(512, ge=2)
     learning_rate: LearningRate = 1e-3
     weight_decay: WeightDecay = 0.0
-    zero_stage: Stage = 3
+    zero_stage: Stage = 0
     gradient_checkpointing: bool = False
     eval_fraction: float = Field(0.05, gt=0.0, lt=1.0)
     eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0: at the end of each epoch only)")
@@ -74,12 +87,17 @@ class SFTSettings(SupervisedSettings):
     """Step 1: causal-LM loss on prompt + response, masked to the response."""
 
     output_dir: str = "runs/step1_sft"
+    sft_only_data_path: list[str] = Field(default_factory=list, description="datasets used whole in step 1 only")
+    eot_token: str = Field("<|endoftext|>", description="DeepSpeed-Chat's end-of-turn token; used only with "
+                           "--add_eot_token (answers end with the tokenizer's eos token)")
+    print_loss: bool = Field(False, description="print every rank's loss at every step")
 
 
 class RewardSettings(SupervisedSettings):
     """Step 2: value-head model, pairwise loss ``-log sigmoid(chosen - rejected)`` on last-token scores."""
 
     output_dir: str = "runs/step2_reward"
+    learning_rate: LearningRate = 5e-5
 
 
 class PPOSettings(StepSettings):
@@ -99,10 +117,11 @@ class PPOSettings(StepSettings):
     critic_learning_rate: LearningRate = 5e-6
     actor_weight_decay: WeightDecay = 0.0
     critic_weight_decay: WeightDecay = 0.0
-    actor_zero_stage: Stage = 3
-    critic_zero_stage: Stage = 3
-    reference_zero_stage: Stage = 3
-    reward_zero_stage: Stage = 3
+    num_warmup_steps: int = Field(100, ge=0)
+    actor_zero_stage: Stage = 0
+    critic_zero_stage: Stage = 0
+    reference_zero_stage: Stage | None = Field(None, description="default: actor_zero_stage (DeepSpeed-Chat)")
+    reward_zero_stage: Stage | None = Field(None, description="default: critic_zero_stage (DeepSpeed-Chat)")
     actor_gradient_checkpointing: bool = False
     critic_gradient_checkpointing: bool = False
     enable_hybrid_engine: bool = False
@@ -113,6 +132,8 @@ class PPOSettings(StepSettings):
     enable_ema: bool = False
     ema_beta: float = Field(0.992, gt=0.0, lt=1.0)
     unsupervised_dataset_name: str | None = None
+    unsupervised_dataset_config_name: str | None = Field(None, description="ptx is on only when both this and "
+                                                         "unsupervised_dataset_name are given (DeepSpeed-Chat)")
     unsup_coef: float = Field(27.8, ge=0.0)
     kl_ctl: float = Field(0.1, ge=0.0)
     clip_reward_value: float = Field(5.0, gt=0.0)
@@ -127,6 +148,21 @@ class PPOSettings(StepSettings):
     resume: bool = True
     monitor: Literal["none", "demo"] = "none"
     print_answers: bool = False
+    enable_test_mode: bool = Field(False, description="stop after test_stop_step generation batches (or one epoch)")
+    test_stop_step: int = Field(0, ge=0, description="with enable_test_mode: generation batches to run")
+
+    @property
+    def ptx_enabled(self) -> bool:
+        """DeepSpeed-Chat's rule: unsupervised training needs both dataset names."""
+        return bool(self.unsupervised_dataset_name) and bool(self.unsupervised_dataset_config_name)
+
+    def stage_of(self, role: str) -> int:
+        """ZeRO stage of ``role`` (actor, critic, reference, reward): reference follows the actor and reward the
+        critic unless set."""
+        own = {"reference": self.reference_zero_stage, "reward": self.reward_zero_stage}.get(role)
+        if own is not None:
+            return own
+        return self.critic_zero_stage if role in ("critic", "reward") else self.actor_zero_stage
 
     @model_validator(mode="after")
     def _check_batches(self) -> PPOSettings:

@@ -16,7 +16,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridzero.comm.collectives import init_distributed
-from hybridzero.rlhf.data.records import phase_records, train_eval_split
+from hybridzero.rlhf.data.records import phase_records, train_eval_split, whole_records
 from hybridzero.rlhf.data.tokens import IGNORE_INDEX, pad_sequences, pad_token_id, sft_example
 from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.models import load_causal_lm, load_tokenizer, save_causal_lm
@@ -83,9 +83,11 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
     tok = load_tokenizer(s.model_name_or_path)
     pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
     model, hf_config = load_causal_lm(s.model_name_or_path, tok, s.seed)
-    records = phase_records(s.data_path, s.data_split, 1, None, s.seed)
+    records = phase_records(s.data_path, s.data_split, 1, None, s.seed, s.data_root)
+    records += whole_records(s.sft_only_data_path, s.data_root)
     train_recs, eval_recs = train_eval_split(records, s.eval_fraction, s.seed)
     engine, total, global_batch = supervised_engine(model, s, len(train_recs), "SFT training data")
+    total_per_epoch = len(train_recs) // global_batch
     train_ex, cut = _tokenize(train_recs, tok, s.max_seq_len)
     eval_ex, _ = _tokenize(eval_recs, tok, s.max_seq_len)
     log = open_runlog(s.output_dir, engine.comm.rank, s.enable_tensorboard, s.progress)
@@ -95,6 +97,9 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
     def micro_step(indices: list[int]) -> dict[str, float]:
         b = {n: v.to(engine.device) for n, v in sft_batch([train_ex[i] for i in indices], pad_id).items()}
         loss = engine(**b).loss
+        if s.print_loss:
+            print(f"Epoch: {engine.global_steps // max(total_per_epoch, 1)}, Step: {engine.global_steps}, "
+                  f"Rank: {engine.comm.rank}, loss = {float(loss.detach())}", flush=True)
         engine.backward(loss)
         engine.step()
         return {"loss": float(loss.detach()) / s.gradient_accumulation_steps}

@@ -79,10 +79,10 @@ class Step3:
         self.hf_config = transformers.AutoConfig.from_pretrained(s.actor_model_name_or_path)
         self.prompts, self.prompt_counts = load_prompts(s, self.tok, model_context(self.hf_config))
         self.plan: Plan = make_plan(s, self.world, len(self.prompts))
-        self.roles: Roles = build_roles(s, self.world, self.plan.total_iterations)
+        self.roles: Roles = build_roles(s, self.world, self.plan.schedule_iterations)
         self.pad_id = pad_token_id(self.tok, pad_to_eos=True)
         self.eos_id = self.tok.eos_token_id
-        self.ptx = PtxStream(s, self.tok, self.pad_id, self.rank, self.world) if s.unsupervised_dataset_name else None
+        self.ptx = PtxStream(s, self.tok, self.pad_id, self.rank, self.world) if s.ptx_enabled else None
 
     @property
     def updates_per_iteration(self) -> int:

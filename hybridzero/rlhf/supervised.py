@@ -57,7 +57,7 @@ def supervised_engine(model: nn.Module, s: SupervisedSettings, n_train: int, wha
     optim = OptimSpec(s.learning_rate, s.weight_decay, s.lr_scheduler_type, s.num_warmup_steps, total)
     cfg = ds_config(stage=s.zero_stage, dtype=s.dtype, micro_batch=s.per_device_train_batch_size, world_size=world,
                     grad_accum=s.gradient_accumulation_steps, optim=optim, clipping=s.gradient_clipping)
-    return build_engine(model, cfg, checkpointing=s.gradient_checkpointing), total, global_batch
+    return build_engine(model, cfg, checkpointing=s.gradient_checkpointing, optim=optim), total, global_batch
 
 
 def _one_step(engine: Engine, spec: LoopSpec, mine: list[int]) -> dict[str, float]:

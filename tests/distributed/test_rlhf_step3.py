@@ -85,7 +85,8 @@ def test_resume_continues_the_same_curve(world, dirs, tmp_path: Path) -> None:
     """A run that crashes in iteration 3 resumes from its iteration-2 checkpoint and continues the uninterrupted
     run's curve (bitwise: checkpoints restore fp32 masters, Adam and schedules; samples depend on ids only)."""
     pool = world(2)
-    knobs = {"max_steps": 4, "save_interval": 2, "unsupervised_dataset_name": "demo", "unsup_coef": 0.5,
+    knobs = {"max_steps": 4, "save_interval": 2, "unsupervised_dataset_name": "demo",
+             "unsupervised_dataset_config_name": "demo", "unsup_coef": 0.5,
              "enable_ema": True}
     full = pool.run(step3_run, _settings(dirs, tmp_path / "full", 2, **knobs))[0]
     crashed = tmp_path / "crashed"

@@ -45,7 +45,7 @@ def test_deepspeed_chat_style_ppo_command_line(tmp_path: Path) -> None:
             "--generation_batches", "1", "--ppo_epochs", "2", "--max_answer_seq_len", "6", "--max_prompt_seq_len", "8",
             "--actor_learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--num_warmup_steps", "1",
             "--deepspeed", "--enable_hybrid_engine", "--actor_zero_stage", "3", "--critic_zero_stage", "2",
-            "--enable_ema", "--test_stop_step", "2", "--output_dir", str(tmp_path / "ppo"), "--progress", "false"]
+            "--enable_ema", "--enable_test_mode", "--test_stop_step", "2", "--dtype", "fp32", "--output_dir", str(tmp_path / "ppo"), "--progress", "false"]
     proc = _run(argv, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "End-to-End => Latency" in proc.stdout and "Average reward score" in proc.stdout

@@ -60,7 +60,8 @@ def test_offload_flags_map_to_the_engines_offload_blocks(capsys: pytest.CaptureF
 def test_dashed_aliases_and_bool_values() -> None:
     s = _settings(["ppo", "--enable-hybrid-engine", "false", "--generation-batches", "3", "--enable_ema"])
     assert (s.enable_hybrid_engine, s.generation_batches, s.enable_ema) == (False, 3, True)
-    assert _settings(["ppo", "--test_stop_step", "7"]).max_steps == 7
+    s = _settings(["ppo", "--enable_test_mode", "--test_stop_step", "7"])
+    assert (s.enable_test_mode, s.test_stop_step, s.max_steps) == (True, 7, None)
 
 
 @pytest.mark.parametrize(("flag", "value", "reason"), [

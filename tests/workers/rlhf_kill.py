@@ -17,6 +17,7 @@ from typing import Any
 from hybridzero.rlhf.settings import PPOSettings
 from hybridzero.rlhf.trainer import train_step3
 from hybridzero.runtime.engine import Engine
+from tests.workers.rlhf_runs import STEP3_DEFAULTS
 
 
 def _kill_before(role: str, iteration: int) -> None:
@@ -34,7 +35,7 @@ def _kill_before(role: str, iteration: int) -> None:
 def main(argv: list[str]) -> int:
     settings_path, role, iteration = argv
     _kill_before(role, int(iteration))
-    train_step3(PPOSettings(**json.loads(Path(settings_path).read_text())))
+    train_step3(PPOSettings(**{**STEP3_DEFAULTS, **json.loads(Path(settings_path).read_text())}))
     return 0  # not reached when the kill fires
 
 

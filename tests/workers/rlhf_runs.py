@@ -36,6 +36,15 @@ def make_model_dirs(root: Path, seed: int = 0, **config_overrides: Any) -> tuple
     return str(actor_dir), str(value_dir)
 
 
+# the values these tests were written against (the settings' defaults are now DeepSpeed-Chat's: fp16, stage 0,
+# Dahoas/rm-static, TensorBoard off); a test's own settings override them
+HARNESS_DEFAULTS: dict[str, Any] = {"data_path": ["demo"], "dtype": "fp32", "enable_tensorboard": True,
+                                    "lr_scheduler_type": "warmup_cosine"}
+STEP3_DEFAULTS: dict[str, Any] = {**HARNESS_DEFAULTS, "actor_zero_stage": 3, "critic_zero_stage": 3,
+                                  "reference_zero_stage": 3, "reward_zero_stage": 3, "num_warmup_steps": 0}
+STEP12_DEFAULTS: dict[str, Any] = {**HARNESS_DEFAULTS, "zero_stage": 3}
+
+
 def step3_run(settings: dict[str, Any], grpo: bool = False, fail_at: int | None = None) -> dict[str, Any]:
     """One rank of a step-3 run; ``fail_at`` raises (on every rank) inside that iteration's metrics, after the
     rollout, as a crash would. Returns the history and the final models' paths."""
@@ -51,7 +60,7 @@ def step3_run(settings: dict[str, Any], grpo: bool = False, fail_at: int | None 
         return {"answers_nonempty": float(sum(bool(a.strip()) for a in answers))}
 
     model = GRPOSettings if grpo else PPOSettings
-    result = train_step3(model(**settings), monitor=monitor)
+    result = train_step3(model(**{**STEP3_DEFAULTS, **settings}), monitor=monitor)
     return {"history": result["history"], "models": result["models"], "start": result["start"],
             "world": torch.distributed.get_world_size()}
 
@@ -61,7 +70,7 @@ def sft_run(settings: dict[str, Any]) -> dict[str, Any]:
     from hybridzero.rlhf.settings import SFTSettings
     from hybridzero.rlhf.sft import train_sft
 
-    return train_sft(SFTSettings(**settings))
+    return train_sft(SFTSettings(**{**STEP12_DEFAULTS, **settings}))
 
 
 def reward_run(settings: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +78,7 @@ def reward_run(settings: dict[str, Any]) -> dict[str, Any]:
     from hybridzero.rlhf.reward import train_reward
     from hybridzero.rlhf.settings import RewardSettings
 
-    return train_reward(RewardSettings(**settings))
+    return train_reward(RewardSettings(**{**STEP12_DEFAULTS, "learning_rate": 1e-3, **settings}))
 
 
 def step_both_run(actor_dir: str, value_dir: str, overflow_in: str) -> dict[str, Any]:

@@ -58,6 +58,7 @@ class Plan:
     iterations_per_epoch: int
     total_iterations: int
     n_prompts: int
+    schedule_iterations: int = 0  # the lr schedule's horizon (DeepSpeed-Chat's: test mode does not shorten it)
 
     def sample_ids(self, positions: Sequence[int], epoch: int) -> list[int]:
         """Sampling ids of the ``k`` samples of each prompt at epoch ``positions`` (module docstring)."""
@@ -77,7 +78,12 @@ def make_plan(s: PPOSettings, world: int, n_prompts: int) -> Plan:
     total = per_epoch * s.num_train_epochs
     if s.max_steps is not None:
         total = min(total, s.max_steps)
-    return Plan(world, k, per_gen, s.per_device_training_batch_size // k, per_iter, per_epoch, total, n_prompts)
+    horizon = total
+    if s.enable_test_mode:  # DeepSpeed-Chat stops after test_stop_step generation batches, else after one epoch
+        wanted = -(-s.test_stop_step // s.generation_batches) if s.test_stop_step else per_epoch
+        total = min(total, wanted)
+    return Plan(world, k, per_gen, s.per_device_training_batch_size // k, per_iter, per_epoch, total, n_prompts,
+                horizon)
 
 
 def rank_prompts(order: list[int], plan: Plan, iteration_in_epoch: int, batch: int, rank: int) -> list[int]:

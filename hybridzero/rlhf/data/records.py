@@ -19,6 +19,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from hybridzero.rlhf.data.dschat import dschat_rows
 from hybridzero.rlhf.data.sources import (
     read_hf_directory,
     read_hub_dataset,
@@ -171,17 +172,45 @@ def train_eval_split(
 DEMO_FILES: dict[int, str] = {1: "sft.jsonl", 2: "pairs.jsonl", 3: "prompts.jsonl"}
 
 
+def _for_phase(rows: list[dict[str, str]], phase: int, name: str) -> list[dict[str, str]]:
+    """A DeepSpeed-Chat dataset's phase share in our schemas: step 2 keeps the rows that have a rejected answer;
+    steps 1 and 3 keep every row (those without one as ``prompt`` / ``response``)."""
+    if phase == 2:
+        kept = [r for r in rows if "rejected" in r]
+        if not kept:
+            raise ValueError(f"{name}: no record of its step-2 share has a rejected answer; DeepSpeed-Chat uses "
+                             "this dataset for steps 1 and 3 only (give it a data_split such as 10,0,0)")
+        return kept
+    return [r if "rejected" in r else {"prompt": r["prompt"], "response": r["chosen"]} for r in rows]
+
+
 def phase_records(paths: Sequence[str], split: str, phase: int, columns: Sequence[str] | None,
-                  seed: int) -> list[dict[str, str]]:
+                  seed: int, data_root: str | None = None) -> list[dict[str, str]]:
     """The records of training ``phase`` from every dataset in ``paths`` (in order).
 
-    ``"demo"`` is the shipped demo dataset's file for the phase (no split: its files are per phase); any other path
-    goes through :func:`load_records` and DeepSpeed-Chat's phase split ``split``.
+    ``"demo"`` is the shipped demo dataset's file for the phase (no split: its files are per phase); a
+    DeepSpeed-Chat dataset name is read from its local copy under ``data_root`` through its schema adapter
+    (:mod:`hybridzero.rlhf.data.dschat`); any other path goes through :func:`load_records`. Both take DeepSpeed-Chat's
+    phase split ``split`` of the whole dataset first, so the phases stay disjoint.
     """
     out: list[dict[str, str]] = []
     for path in paths:
         if path == "demo":
             out += load_records(demo_data_dir() / DEMO_FILES[phase], columns)
-        else:
+            continue
+        rows = dschat_rows(path, data_root)
+        if rows is None:
             out += split_for_phase(load_records(path, columns), split, phase, seed)
+        else:
+            share = _for_phase(split_for_phase(rows, split, phase, seed), phase, path)
+            out += _validate_rows(share, path, tuple(columns) if columns is not None else None)
+    return out
+
+
+def whole_records(paths: Sequence[str], data_root: str | None = None) -> list[dict[str, str]]:
+    """Every record of each dataset in ``paths`` (no phase split: DeepSpeed-Chat's ``sft_only_data_path``)."""
+    out: list[dict[str, str]] = []
+    for path in paths:
+        rows = dschat_rows(path, data_root)
+        out += load_records(path) if rows is None else _validate_rows(_for_phase(rows, 1, path), path, None)
     return out

@@ -209,7 +209,7 @@ def prompt_tensors(tok: PreTrainedTokenizerBase, prompts: Sequence[str],
 def load_prompts(s: PPOSettings, tok: PreTrainedTokenizerBase, model_context: int) -> tuple[list[str], dict[str, int]]:
     """The phase-3 prompts within ``max_prompt_seq_len`` tokens (``prompt_policy`` drop or truncate, counted)."""
     check_budget(model_context, s.max_prompt_seq_len, s.max_answer_seq_len)
-    records = phase_records(s.data_path, s.data_split, 3, ("prompt",), s.seed)
+    records = phase_records(s.data_path, s.data_split, 3, ("prompt",), s.seed, s.data_root)
     prompts, counts = [], {"dropped": 0, "truncated": 0, "empty": 0}
     for r in records:
         ids = tok.encode(r["prompt"], add_special_tokens=False)

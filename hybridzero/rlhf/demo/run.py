@@ -53,14 +53,19 @@ def demo_settings(out: Path, quick: bool = False, world: int = 2) -> tuple[SFTSe
     move the policy from the mixture to the reversal.
     """
     per = 64 // world
-    sft = SFTSettings(output_dir=str(out / "step1_sft"), per_device_train_batch_size=per, max_seq_len=24,
+    # what the demo was tuned with, spelled out (the settings' defaults are DeepSpeed-Chat's, which differ)
+    own: dict[str, Any] = {"data_path": ["demo"], "dtype": "fp32", "enable_tensorboard": True,
+                           "lr_scheduler_type": "warmup_cosine"}
+    stages = {"actor_zero_stage": 3, "critic_zero_stage": 3, "reference_zero_stage": 3, "reward_zero_stage": 3}
+    sft = SFTSettings(**own, zero_stage=3, output_dir=str(out / "step1_sft"), per_device_train_batch_size=per,
+                      max_seq_len=24,
                       learning_rate=3e-3, num_train_epochs=30, num_warmup_steps=20,
                       max_steps=12 if quick else None, print_every=100, seed=1)
-    reward = RewardSettings(output_dir=str(out / "step2_reward"), model_name_or_path=sft.output_dir,
-                            per_device_train_batch_size=per, max_seq_len=24, learning_rate=1e-3,
+    reward = RewardSettings(**own, zero_stage=3, output_dir=str(out / "step2_reward"),
+                            model_name_or_path=sft.output_dir, per_device_train_batch_size=per, max_seq_len=24, learning_rate=1e-3,
                             num_train_epochs=8, num_warmup_steps=10, eval_fraction=0.1,
                             max_steps=6 if quick else None, print_every=50, seed=2)
-    ppo = PPOSettings(output_dir=str(out / "step3_ppo"), actor_model_name_or_path=sft.output_dir,
+    ppo = PPOSettings(**own, **stages, output_dir=str(out / "step3_ppo"), actor_model_name_or_path=sft.output_dir,
                       critic_model_name_or_path=reward.output_dir, per_device_generation_batch_size=per,
                       per_device_training_batch_size=per // 2, generation_batches=1, ppo_epochs=1,
                       max_prompt_seq_len=8, max_answer_seq_len=8, actor_learning_rate=1e-4,
