@@ -171,7 +171,7 @@ def test_direct_construction_enforces_invariants() -> None:
     assert "inconsistent" in _raises(lambda: Config(8, 4, 1))
     assert "zero_optimization.stage = 5" in _raises(lambda: ZeroConfig(stage=5))
     assert "offload.device = 'disk'" in _raises(lambda: OffloadConfig(device="disk"))
-    assert "offload.device = 'cpu'" in _raises(lambda: OffloadConfig(device="cpu"))
+    assert OffloadConfig(device="cpu").device == "cpu"  # offload acts (ZeRO-Offload): cpu is a valid device
     assert "bf16.enabled" in _raises(lambda: Config(1, 1, 1, fp16=FP16Config(True), bf16=BF16Config(True)))
     assert "world_size = 0" in _raises(lambda: Config(1, 1, 1, world_size=0))
     assert "zero_optimization = 5 is invalid: expected a JSON object" in _raises(lambda: Config(1, 1, 1, zero=5))
