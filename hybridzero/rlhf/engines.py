@@ -23,6 +23,7 @@ import hybridzero
 from hybridzero.checkpoint.hf_source import HFCheckpointSource
 from hybridzero.comm.collectives import Comm, init_distributed
 from hybridzero.comm.ledger import Ledger
+from hybridzero.rlhf.lora import LoRASpec, apply_lora, lora_source
 from hybridzero.rlhf.models import ValueHeadModel, dropout_overrides, load_value_model
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
 from hybridzero.runtime.engine import Engine
@@ -83,25 +84,49 @@ def ds_config(*, stage: int, dtype: str, micro_batch: int, world_size: int, grad
     return cfg
 
 
-def build_engine(model: nn.Module, config: dict[str, Any], *, checkpointing: bool = False) -> Engine:
-    """``hybridzero.initialize`` on ``model`` (activation checkpointing enabled first when asked)."""
+def build_engine(model: nn.Module, config: dict[str, Any], *, checkpointing: bool = False,
+                 lora: LoRASpec | None = None) -> Engine:
+    """``hybridzero.initialize`` on ``model`` (LoRA adapters added and activation checkpointing enabled first when
+    asked)."""
+    groups = _lora_groups(model, config, lora)
     if checkpointing:
         if isinstance(model, ValueHeadModel):
             model.gradient_checkpointing_enable()
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    engine, *_ = hybridzero.initialize(model=model, config=config)
+    engine, *_ = hybridzero.initialize(model=model, config=config, model_parameters=groups)
     return engine
 
 
-def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool) -> Engine:
-    """A causal-LM engine read straight into shards from the HF directory ``path`` (dropout forced to 0)."""
+def _lora_groups(model: nn.Module, config: dict[str, Any], lora: LoRASpec | None) -> list[dict[str, Any]] | None:
+    """Apply ``lora`` to ``model``; the optimizer groups (adapters at their own lr) or None (LoRA off). Without an
+    optimizer block (inference engines) the groups still fix the layout, which must match the trained copy's."""
+    if lora is None or not lora.enabled:
+        return None
+    params = (config.get("optimizer") or {}).get("params", {})
+    return apply_lora(model, lora, float(params.get("lr", lora.learning_rate)), float(params.get("weight_decay", 0.0)))
+
+
+def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool, lora: LoRASpec | None = None) -> Engine:
+    """A causal-LM engine read straight into shards from the HF directory ``path`` (dropout forced to 0); with
+    ``lora`` the adapters are added on the meta model and read from their seeded initial values."""
     model = meta_model(path, **dropout_overrides(transformers.AutoConfig.from_pretrained(path)))
+    groups = _lora_groups(model, cfg, lora)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with HFCheckpointSource(path) as source:
-        engine, *_ = hybridzero.initialize(model=model, config=cfg, checkpoint_source=source)
+        engine, *_ = hybridzero.initialize(model=model, config=cfg, model_parameters=groups,
+                                           checkpoint_source=lora_source(model, lora or LoRASpec(), source))
     return engine
+
+
+def step3_lora(s: PPOSettings) -> tuple[LoRASpec, LoRASpec]:
+    """The actor's and the critic's LoRA settings from DS-Chat's step-3 flags."""
+    actor = LoRASpec(s.actor_lora_dim, s.actor_lora_module_name, s.only_optimize_lora, s.actor_lora_learning_rate,
+                     s.seed)
+    critic = LoRASpec(s.critic_lora_dim, s.critic_lora_module_name, s.only_optimize_lora,
+                      s.critic_lora_learning_rate, s.seed)
+    return actor, critic
 
 
 @dataclass(frozen=True)
@@ -135,17 +160,21 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
     def frozen(stage: int) -> dict[str, Any]:
         return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world)
 
-    actor = load_actor_engine(s.actor_model_name_or_path,
-                              trained(s.actor_zero_stage, s.actor_learning_rate, s.actor_weight_decay,
-                                      s.enable_hybrid_engine), s.actor_gradient_checkpointing)
+    actor_lora, critic_lora = step3_lora(s)
+    actor_cfg = trained(s.actor_zero_stage, s.actor_learning_rate, s.actor_weight_decay, s.enable_hybrid_engine)
+    if s.enable_mixed_precision_lora and actor_lora.enabled:
+        actor_cfg["zero_optimization"]["zero_quantized_nontrainable_weights"] = True  # DS-Chat's meaning
+    actor = load_actor_engine(s.actor_model_name_or_path, actor_cfg, s.actor_gradient_checkpointing, actor_lora)
     ref = load_actor_engine(s.actor_model_name_or_path, frozen(s.reference_zero_stage), False)
-    ema = load_actor_engine(s.actor_model_name_or_path, frozen(s.actor_zero_stage), False) if s.enable_ema else None
+    ema = None  # the EMA copy has the actor's adapters and the same group membership, so the same layout
+    if s.enable_ema:
+        ema = load_actor_engine(s.actor_model_name_or_path, frozen(s.actor_zero_stage), False, actor_lora)
     reward = build_engine(load_value_model(s.critic_model_name_or_path).float(), frozen(s.reward_zero_stage))
     critic = None
     if not isinstance(s, GRPOSettings):
         critic = build_engine(load_value_model(s.critic_model_name_or_path).float(),
                               trained(s.critic_zero_stage, s.critic_learning_rate, s.critic_weight_decay),
-                              checkpointing=s.critic_gradient_checkpointing)
+                              checkpointing=s.critic_gradient_checkpointing, lora=critic_lora)
     for frozen_engine in (ref, reward, ema):  # inference only: no optimizer state; scored under no_grad
         if frozen_engine is not None:
             frozen_engine.eval()
