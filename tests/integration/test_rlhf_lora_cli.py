@@ -43,7 +43,7 @@ def test_step1_with_lora_flags(tmp_path: Path) -> None:
     proc = _run(argv, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in lines if r.get("phase") == "train"][-1] == 2
+    assert [r["step"] for r in lines if r.get("phase") == "sft"][-1] == 2
     _no_adapters_saved(out)
 
 
