@@ -25,7 +25,7 @@ all use it.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -130,10 +130,11 @@ def initial_adapters(model: nn.Module, seed: int = 0) -> dict[str, torch.Tensor]
     return out
 
 
-def only_optimize_lora(model: nn.Module) -> None:
-    """DS-Chat's ``only_optimize_lora_parameters``: only adapter parameters keep ``requires_grad``."""
+def only_optimize_lora(model: nn.Module, force_optimize_params: Sequence[str] = ()) -> None:
+    """DS-Chat's ``only_optimize_lora_parameters``: only adapter parameters (and those named exactly in
+    ``force_optimize_params``, e.g. step 2's value head) keep ``requires_grad``."""
     for name, p in model.named_parameters():
-        p.requires_grad = is_lora_name(name)
+        p.requires_grad = is_lora_name(name) or name in force_optimize_params
 
 
 def lora_layers(model: nn.Module) -> list[tuple[str, LoRALinear]]:
@@ -242,7 +243,9 @@ class SourceWithExtra:
         self.extra = {n: t.detach().reshape(t.shape) for n, t in extra.items()}
 
     def names(self) -> list[str]:
-        return list(self.base.names()) + [n for n in self.extra if n not in set(self.base.names())]
+        base = list(self.base.names())
+        known = set(base)
+        return base + [n for n in self.extra if n not in known]
 
     def shape(self, name: str) -> torch.Size:
         return self.extra[name].shape if name in self.extra else self.base.shape(name)

@@ -4,7 +4,8 @@
   ``--critic_lora_dim`` / ``--critic_lora_module_name`` (step 3): every ``nn.Linear`` whose qualified name contains
   the substring becomes a :class:`hybridzero.lora.LoRALinear` (DS-Chat's math, init and frozen base weight);
   ``lora_dim = 0`` leaves the model as it is.
-* ``--only_optimize_lora``: every non-adapter parameter frozen: no gradient shard, no optimizer state.
+* ``--only_optimize_lora``: every non-adapter parameter frozen (no gradient shard, no optimizer state), except
+  step 2's value head (DS-Chat's ``force_optimize_params``; its step-3 critic freezes the head too).
 * ``--lora_learning_rate`` / ``--actor_lora_learning_rate`` / ``--critic_lora_learning_rate``: the adapters' own
   optimizer group (DS-Chat's ``get_optimizer_grouped_parameters(..., lora_lr)``).
 * ``--enable_mixed_precision_lora`` (actor): DS-Chat's meaning, ``zero_quantized_nontrainable_weights`` (the
@@ -35,6 +36,7 @@ class LoRASpec:
     only_optimize: bool = False
     learning_rate: float = 5e-4
     seed: int = 0
+    force_optimize: tuple[str, ...] = ()  # kept trainable under only_optimize (step 2: the value head, as DS-Chat)
 
     @property
     def enabled(self) -> bool:
@@ -49,7 +51,7 @@ def apply_lora(model: nn.Module, spec: LoRASpec, lr: float, weight_decay: float)
         return None
     convert_linear_layer_to_lora(model, spec.module_name, spec.dim, seed=spec.seed)
     if spec.only_optimize:
-        only_optimize_lora(model)
+        only_optimize_lora(model, spec.force_optimize)
     return split_lora_groups(model, weight_decay, lr, spec.learning_rate)
 
 

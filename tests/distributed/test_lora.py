@@ -2,7 +2,8 @@
 
 * Parity: the reference (``tests/harness/parity.py::reference_run``) trains the same LoRA model unsharded and
   combines per-rank gradients in rank order, as the engine's reduction does, so fp32 runs agree **bitwise** at
-  world 1-4 (same kernels on the same shapes); the peft equivalence of the math is shown by the export test.
+  world 1-4 (same kernels on the same shapes); equivalence with peft: ``tests/unit/test_lora.py`` (training) and
+  the export test here (peft loads the adapters, same logits).
 * Memory: frozen base weights have an fp32 master shard (their storage) but no gradient and no optimizer bytes.
 * Hybrid generation merges ``W + s R@L`` into the gathered buffers; tokens equal the unmerged per-forward ZeRO-3
   generation, and every master shard is bitwise what it was.

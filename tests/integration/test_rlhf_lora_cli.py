@@ -48,6 +48,21 @@ def test_step1_with_lora_flags(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+def test_step2_with_lora_flags_trains_adapters_and_the_head(tmp_path: Path) -> None:
+    actor, _ = make_model_dirs(tmp_path / "models")
+    out = tmp_path / "rm"
+    argv = ["reward", "--world_size", "2", "--data_path", "demo", "--model_name_or_path", actor,
+            "--per_device_train_batch_size", "4", "--max_seq_len", "32", "--max_steps", "2",
+            "--lora_dim", "4", "--lora_module_name", "layers.", "--only_optimize_lora",
+            "--output_dir", str(out), "--progress", "false", "--enable_tensorboard", "false"]
+    proc = _run(argv, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if r.get("phase") == "reward"][-1] == 2
+    _no_adapters_saved(out)
+
+
+@pytest.mark.slow
 def test_step3_with_actor_and_critic_lora_flags(tmp_path: Path) -> None:
     actor, value = make_model_dirs(tmp_path / "models")
     argv = ["ppo", "--world_size", "2", "--data_path", "demo", "--actor_model_name_or_path", actor,
