@@ -123,3 +123,11 @@ def lora_checkpoint_export(spec: RunSpec, root: str) -> dict[str, Any]:
         logits = resumed(input_ids=ids).logits
     return {"resume_equal": all(torch.equal(want[n], got[n]) for n in want), "names": sorted(got),
             "logits": logits, "ids": ids}
+
+
+def lora_peak_gathered(spec: RunSpec) -> dict[str, Any]:
+    """Peak gathered bytes of two training steps against the root group plus the largest block."""
+    engine = _engine(spec)
+    _train(engine, spec, range(2))
+    sizes = {g.name: g.numel * g.compute_dtype.itemsize for g in engine.groups if not g.always_full}
+    return {"peak": engine.coordinator.peak_gathered_bytes, "sizes": sizes}
