@@ -50,6 +50,9 @@ def test_frozen_base_has_no_gradient_or_optimizer_bytes(world, world_size: int) 
     state = sum(r["report"]["optimizer_state"] for r in results) // 8  # Adam: exp_avg + exp_avg_sq, fp32
     assert trainable <= grads <= trainable + slack, (grads, trainable)
     assert trainable <= state <= trainable + slack, (state, trainable)
+    # the adapters of a block form their own evenly sharded group: every rank holds part of their gradients
+    assert all(r["report"]["gradients"] > 0 for r in results)
+    assert all(n == 0 for r in results for name, n in r["grad_numels"].items() if name.endswith(":frozen"))
     masters = sum(r["master_numel"] for r in results)
     assert masters >= trainable + frozen  # the base still has its (sharded) fp32 values
 
@@ -64,6 +67,7 @@ def test_frozen_base_blocks_are_released_when_backward_leaves_them(world, spec: 
         blocks = [v for k, v in r["sizes"].items() if k != "root"]
         assert len(blocks) >= 2
         assert r["peak"] == r["sizes"]["root"] + max(blocks), r
+        assert any(name.endswith(":frozen") for name in r["groups"])  # the base in its own groups
 
 
 @pytest.mark.parametrize("world_size", [1, 2])

@@ -42,6 +42,7 @@ def lora_memory(spec: RunSpec) -> dict[str, Any]:
     frozen = sum(s.spec.numel for g in engine.groups for s in g.slots if not s.trainable)
     n_trainable_params = sum(1 for g in engine.groups for s in g.slots if s.trainable)
     return {"report": engine.memory_report(), "trainable": trainable, "frozen": frozen,
+            "grad_numels": {g.name: g.grad_shard.numel() for g in engine.groups},
             "n_trainable_params": n_trainable_params,
             "grad_numel": sum(g.grad_shard.numel() for g in engine.groups),
             "master_numel": sum(g.master.numel() for g in engine.groups)}
@@ -129,5 +130,9 @@ def lora_peak_gathered(spec: RunSpec) -> dict[str, Any]:
     """Peak gathered bytes of two training steps against the root group plus the largest block."""
     engine = _engine(spec)
     _train(engine, spec, range(2))
-    sizes = {g.name: g.numel * g.compute_dtype.itemsize for g in engine.groups if not g.always_full}
-    return {"peak": engine.coordinator.peak_gathered_bytes, "sizes": sizes}
+    sizes: dict[str, int] = {}  # per owner module ("" = root): a LoRA block has a trainable and a frozen group
+    for g in engine.groups:
+        if not g.always_full:
+            sizes[g.owner or "root"] = sizes.get(g.owner or "root", 0) + g.numel * g.compute_dtype.itemsize
+    return {"peak": engine.coordinator.peak_gathered_bytes, "sizes": sizes,
+            "groups": [g.name for g in engine.groups]}
