@@ -18,9 +18,9 @@ Phases come from the engine's own root-level events (DESIGN invariant 3)::
   enabled its outputs get the same pre-backward hooks, so such calls train correctly too.
 * BACKWARD: a group's flat gradient is reduced as soon as all its trainable parameters have their gradients;
   groups without frozen parameters are released then, block groups with frozen ones (LoRA: the frozen base) when
-  the gradient of the block's input is complete (the backward has left the block). At the end every remaining gradient is reduced, every
-  reduction completed and every group released. Forward hooks firing inside BACKWARD (activation-checkpoint
-  recomputation) only make sure the group is gathered.
+  the gradient of the block's input is complete (the backward has left the block). At the end every remaining
+  gradient is reduced, every reduction completed and every group released. Forward hooks firing inside BACKWARD
+  (activation-checkpoint recomputation) only make sure the group is gathered.
 
 After each phase end :meth:`ZeroCoordinator.is_quiescent` holds (checked by ``engine.assert_quiescent()``).
 """
