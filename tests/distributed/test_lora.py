@@ -70,6 +70,15 @@ def test_frozen_base_blocks_are_released_when_backward_leaves_them(world, spec: 
         assert any(name.endswith(":frozen") for name in r["groups"])  # the base in its own groups
 
 
+def test_post_backward_release_under_activation_checkpointing_is_bitwise_the_same(world) -> None:
+    spec = SPEC.replace(extra_zero={"stage3_max_reuse_distance": 0})
+    plain = world(2).run(lora_peak_gathered, spec)
+    ckpt = world(2).run(lora_peak_gathered, spec, True)
+    assert [r["losses"] for r in plain] == [r["losses"] for r in ckpt]
+    assert all(torch.equal(v, ckpt[0]["params"][n]) for n, v in plain[0]["params"].items())
+    assert ckpt[0]["peak"] == plain[0]["peak"]
+
+
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_merged_generation_equals_unmerged_and_restores_shards(world, world_size: int) -> None:
     for r in world(world_size).run(lora_generation, SPEC, "fp32"):

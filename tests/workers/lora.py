@@ -126,13 +126,21 @@ def lora_checkpoint_export(spec: RunSpec, root: str) -> dict[str, Any]:
             "logits": logits, "ids": ids}
 
 
-def lora_peak_gathered(spec: RunSpec) -> dict[str, Any]:
-    """Peak gathered bytes of two training steps against the root group plus the largest block."""
-    engine = _engine(spec)
-    _train(engine, spec, range(2))
+def lora_peak_gathered(spec: RunSpec, checkpointing: bool = False) -> dict[str, Any]:
+    """Peak gathered bytes of two training steps against the root group plus the largest block (with HF's
+    non-reentrant activation checkpointing when asked: blocks re-run their forward inside the backward)."""
+    import hybridzero
+
+    hybridzero.init_distributed()
+    model = build_model(spec)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    engine, *_ = hybridzero.initialize(model=model, config=ds_config(spec, torch.distributed.get_world_size()))
+    losses = _train(engine, spec, range(2))
     sizes: dict[str, int] = {}  # per owner module ("" = root): a LoRA block has a trainable and a frozen group
     for g in engine.groups:
         if not g.always_full:
             sizes[g.owner or "root"] = sizes.get(g.owner or "root", 0) + g.numel * g.compute_dtype.itemsize
-    return {"peak": engine.coordinator.peak_gathered_bytes, "sizes": sizes,
-            "groups": [g.name for g in engine.groups]}
+    params = engine.full_parameters()
+    return {"peak": engine.coordinator.peak_gathered_bytes, "sizes": sizes, "losses": losses,
+            "groups": [g.name for g in engine.groups], "params": params if torch.distributed.get_rank() == 0 else None}
