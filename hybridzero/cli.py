@@ -4,8 +4,10 @@ Subcommands are registered by small ``_add_*`` functions listed in :func:`build_
 ``func(args) -> int``; the RLHF commands (sft, reward, ppo, grpo, plot, demo) come from :mod:`hybridzero.rlhf.cli`.
 
 ``export CKPT_DIR OUT_DIR`` writes a Hugging Face directory (``config.json`` + safetensors) from an engine
-checkpoint, streaming one shard file at a time (:func:`hybridzero.checkpoint.export.export_hf`); errors (unknown tag,
-non-empty destination, no HF config) print one line to stderr and exit 1.
+checkpoint, streaming one shard file at a time (:func:`hybridzero.checkpoint.export.export_hf`); LoRA adapters are
+merged into the weights (``--lora base``: left out) and ``--adapters DIR`` also writes them as a peft directory
+(:mod:`hybridzero.checkpoint.lora_export`); errors (unknown tag, non-empty destination, no HF config, no adapters)
+print one line to stderr and exit 1.
 """
 from __future__ import annotations
 
@@ -80,10 +82,10 @@ def _export(args: argparse.Namespace) -> int:
     from hybridzero.checkpoint.lora_export import export_adapters
 
     try:
+        if args.adapters is not None:  # first: a checkpoint without adapters fails before anything is written
+            export_adapters(args.ckpt_dir, args.adapters, args.tag, base_model_name_or_path=str(args.out_dir))
         out = export_hf(args.ckpt_dir, args.out_dir, args.tag, dtype=args.dtype, max_shard_bytes=args.max_shard_size,
                         lora=args.lora)
-        if args.adapters is not None:
-            export_adapters(args.ckpt_dir, args.adapters, args.tag, base_model_name_or_path=str(out))
     except (FileNotFoundError, FileExistsError, ValueError) as exc:
         print(f"export: error: {exc}", file=sys.stderr)
         return 1
