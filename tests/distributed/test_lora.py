@@ -109,3 +109,16 @@ def test_resume_and_export_merged_and_peft(world, tmp_path: Path) -> None:
         base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base").eval()
         peft_model = PeftModel.from_pretrained(base, tmp_path / "adapters").eval()
         torch.testing.assert_close(peft_model(input_ids=ids).logits, want, rtol=1e-5, atol=1e-5)
+    # the command line writes the same files
+    from hybridzero.cli import main
+
+    argv = ["export", str(tmp_path / "ckpt"), str(tmp_path / "cli_base"), "--tag", "step3", "--lora", "base",
+            "--adapters", str(tmp_path / "cli_adapters")]
+    assert main(argv) == 0
+    for a, b in (("base", "cli_base"), ("adapters", "cli_adapters")):
+        for f in (tmp_path / a).iterdir():
+            if f.suffix == ".safetensors":
+                assert f.read_bytes() == (tmp_path / b / f.name).read_bytes()
+    assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "x"), "--lora", "merge", "--adapters",
+                 str(tmp_path / "cli_adapters")]) == 1  # destination exists: one error line, nothing written
+    assert not (tmp_path / "x").exists()
