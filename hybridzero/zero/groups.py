@@ -109,11 +109,10 @@ class ShardedGroup:
         whole_master = self.master_is_whole
         self.master = self._init_master(source, aliases or {}, whole_master)
         self._send: torch.Tensor | None = None  # the gather's input, alive until the gather completed
-        # Frozen parameters carry no gradient bytes: trainable slots come first (frozen last), so only the flat
-        # prefix [0, trainable_end) can receive gradients; the grad shard covers this rank's part of it.
-        self.trainable_end = max((s.spec.end for s in self.slots if s.trainable), default=0)
-        self.grad_cols, grad_len = self._grad_extent()
-        self.grad_shard = torch.zeros(grad_len, dtype=torch.float32, device=device)
+        # A group of frozen parameters only (LoRA's base: zero/partition.py splits mixed blocks) has no gradient
+        # bytes at all; every other group keeps whole, equal-sized gradient shards on every rank.
+        frozen_only = self.n_trainable == 0 and mode is not ShardMode.DDP
+        self.grad_shard = torch.zeros(0 if frozen_only else self.layout.shard_numel, dtype=torch.float32, device=device)
         # DDP steps the whole master copy: its gradient is the all-gathered grad shards (assembled at step time).
         self.opt_grad = (torch.zeros(self.layout.padded_numel, dtype=torch.float32, device=device)
                          if mode is ShardMode.DDP else self.grad_shard)
@@ -125,18 +124,6 @@ class ShardedGroup:
             self._unbind()
 
     # --- construction -------------------------------------------------------------------------------------------
-    def _grad_extent(self) -> tuple[int, int]:
-        """(columns of the ``[W, S]`` gradient grid any rank needs, this rank's grad-shard length).
-
-        Rank ``r`` owns flat ``[r*S, (r+1)*S)``; only ``[0, trainable_end)`` can hold gradients, so rank ``r`` needs
-        ``clamp(trainable_end - r*S, 0, S)`` elements and rank 0 the most columns. DDP keeps whole shards (its
-        step all-gathers equal-sized grad shards)."""
-        size = self.layout.padded_numel if self.master_is_whole else self.layout.shard_numel
-        if self.mode is ShardMode.DDP:
-            return self.layout.shard_numel, self.layout.shard_numel
-        lo = 0 if self.master_is_whole else self.layout.shard_range(self.comm.rank)[0]
-        return min(size, self.trainable_end), min(size, max(0, self.trainable_end - lo))
-
     def _init_master(self, source: TensorSource | None, aliases: Mapping[str, Sequence[str]],
                      whole: bool) -> torch.Tensor:
         """fp32 master (this rank's shard, or the whole buffer when ``whole``).

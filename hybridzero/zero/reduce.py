@@ -103,7 +103,7 @@ class GradReducer:
             self._replicated.append((group, grad_full))
             return
         grid = grad_full.view(self.world, group.layout.shard_numel)
-        col, total = 0, group.grad_cols  # columns past every rank's trainable range carry only zeros: skipped
+        col, total = 0, group.layout.shard_numel
         while col < total:
             take = min(total - col, self.cap_cols - self._pending_cols)
             self._pieces.append(_Piece(group, grid[:, col:col + take], col))
@@ -147,9 +147,7 @@ class GradReducer:
         start = 0
         for p in pieces:
             take = p.cols.shape[1]
-            hi = min(p.group.grad_shard.numel(), p.col_offset + take)  # this rank's trainable part only
-            if hi > p.col_offset:
-                p.group.grad_shard[p.col_offset:hi].add_(reduced[start:start + hi - p.col_offset])
+            p.group.grad_shard[p.col_offset:p.col_offset + take].add_(reduced[start:start + take])
             start += take
 
     @staticmethod
@@ -163,8 +161,7 @@ class GradReducer:
         self.flush()
         while self._inflight:
             self._complete(self._inflight.pop(0))
-        for group, full in self._replicated:
-            grad = full[:group.grad_shard.numel()]  # the trainable prefix: frozen parameters have no gradient
+        for group, grad in self._replicated:
             recv = torch.empty(self.world * grad.numel(), dtype=grad.dtype, device=grad.device)
             self.comm.all_gather(recv, _scaled(grad, self.scales.pre), phase="backward", label="grad_all_gather")
             group.grad_shard.add_(_scaled(ordered_sum(recv.view(self.world, -1)), self.scales.post))
