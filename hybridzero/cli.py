@@ -7,8 +7,10 @@ Subcommands are registered by small ``_add_*`` functions listed in :func:`build_
 (:mod:`hybridzero.launch`).
 
 ``export CKPT_DIR OUT_DIR`` writes a Hugging Face directory (``config.json`` + safetensors) from an engine
-checkpoint, streaming one shard file at a time (:func:`hybridzero.checkpoint.export.export_hf`); errors (unknown tag,
-non-empty destination, no HF config) print one line to stderr and exit 1.
+checkpoint, streaming one shard file at a time (:func:`hybridzero.checkpoint.export.export_hf`); LoRA adapters are
+merged into the weights (``--lora base``: left out) and ``--adapters DIR`` also writes them as a peft directory
+(:mod:`hybridzero.checkpoint.lora_export`); errors (unknown tag, non-empty destination, no HF config, no adapters)
+print one line to stderr and exit 1.
 """
 from __future__ import annotations
 
@@ -31,6 +33,11 @@ def _add_export(subparsers: Any) -> None:
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="weight dtype (default fp32)")
     p.add_argument("--max-shard-size", type=parse_size, default="5GiB",
                    help="largest safetensors file, e.g. 20KB, 500MB, 5GB (powers of 10) or 5GiB (of 2); default 5GiB")
+    p.add_argument("--lora", choices=("merge", "base"), default="merge",
+                   help="LoRA checkpoints: fold the adapters into the weights (merge, default) or write the base "
+                        "weights alone (base, for --adapters)")
+    p.add_argument("--adapters", default=None, metavar="DIR",
+                   help="also write the LoRA adapters as a peft directory (PeftModel.from_pretrained loads it)")
     p.set_defaults(func=_export)
 
 
@@ -84,9 +91,13 @@ def parse_size(text: str) -> int:
 def _export(args: argparse.Namespace) -> int:
     """Run :func:`hybridzero.checkpoint.export.export_hf`; one error line and status 1 on bad input."""
     from hybridzero.checkpoint.export import export_hf
+    from hybridzero.checkpoint.lora_export import export_adapters
 
     try:
-        out = export_hf(args.ckpt_dir, args.out_dir, args.tag, dtype=args.dtype, max_shard_bytes=args.max_shard_size)
+        if args.adapters is not None:  # first: a checkpoint without adapters fails before anything is written
+            export_adapters(args.ckpt_dir, args.adapters, args.tag, base_model_name_or_path=str(args.out_dir))
+        out = export_hf(args.ckpt_dir, args.out_dir, args.tag, dtype=args.dtype, max_shard_bytes=args.max_shard_size,
+                        lora=args.lora)
     except (FileNotFoundError, FileExistsError, ValueError, OSError) as exc:  # CheckpointError is a ValueError
         print(f"export: error: {exc}", file=sys.stderr)
         return 1

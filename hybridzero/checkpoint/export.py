@@ -29,6 +29,7 @@ import os
 import re
 import shutil
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
@@ -40,6 +41,7 @@ from safetensors.torch import save_file
 from hybridzero.checkpoint.format import SavedSource, open_tag
 from hybridzero.checkpoint.hf_source import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from hybridzero.checkpoint.paths import find_tag, list_tags
+from hybridzero.lora import LORA_LEFT, LORA_RIGHT, is_lora_name, merged_weights
 
 __all__ = ["EXPORT_DTYPES", "ShardEntry", "ShardPlan", "consolidated_state_dict", "export_hf", "plan_shards"]
 
@@ -88,9 +90,26 @@ def _open(ckpt_dir: str | os.PathLike[str], tag: str | None) -> tuple[dict[str, 
     return saved.meta, SavedSource(saved, "master")
 
 
-def _read(source: SavedSource, entry: ShardEntry, dtype: torch.dtype) -> torch.Tensor:
-    """The full tensor of ``entry`` in ``dtype`` (contiguous; the fp32 read buffer is dropped after conversion)."""
-    return source.read_flat(entry.source, 0, entry.numel).view(entry.shape).to(dtype)
+def _read(source: SavedSource, entry: ShardEntry, dtype: torch.dtype,
+          adapters: Mapping[str, tuple[ShardEntry, ShardEntry]] | None = None) -> torch.Tensor:
+    """The full tensor of ``entry`` in ``dtype`` (contiguous; the fp32 read buffer is dropped after conversion);
+    a LoRA base weight named in ``adapters`` comes back merged (:func:`hybridzero.lora.merged_weights`)."""
+    value = source.read_flat(entry.source, 0, entry.numel).view(entry.shape)
+    if adapters and entry.source in adapters:
+        right, left = (source.read_flat(e.source, 0, e.numel).view(e.shape) for e in adapters[entry.source])
+        value = merged_weights({"w.weight": value, f"w.{LORA_RIGHT}": right, f"w.{LORA_LEFT}": left})["w.weight"]
+    return value.to(dtype)
+
+
+def lora_adapters(meta: dict[str, Any]) -> dict[str, tuple[ShardEntry, ShardEntry]]:
+    """Base-weight name -> (right, left) adapter entries of a checkpoint with DS-Chat LoRA layers (else empty)."""
+    params = meta["params"]
+
+    def entry(name: str) -> ShardEntry:
+        info = params[name]
+        return ShardEntry(name, name, int(info["numel"]), tuple(int(d) for d in info["shape"]))
+    return {f"{name[:-len(LORA_RIGHT)]}weight": (entry(name), entry(f"{name[:-len(LORA_RIGHT)]}{LORA_LEFT}"))
+            for name in params if name.endswith("." + LORA_RIGHT)}
 
 
 def consolidated_state_dict(ckpt_dir: str | os.PathLike[str], tag: str | None = None) -> dict[str, torch.Tensor]:
@@ -203,12 +222,13 @@ def _check_out_dir(out: Path) -> None:
                               "choose a new path or remove it")
 
 
-def _write_weights(tmp: Path, source: SavedSource, plan: ShardPlan, dtype: torch.dtype) -> None:
+def _write_weights(tmp: Path, source: SavedSource, plan: ShardPlan, dtype: torch.dtype,
+                   adapters: Mapping[str, tuple[ShardEntry, ShardEntry]] | None = None) -> None:
     """Write each planned file, holding only that file's tensors at a time."""
     for file, shard in zip(plan.files, plan.shards):
         tensors: dict[str, torch.Tensor] = {}
         for entry in shard:
-            tensors[entry.name] = _read(source, entry, dtype)
+            tensors[entry.name] = _read(source, entry, dtype, adapters)
         save_file(tensors, str(tmp / file), metadata={"format": "pt"})
         del tensors
     if plan.is_sharded:
@@ -218,13 +238,19 @@ def _write_weights(tmp: Path, source: SavedSource, plan: ShardPlan, dtype: torch
 
 
 def export_hf(ckpt_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], tag: str | None = None, *,
-              dtype: str = "fp32", max_shard_bytes: int = 5 * 2**30) -> Path:
+              dtype: str = "fp32", max_shard_bytes: int = 5 * 2**30, lora: str = "merge") -> Path:
     """Write a ``from_pretrained``-loadable directory of checkpoint ``tag`` (default: latest) to ``out_dir``.
 
     Streams one shard file at a time (see the module docstring); every check (dtype, tag, HF config, destination)
-    runs before anything is written. Returns ``out_dir``.
+    runs before anything is written. LoRA adapters (DS-Chat's ``lora_right_weight`` / ``lora_left_weight``) are
+    never written as such: ``lora="merge"`` folds them into their base weights, ``lora="base"`` writes the base
+    weights alone (the base a peft adapter directory, :func:`hybridzero.checkpoint.lora_export.export_adapters`,
+    loads onto). Returns ``out_dir``.
     """
     torch_dtype = _dtype(dtype)
+    if lora not in ("merge", "base"):
+        raise ValueError(f"lora = {lora!r} is invalid: expected 'merge' (adapters folded into the weights) or "
+                         "'base' (base weights only)")
     out = Path(out_dir)
     _check_out_dir(out)
     meta, source = _open(ckpt_dir, tag)
@@ -233,13 +259,15 @@ def export_hf(ckpt_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
                          f"(e.g. {meta['excluded'][0]!r}) are not in it, so it cannot become a complete model; "
                          "save without exclude_frozen_parameters to export")
     config = _hf_config(meta, dtype)
-    plan = plan_shards(_entries(meta), torch.empty((), dtype=torch_dtype).element_size(), max_shard_bytes)
+    adapters = lora_adapters(meta) if lora == "merge" else {}
+    entries = [e for e in _entries(meta) if not is_lora_name(e.source)]
+    plan = plan_shards(entries, torch.empty((), dtype=torch_dtype).element_size(), max_shard_bytes)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.export-{uuid.uuid4().hex}"
     tmp.mkdir()
     try:
         (tmp / CONFIG_NAME).write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        _write_weights(tmp, source, plan, torch_dtype)
+        _write_weights(tmp, source, plan, torch_dtype, adapters)
         _check_out_dir(out)
         os.replace(tmp, out)
     except BaseException:

@@ -57,20 +57,17 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "release_inference_cache": (False, "the hybrid engine keeps no inference cache between generations"),
     "inference_tp_size": (1, "tensor-parallel inference is not implemented"),
     "tp_gather_partition_size": (8, "tensor-parallel inference is not implemented"),
-    "lora_dim": (0, "LoRA is not implemented"),
-    "actor_lora_dim": (0, "LoRA is not implemented"),
-    "critic_lora_dim": (0, "LoRA is not implemented"),
-    "only_optimize_lora": (False, "LoRA is not implemented"),
-    "enable_mixed_precision_lora": (False, "LoRA is not implemented"),
     "add_eot_token": (False, "answers end with the tokenizer's eos token; no separate end-of-turn token"),
     "dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "actor_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "critic_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
 }
-# flags that only name LoRA modules / learning rates: meaningless without LoRA, accepted with any value only
-# while LoRA is off (their defaults differ between scripts)
-_LORA_COMPANIONS = ("lora_module_name", "actor_lora_module_name", "critic_lora_module_name", "lora_learning_rate",
-                    "actor_lora_learning_rate", "critic_lora_learning_rate")
+# LoRA flags of the other steps (step 3's on sft/reward and vice versa): DS-Chat's scripts only pass their own
+# step's, so these are accepted with any value and have no effect there (the LoRA flags of a step are settings
+# fields: hybridzero.rlhf.settings.SupervisedLoRA / Step3LoRA, read by hybridzero.rlhf.lora)
+_LORA_COMPANIONS = ("lora_dim", "lora_module_name", "lora_learning_rate", "actor_lora_dim", "actor_lora_module_name",
+                    "critic_lora_dim", "critic_lora_module_name", "actor_lora_learning_rate",
+                    "critic_lora_learning_rate", "enable_mixed_precision_lora")
 # accepted and without effect here, with the reason shown by --help
 _IGNORED = {
     "local_rank": "set by the launcher; torchrun's LOCAL_RANK is used",

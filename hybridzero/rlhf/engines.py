@@ -26,6 +26,7 @@ import hybridzero
 from hybridzero.checkpoint.hf_source import HFCheckpointSource
 from hybridzero.comm.collectives import Comm, init_distributed
 from hybridzero.comm.ledger import Ledger
+from hybridzero.rlhf.lora import LoRASpec, apply_lora, lora_source
 from hybridzero.rlhf.models import ValueHeadModel, dropout_overrides, load_value_model
 from hybridzero.rlhf.settings import HF_SCHEDULES, GRPOSettings, PPOSettings
 from hybridzero.runtime.engine import Engine
@@ -127,36 +128,66 @@ def ds_config(*, stage: int, dtype: str, micro_batch: int, world_size: int, grad
     return cfg
 
 
-def _client_optim(model: nn.Module, optim: OptimSpec | None) -> dict[str, Any]:
-    """``initialize`` keyword arguments for ``optim``: the weight-decay groups and the HF scheduler factory."""
-    if optim is None:
-        return {}
-    return {"model_parameters": decay_groups(model, optim.weight_decay), "lr_scheduler": hf_scheduler(optim)}
+def _client_optim(model: nn.Module, optim: OptimSpec | None,
+                  lora_groups: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """``initialize`` keyword arguments: the parameter groups (LoRA's, adapters at their own lr, when LoRA is on;
+    else the weight-decay groups of ``optim``) and the HF scheduler factory of ``optim``."""
+    kwargs: dict[str, Any] = {}
+    if lora_groups is not None:
+        kwargs["model_parameters"] = lora_groups
+    elif optim is not None:
+        kwargs["model_parameters"] = decay_groups(model, optim.weight_decay)
+    if optim is not None:
+        kwargs["lr_scheduler"] = hf_scheduler(optim)
+    return kwargs
 
 
 def build_engine(model: nn.Module, config: dict[str, Any], *, checkpointing: bool = False,
-                 optim: OptimSpec | None = None) -> Engine:
-    """``hybridzero.initialize`` on ``model`` (activation checkpointing enabled first when asked); ``optim`` (the
-    spec ``config``'s optimizer was built from) adds the decay groups and the scheduler."""
+                 optim: OptimSpec | None = None, lora: LoRASpec | None = None) -> Engine:
+    """``hybridzero.initialize`` on ``model`` (LoRA adapters added and activation checkpointing enabled first when
+    asked); ``optim`` (the spec ``config``'s optimizer was built from) adds the decay groups and the scheduler."""
+    groups = _lora_groups(model, config, lora)
     if checkpointing:
         if isinstance(model, ValueHeadModel):
             model.gradient_checkpointing_enable()
         else:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    engine, *_ = hybridzero.initialize(model=model, config=config, **_client_optim(model, optim))
+    engine, *_ = hybridzero.initialize(model=model, config=config, **_client_optim(model, optim, groups))
     return engine
 
 
-def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool, optim: OptimSpec | None = None) -> Engine:
-    """A causal-LM engine read straight into shards from the HF directory ``path`` (dropout forced to 0)."""
+def _lora_groups(model: nn.Module, config: dict[str, Any], lora: LoRASpec | None) -> list[dict[str, Any]] | None:
+    """Apply ``lora`` to ``model``; the optimizer groups (adapters at their own lr) or None (LoRA off). Without an
+    optimizer block (inference engines) the groups still fix the layout, which must match the trained copy's."""
+    if lora is None or not lora.enabled:
+        return None
+    params = (config.get("optimizer") or {}).get("params", {})
+    return apply_lora(model, lora, float(params.get("lr", lora.learning_rate)), float(params.get("weight_decay", 0.0)))
+
+
+def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool, optim: OptimSpec | None = None,
+                      lora: LoRASpec | None = None) -> Engine:
+    """A causal-LM engine read straight into shards from the HF directory ``path`` (dropout forced to 0); with
+    ``lora`` the adapters are added on the meta model and read from their seeded initial values."""
     model = meta_model(path, **dropout_overrides(transformers.AutoConfig.from_pretrained(path)))
+    groups = _lora_groups(model, cfg, lora)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with HFCheckpointSource(path) as source:
+        source = lora_source(model, lora or LoRASpec(), source)
         check_model_matches(source, model)  # a missing, transposed or oversized tensor is an error naming it
         engine, *_ = hybridzero.initialize(model=model, config=cfg, checkpoint_source=source,
-                                           **_client_optim(model, optim))
+                                           **_client_optim(model, optim, groups))
     return engine
+
+
+def step3_lora(s: PPOSettings) -> tuple[LoRASpec, LoRASpec]:
+    """The actor's and the critic's LoRA settings from DS-Chat's step-3 flags."""
+    actor = LoRASpec(s.actor_lora_dim, s.actor_lora_module_name, s.only_optimize_lora, s.actor_lora_learning_rate,
+                     s.seed)
+    critic = LoRASpec(s.critic_lora_dim, s.critic_lora_module_name, s.only_optimize_lora,
+                      s.critic_lora_learning_rate, s.seed)
+    return actor, critic
 
 
 @dataclass(frozen=True)
@@ -192,14 +223,19 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
     def frozen(stage: int, offload: bool) -> dict[str, Any]:
         return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world, offload=offload)
 
+    actor_lora, critic_lora = step3_lora(s)
     actor_optim = spec(s.actor_learning_rate, s.actor_weight_decay)
-    actor = load_actor_engine(s.actor_model_name_or_path,
-                              trained(s.actor_zero_stage, actor_optim, s.enable_hybrid_engine),
-                              s.actor_gradient_checkpointing, actor_optim)
+    actor_cfg = trained(s.actor_zero_stage, actor_optim, s.enable_hybrid_engine)
+    if s.enable_mixed_precision_lora and actor_lora.enabled:
+        actor_cfg["zero_optimization"]["zero_quantized_nontrainable_weights"] = True  # DS-Chat's meaning
+    actor = load_actor_engine(s.actor_model_name_or_path, actor_cfg, s.actor_gradient_checkpointing, actor_optim,
+                              actor_lora)
     ref = load_actor_engine(s.actor_model_name_or_path, frozen(s.stage_of("reference"), s.offload_reference_model),
                             False)
-    ema = (load_actor_engine(s.actor_model_name_or_path, frozen(s.actor_zero_stage, s.offload_reference_model), False)
-           if s.enable_ema else None)
+    ema = None  # the EMA copy has the actor's adapters and the same group membership, so the same layout
+    if s.enable_ema:
+        ema = load_actor_engine(s.actor_model_name_or_path, frozen(s.actor_zero_stage, s.offload_reference_model),
+                                False, lora=actor_lora)
     reward = build_engine(load_value_model(s.critic_model_name_or_path).float(),
                           frozen(s.stage_of("reward"), s.offload_reward_model))
     critic = None
@@ -207,7 +243,7 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
         critic_optim = spec(s.critic_learning_rate, s.critic_weight_decay)
         critic = build_engine(load_value_model(s.critic_model_name_or_path).float(),
                               trained(s.critic_zero_stage, critic_optim), checkpointing=s.critic_gradient_checkpointing,
-                              optim=critic_optim)
+                              optim=critic_optim, lora=critic_lora)
     for frozen_engine in (ref, reward, ema):  # inference only: no optimizer state; scored under no_grad
         if frozen_engine is not None:
             frozen_engine.eval()

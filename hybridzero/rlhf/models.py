@@ -37,6 +37,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
+from hybridzero.lora import merged_weights
 from hybridzero.rlhf.demo.task import build_tokenizer, demo_model_config
 from hybridzero.runtime.engine import Engine
 
@@ -212,7 +213,7 @@ def save_causal_lm(engine: Engine, out_dir: str | os.PathLike[str], hf_config: P
                    tokenizer: PreTrainedTokenizerBase | None = None,
                    dtype: torch.dtype = torch.float32) -> Path:
     """Write the engine's causal LM as a Hugging Face directory (every rank calls; rank 0 writes)."""
-    state = engine.full_parameters()  # collective: every rank gathers, tied weights once
+    state = merged_weights(engine.full_parameters())  # collective; LoRA adapters folded in (DS-Chat's save)
     out = Path(out_dir)
     if engine.comm.rank == 0:
         _write_dir(out, {"model.safetensors": state}, hf_config, tokenizer, None, dtype)
@@ -241,7 +242,7 @@ def save_value_model(engine: Engine, out_dir: str | os.PathLike[str],
     module = engine.module
     if not isinstance(module, ValueHeadModel):
         raise TypeError(f"save_value_model needs an engine wrapping a ValueHeadModel, got {type(module).__name__}")
-    state = engine.full_parameters()  # collective: every rank gathers, tied weights once
+    state = merged_weights(engine.full_parameters())  # collective; LoRA adapters folded in (DS-Chat's save)
     out = Path(out_dir)
     if engine.comm.rank == 0:
         _write_dir(out, {VALUE_MODEL_FILE: state}, module.config, tokenizer, _MARKER_JSON, dtype)

@@ -68,7 +68,35 @@ class StepSettings(BaseModel):
     progress: bool = True
 
 
-class SupervisedSettings(StepSettings):
+# --- DeepSpeed-Chat's LoRA flags (hybridzero.rlhf.lora reads them; defaults are DS-Chat's main.py) --------------
+class SupervisedLoRA(BaseModel):
+    """Steps 1-2: ``--lora_dim`` (0: off), ``--lora_module_name`` (substring of module names),
+    ``--only_optimize_lora``, ``--lora_learning_rate``."""
+
+    model_config = _CONFIG
+
+    lora_dim: int = Field(0, ge=0)
+    lora_module_name: str = "decoder.layers."
+    only_optimize_lora: bool = False
+    lora_learning_rate: LearningRate = 5e-4
+
+
+class Step3LoRA(BaseModel):
+    """Step 3: actor / critic LoRA, ``--only_optimize_lora`` for both, ``--enable_mixed_precision_lora`` (actor)."""
+
+    model_config = _CONFIG
+
+    actor_lora_dim: int = Field(0, ge=0)
+    actor_lora_module_name: str = "decoder.layers."
+    critic_lora_dim: int = Field(0, ge=0)
+    critic_lora_module_name: str = "decoder.layers."
+    only_optimize_lora: bool = False
+    actor_lora_learning_rate: LearningRate = 5e-4
+    critic_lora_learning_rate: LearningRate = 5e-4
+    enable_mixed_precision_lora: bool = False
+
+
+class SupervisedSettings(StepSettings, SupervisedLoRA):
     """SFT and reward-model keys."""
 
     model_name_or_path: str = "demo"
@@ -100,7 +128,7 @@ class RewardSettings(SupervisedSettings):
     learning_rate: LearningRate = 5e-5
 
 
-class PPOSettings(StepSettings):
+class PPOSettings(StepSettings, Step3LoRA):
     """Step 3 (DeepSpeed-Chat names; hyperparameters DeepSpeed-Chat hard-codes are keys here)."""
 
     output_dir: str = "runs/step3_ppo"

@@ -17,6 +17,8 @@ from tqdm import tqdm
 
 from hybridzero.rlhf.data.dealing import epoch_order, rank_slice, steps_per_epoch
 from hybridzero.rlhf.engines import OptimSpec, build_engine, ds_config, world_comm
+from hybridzero.rlhf.lora import LoRASpec
+from hybridzero.rlhf.models import ValueHeadModel
 from hybridzero.rlhf.runlog import RunLog
 from hybridzero.rlhf.settings import SupervisedSettings
 from hybridzero.runtime.engine import Engine
@@ -57,7 +59,10 @@ def supervised_engine(model: nn.Module, s: SupervisedSettings, n_train: int, wha
     optim = OptimSpec(s.learning_rate, s.weight_decay, s.lr_scheduler_type, s.num_warmup_steps, total)
     cfg = ds_config(stage=s.zero_stage, dtype=s.dtype, micro_batch=s.per_device_train_batch_size, world_size=world,
                     grad_accum=s.gradient_accumulation_steps, optim=optim, clipping=s.gradient_clipping)
-    return build_engine(model, cfg, checkpointing=s.gradient_checkpointing, optim=optim), total, global_batch
+    head = ("v_head",) if isinstance(model, ValueHeadModel) else ()  # step 2 trains its head (DS-Chat)
+    lora = LoRASpec(s.lora_dim, s.lora_module_name, s.only_optimize_lora, s.lora_learning_rate, s.seed, head)
+    engine = build_engine(model, cfg, checkpointing=s.gradient_checkpointing, optim=optim, lora=lora)
+    return engine, total, global_batch
 
 
 def _one_step(engine: Engine, spec: LoopSpec, mine: list[int]) -> dict[str, float]:

@@ -7,6 +7,9 @@ nothing of the engine is needed):
   waited; the groups are pinned and the coordinator's hooks bypassed, so the module runs as plain PyTorch / HF code
   with its KV cache. Each rank decodes on its own: different batch sizes, prompt lengths and early EOS across ranks
   cannot hang anything, because nothing is exchanged until exit.
+* LoRA (:mod:`hybridzero.lora`): inside full mode every ``LoRALinear`` computes with ``W + s * (R @ L).T``
+  written into its gathered buffer (a merged copy for a weight of an always-whole group), its adapter term off;
+  on exit the buffers are dropped and copies swapped back, so the shards are untouched.
 * exit (normal or exception): hooks back, pins dropped, buffers released; shards were never written, so they are
   bit-exactly what they were, and the memory report returns to its pre-generation value.
 * if a gathered-bytes budget says the whole model does not fit, the mode is *bucketed*: hooks stay active and each
@@ -15,16 +18,27 @@ nothing of the engine is needed):
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from torch import nn
+
+from hybridzero.lora import merged_lora
 from hybridzero.zero.coordinator import ZeroCoordinator
+from hybridzero.zero.groups import ShardedGroup
 
 
 def gathered_bytes(coordinator: ZeroCoordinator) -> int:
     """Bytes all ZeRO-3 groups take when gathered at once (compute dtype, padding included)."""
     return sum(g.numel * g.compute_dtype.itemsize for g in coordinator.groups if not g.always_full)
+
+
+def _in_groups(groups: list[ShardedGroup]) -> Callable[[nn.Parameter], bool]:
+    """Whether a parameter's bound storage is one of ``groups``' gathered buffers (transient: released on exit, so
+    LoRA may merge into it in place; anything else, e.g. a persistent group's master, gets a merged copy)."""
+    ids = {id(slot.param) for g in groups for slot in g.slots}
+    return lambda p: id(p) in ids
 
 
 @contextmanager
@@ -53,7 +67,8 @@ def generation_mode(coordinator: ZeroCoordinator, max_gathered_bytes: int | None
         coordinator.bypass = True
         if synced_flag is not None:
             module._is_fsdp_managed_module = False  # nothing to synchronize: HF generate need not sync
-        yield "full"
+        with merged_lora(module, _in_groups(groups)):  # LoRA: W + s·R@L in the gathered buffers
+            yield "full"
     finally:
         if synced_flag is not None:
             module._is_fsdp_managed_module = synced_flag

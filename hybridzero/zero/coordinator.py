@@ -17,9 +17,10 @@ Phases come from the engine's own root-level events (DESIGN invariant 3)::
   value method, ``get_input_embeddings()(ids)``) gathers its group for that call and releases it after; with grad
   enabled its outputs get the same pre-backward hooks, so such calls train correctly too.
 * BACKWARD: a group's flat gradient is reduced as soon as all its trainable parameters have their gradients;
-  groups without frozen parameters are released then. At the end every remaining gradient is reduced, every
-  reduction completed and every group released. Forward hooks firing inside BACKWARD (activation-checkpoint
-  recomputation) only make sure the group is gathered.
+  groups without frozen parameters are released then, block groups with frozen ones (LoRA: the frozen base) when
+  the gradient of the block's input is complete (the backward has left the block). At the end every remaining
+  gradient is reduced, every reduction completed and every group released. Forward hooks firing inside BACKWARD
+  (activation-checkpoint recomputation) only make sure the group is gathered.
 
 * A root forward that raises (also ``engine.module(...)`` or ``engine.module.generate(...)`` called directly, which no
   engine guard wraps) ends its phase as usual and then fails the group (:meth:`Comm.fail`): peers waiting in the
@@ -238,14 +239,15 @@ class ZeroCoordinator:
                 # they raise PeerFailure now instead of waiting for the timeout.
                 self.reducer.comm.fail(raised)
 
-    def _block_pre_hook(self, group: ShardedGroup) -> Callable[[nn.Module, Any], None]:
-        def hook(module: nn.Module, args: Any) -> None:
+    def _block_pre_hook(self, group: ShardedGroup) -> Callable[[nn.Module, Any], Any]:
+        def hook(module: nn.Module, args: Any) -> Any:
             if self.bypass:
-                return
+                return None
             if self.phase is Phase.BACKWARD:
                 group.wait("backward")  # activation-checkpoint recomputation
-            else:
-                self.use(group, "forward")
+                return None
+            self.use(group, "forward")
+            return self._with_post_backward(group, args)
         return hook
 
     def _block_post_hook(self, group: ShardedGroup) -> Callable[[nn.Module, Any, Any], None]:
@@ -289,6 +291,34 @@ class ZeroCoordinator:
         for t in iter_tensors(output):
             if t.requires_grad:
                 t.register_hook(self._pre_backward_hook(group))
+
+    def _with_post_backward(self, group: ShardedGroup, args: Any) -> tuple[Any, ...] | None:
+        """A group with frozen parameters cannot be released when its gradients are reduced (frozen weights are
+        still read to form input gradients); it is released when the gradient of the block's input is complete,
+        i.e. the backward has left the block (DeepSpeed's post-backward function on module inputs). The positional
+        tensor inputs that require grad are replaced by identity views carrying the hook, so it fires before the
+        previous block's pre-backward hook on the same tensor (one block gathered at a time, as in the forward).
+        Without such an input the group stays gathered until the end of the backward. Returns the new args or
+        None (unchanged)."""
+        if not group.has_frozen or not torch.is_grad_enabled() or not isinstance(args, tuple):
+            return None
+        if not any(isinstance(a, torch.Tensor) and a.requires_grad for a in args):
+            return None
+        out = []
+        for a in args:
+            if isinstance(a, torch.Tensor) and a.requires_grad:
+                a = a.view_as(a)
+                a.register_hook(self._post_backward_hook(group))
+            out.append(a)
+        return tuple(out)
+
+    def _post_backward_hook(self, group: ShardedGroup) -> Callable[[torch.Tensor], None]:
+        def hook(grad: torch.Tensor) -> None:
+            delivered = all((group.index, i) in self._delivered for i, slot in enumerate(group.slots)
+                            if slot.trainable)  # released before a gradient arrived would break its accumulation
+            if self.phase is Phase.BACKWARD and delivered and group.grad_full is None:
+                self.release(group)
+        return hook
 
     def _pre_backward_hook(self, group: ShardedGroup) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:

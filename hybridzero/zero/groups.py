@@ -113,7 +113,10 @@ class ShardedGroup:
         whole_master = self.master_is_whole
         self.master = self._init_master(source, aliases or {}, whole_master)
         self._send: torch.Tensor | None = None  # the gather's input, alive until the gather completed
-        self.grad_shard = self._host_zeros(self.layout.shard_numel)
+        # A group of frozen parameters only (LoRA's base: zero/partition.py splits mixed blocks) has no gradient
+        # bytes at all; every other group keeps whole, equal-sized gradient shards on every rank.
+        frozen_only = self.n_trainable == 0 and mode is not ShardMode.DDP
+        self.grad_shard = self._host_zeros(0 if frozen_only else self.layout.shard_numel)
         # DDP steps the whole master copy: its gradient is the all-gathered grad shards (assembled at step time).
         self.opt_grad = (self._host_zeros(self.layout.padded_numel)
                          if mode is ShardMode.DDP else self.grad_shard)

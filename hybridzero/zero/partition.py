@@ -7,7 +7,9 @@ Default plan, generic for any Hugging Face causal LM (nothing is special-cased p
   *root* group, gathered for the whole root forward;
 * a parameter reachable from more than one block, or from a block and outside it (tied weights), joins the root
   group, so it is gathered whenever any user of it runs;
-* parameters with ``numel < persistence_threshold`` stay whole on every rank (the *persistent* group).
+* parameters with ``numel < persistence_threshold`` stay whole on every rank (the *persistent* group);
+* a block mixing trainable and frozen parameters becomes two groups with the same owner (see
+  :func:`_split_frozen`).
 
 Invariant: every trainable or frozen parameter of the module is in exactly one group, named by its first name in
 ``module.named_parameters()``.
@@ -76,6 +78,20 @@ def param_aliases(module: nn.Module) -> dict[str, list[str]]:
     return {names[0]: names for names in by_id.values()}
 
 
+def _split_frozen(block: str, names: Sequence[str], trainable: dict[str, bool]) -> list[GroupPlan]:
+    """A block's group, or two when it mixes trainable and frozen parameters (LoRA: adapters beside a frozen base):
+    the trainable one (named after the block) is then sharded evenly over the ranks, so its gradient and optimizer
+    bytes are too, and the frozen one (``<block>:frozen``) can be gathered quantized
+    (``zero_quantized_nontrainable_weights``). Both are gathered around the block's forward."""
+    if not names:
+        return []
+    train = tuple(n for n in names if trainable[n])
+    frozen = tuple(n for n in names if not trainable[n])
+    if not train or not frozen:
+        return [GroupPlan(block, block, tuple(names))]
+    return [GroupPlan(block, block, train), GroupPlan(f"{block}:frozen", block, frozen)]
+
+
 def plan_groups(module: nn.Module, persistence_threshold: int, blocks: Sequence[str] | None = None) -> list[GroupPlan]:
     """Gather groups for ``module``: root first, then blocks in order, then the persistent group (if any).
 
@@ -88,13 +104,15 @@ def plan_groups(module: nn.Module, persistence_threshold: int, blocks: Sequence[
     members: dict[str, list[str]] = {"": [], **{b: [] for b in block_names}}
     persistent: list[str] = []
     sizes = {name: p.numel() for name, p in module.named_parameters()}
+    trainable = {name: p.requires_grad for name, p in module.named_parameters()}
     for pid, first in canonical.items():
         if sizes[first] < persistence_threshold:
             persistent.append(first)
         else:
             members[_owner_of(aliases[pid], block_names)].append(first)
     plans = [GroupPlan(ROOT, "", tuple(members[""]))] if members[""] else []
-    plans += [GroupPlan(b, b, tuple(members[b])) for b in block_names if members[b]]
+    for b in block_names:
+        plans += _split_frozen(b, members[b], trainable)
     if persistent:
         plans.append(GroupPlan(PERSISTENT, None, tuple(persistent)))
     return plans

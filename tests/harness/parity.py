@@ -44,6 +44,7 @@ class RunSpec:
     edit: tuple[str, ...] = ()  # parameters changed (x -> 0.5 x + 0.01) on rank 0 via GatheredParameters after step 0
     frozen: tuple[str, ...] = ()  # parameters whose name contains one of these are frozen
     extra_zero: dict[str, Any] = field(default_factory=dict)
+    lora: tuple[str, int, bool] | None = None  # (module-name substring, lora_dim, only_optimize_lora): DS-Chat LoRA
 
     def replace(self, **changes: Any) -> "RunSpec":
         """A copy with ``changes`` applied."""
@@ -53,6 +54,13 @@ class RunSpec:
 def build_model(spec: RunSpec) -> nn.Module:
     """The spec's tiny model, deterministically initialised."""
     model = MODEL_FACTORIES[spec.model](seed=spec.seed)
+    if spec.lora is not None:
+        from hybridzero.lora import convert_linear_layer_to_lora, only_optimize_lora
+
+        part, dim, only = spec.lora
+        convert_linear_layer_to_lora(model, part, dim, seed=spec.seed)
+        if only:
+            only_optimize_lora(model)
     model = WithScalar(model) if spec.with_scalar else model
     for name, param in model.named_parameters():
         if any(part in name for part in spec.frozen):

@@ -103,9 +103,7 @@ SCRIPTS: list[tuple[str, str, list[str]]] = [
 ]
 # script -> (the slice that makes it run, the flag refused today)
 NEEDS: dict[str, tuple[str, str]] = {
-    "step1 opt/single_gpu/run_1.3b.sh": ("lora", "--lora_dim"),
-    "step3 opt/single_gpu/run_1.3b.sh": ("lora", "--actor_lora_dim"),
-    "step3 opt/single_node/run_13b.sh": ("lora + tensor-parallel generation", "--inference_tp_size"),
+    "step3 opt/single_node/run_13b.sh": ("tensor-parallel generation", "--inference_tp_size"),
 }
 _MODELS = {"sft": SFTSettings, "reward": RewardSettings, "ppo": PPOSettings}
 _STOP = {"sft": ["--max_steps", "2"], "reward": ["--max_steps", "2"], "ppo": ["--enable_test_mode", "--test_stop_step",

@@ -65,7 +65,6 @@ def test_dashed_aliases_and_bool_values() -> None:
 
 
 @pytest.mark.parametrize(("flag", "value", "reason"), [
-    ("--actor_lora_dim", "64", "LoRA is not implemented"),
     ("--inference_tp_size", "2", "tensor-parallel inference"),
     ("--actor_dropout", "0.1", "dropout is forced to 0"),
 ])
