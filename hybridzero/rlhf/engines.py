@@ -102,16 +102,18 @@ def offload_blocks(stage: int) -> dict[str, Any]:
 
 
 def ds_config(*, stage: int, dtype: str, micro_batch: int, world_size: int, grad_accum: int = 1,
-              optim: OptimSpec | None = None, clipping: float = 1.0, hybrid: bool = False,
-              offload: bool = False) -> dict[str, Any]:
+              optim: OptimSpec | None = None, clipping: float = 1.0, offload: bool = False) -> dict[str, Any]:
     """A DeepSpeed JSON config for one engine; ``optim=None`` builds an inference-only engine; ``offload`` adds
-    :func:`offload_blocks`."""
+    :func:`offload_blocks`. Every RLHF engine skips a step whose gradients hold inf/nan on any rank, also in
+    fp32/bf16 (``skip_nonfinite_steps``; counted in the ``skipped_steps`` metric), so one bad batch can never turn
+    the weights into NaN. No ``hybrid_engine`` block: ``engine.generate`` needs none (the rollout chooses it)."""
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
         "train_batch_size": micro_batch * grad_accum * world_size,
         "zero_optimization": {"stage": stage, **(offload_blocks(stage) if offload else {})},
         "steps_per_print": 10**9,
+        "skip_nonfinite_steps": True,
     }
     if dtype == "bf16":
         cfg["bf16"] = {"enabled": True}
@@ -123,8 +125,6 @@ def ds_config(*, stage: int, dtype: str, micro_batch: int, world_size: int, grad
         if optim.schedule not in HF_SCHEDULES:
             cfg["scheduler"] = scheduler_block(optim)
         cfg["gradient_clipping"] = clipping
-    if hybrid:
-        cfg["hybrid_engine"] = {"enabled": True}
     return cfg
 
 
@@ -215,17 +215,17 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
     def spec(lr: float, wd: float) -> OptimSpec:
         return OptimSpec(lr, wd, s.lr_scheduler_type, s.num_warmup_steps, updates)
 
-    def trained(stage: int, optim: OptimSpec, hybrid: bool = False) -> dict[str, Any]:
+    def trained(stage: int, optim: OptimSpec) -> dict[str, Any]:
         return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world,
                          grad_accum=s.gradient_accumulation_steps, optim=optim, clipping=s.gradient_clipping,
-                         hybrid=hybrid, offload=s.offload)
+                         offload=s.offload)
 
     def frozen(stage: int, offload: bool) -> dict[str, Any]:
         return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world, offload=offload)
 
     actor_lora, critic_lora = step3_lora(s)
     actor_optim = spec(s.actor_learning_rate, s.actor_weight_decay)
-    actor_cfg = trained(s.actor_zero_stage, actor_optim, s.enable_hybrid_engine)
+    actor_cfg = trained(s.actor_zero_stage, actor_optim)
     if s.enable_mixed_precision_lora and actor_lora.enabled:
         actor_cfg["zero_optimization"]["zero_quantized_nontrainable_weights"] = True  # DS-Chat's meaning
     actor = load_actor_engine(s.actor_model_name_or_path, actor_cfg, s.actor_gradient_checkpointing, actor_optim,

@@ -85,7 +85,7 @@ def evaluate_policy(actor_dir: str, reward_dir: str, prompts: list[str], *, do_s
     comm = world_comm()
     world, rank = comm.world_size, comm.rank
     tok = load_tokenizer(actor_dir)
-    cfg = ds_config(stage=3, dtype="fp32", micro_batch=1, world_size=world, hybrid=True)
+    cfg = ds_config(stage=3, dtype="fp32", micro_batch=1, world_size=world)
     actor = load_actor_engine(actor_dir, cfg, False)
     reward = build_engine(load_value_model(reward_dir).float(), ds_config(stage=3, dtype="fp32", micro_batch=1,
                                                                           world_size=world))
