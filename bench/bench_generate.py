@@ -33,6 +33,7 @@ Reading the numbers: with W ranks on W cores each rank has a core, but gloo's al
 compete with compute; the per-token cost of ZeRO-3 generation is dominated by gathering every parameter once per
 decoding step, which is why DeepSpeed-Chat's hybrid engine exists.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,6 +53,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))  # run from a checkout without installing
 sys.path.insert(0, str(HERE))
 
+from bench_model import benchmark_config, prefetch_bucket_for
 from generate_common import (
     ForwardCounter,
     greedy_generate,
@@ -63,15 +65,19 @@ from generate_common import (
 )
 from peer_common import MODEL_CHOICES, deepspeed_available
 
-from bench_model import benchmark_config, prefetch_bucket_for
 from tests.harness.spawn import WorldPool
 
 SYSTEMS: tuple[str, ...] = ("plain", "plain-ranks", "hybrid", "zero3", "zero3-noprefetch", "fsdp2", "deepspeed")
 """``--systems`` choices, in the order they run (``plain`` always runs: it is the reference)."""
-NAMES: dict[str, str] = {"plain": "plain generate (unsharded)", "hybrid": "hybrid engine",
-                         "plain-ranks": "plain generate, W unsharded copies at once",
-                         "zero3": "zero3 (prefetch on)", "zero3-noprefetch": "zero3 (prefetch off)",
-                         "fsdp2": "fsdp2 (unshard, generate)", "deepspeed": "deepspeed zero3 (synced_gpus)"}
+NAMES: dict[str, str] = {
+    "plain": "plain generate (unsharded)",
+    "hybrid": "hybrid engine",
+    "plain-ranks": "plain generate, W unsharded copies at once",
+    "zero3": "zero3 (prefetch on)",
+    "zero3-noprefetch": "zero3 (prefetch off)",
+    "fsdp2": "fsdp2 (unshard, generate)",
+    "deepspeed": "deepspeed zero3 (synced_gpus)",
+}
 
 
 def plain_rank(settings: dict[str, Any]) -> dict[str, Any]:
@@ -100,13 +106,22 @@ def zero3_rank(settings: dict[str, Any], prefetch: bool, hybrid: bool = False) -
     prompts = prompts_for(rank, settings["batch"], settings["prompt_len"], int(model.config.vocab_size))
     target = engine if hybrid else engine.module
     forwards = ForwardCounter(engine.module)
-    seconds, out = timed_calls(lambda: greedy_generate(target, prompts, settings["new_tokens"]), settings["repeats"],
-                               forwards, engine.comm_ledger().reset)
+    seconds, out = timed_calls(
+        lambda: greedy_generate(target, prompts, settings["new_tokens"]),
+        settings["repeats"],
+        forwards,
+        engine.comm_ledger().reset,
+    )
     forwards.remove()
     engine.assert_quiescent()
     gathers = engine.comm_ledger().total(collective="all_gather")
-    return {"seconds": seconds, "forwards": forwards.count, "gather_calls": gathers.calls,
-            "gather_bytes": gathers.bytes, "tokens": out if rank == 0 else None}
+    return {
+        "seconds": seconds,
+        "forwards": forwards.count,
+        "gather_calls": gathers.calls,
+        "gather_bytes": gathers.bytes,
+        "tokens": out if rank == 0 else None,
+    }
 
 
 def plain_run(settings: dict[str, Any]) -> dict[str, Any]:
@@ -116,8 +131,7 @@ def plain_run(settings: dict[str, Any]) -> dict[str, Any]:
     try:
         model = load_model(settings["model"])
         prompts = prompts_for(0, settings["batch"], settings["prompt_len"], int(model.config.vocab_size))
-        seconds, out = timed_calls(lambda: greedy_generate(model, prompts, settings["new_tokens"]),
-                                   settings["repeats"])
+        seconds, out = timed_calls(lambda: greedy_generate(model, prompts, settings["new_tokens"]), settings["repeats"])
         n_params = sum(p.numel() for p in model.parameters())
         return {"seconds": seconds, "tokens": out, "n_params": n_params}
     finally:
@@ -139,8 +153,9 @@ def sharded_rows(settings: dict[str, Any], systems: list[str], plain_tokens: tor
                 elif system == "plain-ranks":
                     ranks = pool.run(plain_rank, settings, timeout=timeout)
                 else:
-                    ranks = pool.run(zero3_rank, settings, system != "zero3-noprefetch", system == "hybrid",
-                                     timeout=timeout)
+                    ranks = pool.run(
+                        zero3_rank, settings, system != "zero3-noprefetch", system == "hybrid", timeout=timeout
+                    )
                 rows.append(ranks_row(NAMES[system], ranks, settings, plain_tokens))
     if "deepspeed" in systems:
         from generate_peers import deepspeed_rank
@@ -162,11 +177,17 @@ def _cell(row: dict[str, Any], key: str, fmt: str) -> str:
 
 
 _COLUMNS: tuple[tuple[str, str, str], ...] = (
-    ("system", "system", ""), ("W", "world_size", "d"), ("median s/generate", "median_s", ".3f"),
-    ("min s", "min_s", ".3f"), ("max s", "max_s", ".3f"), ("time ×plain", "time_vs_plain", ".2f"),
-    ("new tok/s per rank", "tokens_per_s_per_rank", ".0f"), ("tok/s ×plain", "tokens_per_s_vs_plain", ".2f"),
+    ("system", "system", ""),
+    ("W", "world_size", "d"),
+    ("median s/generate", "median_s", ".3f"),
+    ("min s", "min_s", ".3f"),
+    ("max s", "max_s", ".3f"),
+    ("time ×plain", "time_vs_plain", ".2f"),
+    ("new tok/s per rank", "tokens_per_s_per_rank", ".0f"),
+    ("tok/s ×plain", "tokens_per_s_vs_plain", ".2f"),
     ("new tok/s all ranks", "tokens_per_s_all_ranks", ".0f"),
-    ("forwards", "forwards", "d"), ("all-gather calls", "all_gather_calls", "d"),
+    ("forwards", "forwards", "d"),
+    ("all-gather calls", "all_gather_calls", "d"),
     ("all-gather MB", "all_gather_mb", ".1f"),
     ("tokens = plain", "tokens_match_plain", ""),
 )
@@ -174,14 +195,17 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The rows as a Markdown table."""
-    lines = ["| " + " | ".join(title for title, _, _ in _COLUMNS) + " |",
-             "|---|" + "---:|" * (len(_COLUMNS) - 2) + "---|"]
+    lines = [
+        "| " + " | ".join(title for title, _, _ in _COLUMNS) + " |",
+        "|---|" + "---:|" * (len(_COLUMNS) - 2) + "---|",
+    ]
     lines += ["| " + " | ".join(_cell(row, key, fmt) for _, key, fmt in _COLUMNS) + " |" for row in rows]
     return "\n".join(lines)
 
 
 def metadata(settings: dict[str, Any], n_params: int) -> dict[str, Any]:
     """Date, machine, versions, commit and settings of this run."""
+
     def version(package: str) -> str | None:
         """The installed version of ``package`` (``None`` if absent)."""
         try:
@@ -190,17 +214,32 @@ def metadata(settings: dict[str, Any], n_params: int) -> dict[str, Any]:
             return None
 
     try:
-        commit = subprocess.run(["git", "-C", str(HERE.parent), "rev-parse", "HEAD"], capture_output=True, text=True,
-                                timeout=30, check=False).stdout.strip() or None
+        commit = (
+            subprocess.run(
+                ["git", "-C", str(HERE.parent), "rev-parse", "HEAD"],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         commit = None
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(),
-                        "python": platform.python_version()},
-            "versions": {p: version(p) for p in ("torch", "transformers", "hybridzero", "deepspeed")},
-            "git_commit": commit,
-            "settings": {**settings, "n_params": n_params, "threads_per_process": 1, "kv_cache": True,
-                         "decoding": "greedy", "bytes": "whole-buffer bytes from rank 0's comm ledger"}}
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "versions": {p: version(p) for p in ("torch", "transformers", "hybridzero", "deepspeed")},
+        "git_commit": commit,
+        "settings": {
+            **settings,
+            "n_params": n_params,
+            "threads_per_process": 1,
+            "kv_cache": True,
+            "decoding": "greedy",
+            "bytes": "whole-buffer bytes from rank 0's comm ledger",
+        },
+    }
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -213,8 +252,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="timed generate calls after one warm-up")
     p.add_argument("--model", choices=MODEL_CHOICES, default="bench", help="benchmark model variant")
     p.add_argument("--tiny", dest="model", action="store_const", const="tiny", help="alias of --model tiny")
-    p.add_argument("--systems", choices=SYSTEMS, nargs="+", default=list(SYSTEMS),
-                   help="systems to run (plain always runs)")
+    p.add_argument(
+        "--systems", choices=SYSTEMS, nargs="+", default=list(SYSTEMS), help="systems to run (plain always runs)"
+    )
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed for each sharded run")
     p.add_argument("--out", type=Path, default=HERE / "results", help="output directory")
     args = p.parse_args(argv)
@@ -226,9 +266,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     """Run the systems, print the table, write ``generate.json`` and ``generate.md``."""
     args = parse_args(argv)
-    settings = {"batch": args.batch, "prompt_len": args.prompt_len, "new_tokens": args.new_tokens,
-                "repeats": args.repeats, "model": args.model, "tiny": args.model == "tiny", "timeout": args.timeout,
-                "world": args.world}
+    settings = {
+        "batch": args.batch,
+        "prompt_len": args.prompt_len,
+        "new_tokens": args.new_tokens,
+        "repeats": args.repeats,
+        "model": args.model,
+        "tiny": args.model == "tiny",
+        "timeout": args.timeout,
+        "world": args.world,
+    }
     systems = [s for s in SYSTEMS if s in args.systems]
     skipped: dict[str, str] = {}
     if "deepspeed" in systems and not deepspeed_available():
@@ -252,7 +299,8 @@ def main(argv: list[str] | None = None) -> None:
         f"# generation on sharded parameters vs plain generate ({meta['date']})\n\n"
         f"model {args.model} ({plain['n_params'] / 1e6:.2f} M params), W={args.world}, batch {args.batch}, prompt "
         f"{args.prompt_len}, {args.new_tokens} new tokens, greedy, fp32, {args.repeats} timed calls.\n\n"
-        f"{table}{notes}\n")
+        f"{table}{notes}\n"
+    )
     print(f"wrote {args.out / 'generate.json'}")
 
 

@@ -16,6 +16,7 @@ Variants (:func:`model_overrides`, selected by name from :data:`MODEL_CHOICES`):
 ``"tiny"`` (:func:`tiny_overrides`, smoke tests) and ``"100m"`` (:func:`overrides_100m`, a Llama-shaped point of
 exactly 100,092,672 parameters for a larger-model measurement).
 """
+
 from __future__ import annotations
 
 import math
@@ -70,8 +71,15 @@ def tiny_overrides() -> dict[str, Any]:
 
     A new dict on every call; pass it as ``benchmark_llama(**tiny_overrides())``.
     """
-    return {"vocab_size": 512, "hidden_size": 64, "intermediate_size": 172, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16}
+    return {
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 172,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+    }
 
 
 def overrides_100m() -> dict[str, Any]:
@@ -82,8 +90,15 @@ def overrides_100m() -> dict[str, Any]:
     1,572,864, MLP 4,718,592, two norms 1,536), 768 in the final norm. (Vocab 32000 would give 124,668,672.)
     A new dict on every call.
     """
-    return {"vocab_size": 16000, "hidden_size": 768, "intermediate_size": 2048, "num_hidden_layers": 12,
-            "num_attention_heads": 12, "num_key_value_heads": 4, "head_dim": 64}
+    return {
+        "vocab_size": 16000,
+        "hidden_size": 768,
+        "intermediate_size": 2048,
+        "num_hidden_layers": 12,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 4,
+        "head_dim": 64,
+    }
 
 
 MODEL_CHOICES: tuple[str, ...] = ("bench", "tiny", "100m")
@@ -150,11 +165,18 @@ def benchmark_llama(seed: int = 0, **overrides: Any) -> transformers.LlamaForCau
     return model
 
 
-def benchmark_config(world_size: int, *, dtype: str = "fp32", steps: int | None = None, lr: float = 1e-3,
-                     micro_batch: int = MICRO_BATCH, clipping: float = 1.0,
-                     prefetch_bucket_size: int = PREFETCH_BUCKET_ELEMS,
-                     persistence_threshold: int = PERSISTENCE_THRESHOLD,
-                     reduce_bucket_size: int | None = None) -> dict[str, Any]:
+def benchmark_config(
+    world_size: int,
+    *,
+    dtype: str = "fp32",
+    steps: int | None = None,
+    lr: float = 1e-3,
+    micro_batch: int = MICRO_BATCH,
+    clipping: float = 1.0,
+    prefetch_bucket_size: int = PREFETCH_BUCKET_ELEMS,
+    persistence_threshold: int = PERSISTENCE_THRESHOLD,
+    reduce_bucket_size: int | None = None,
+) -> dict[str, Any]:
     """The DeepSpeed JSON config of the benchmark: ZeRO-3, AdamW, clipping, prefetch on, no accumulation.
 
     ``dtype`` is ``"fp32"`` or ``"bf16"`` (bf16 compute, fp32 master weights). With ``steps`` a ``WarmupDecayLR``
@@ -168,8 +190,7 @@ def benchmark_config(world_size: int, *, dtype: str = "fp32", steps: int | None 
         "gradient_accumulation_steps": 1,
         "train_batch_size": micro_batch * world_size,
         "gradient_clipping": clipping,
-        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "eps": 1e-8,
-                                                  "weight_decay": 0.0}},
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.0}},
         "zero_optimization": {
             "stage": 3,
             "stage3_param_persistence_threshold": persistence_threshold,
@@ -181,14 +202,29 @@ def benchmark_config(world_size: int, *, dtype: str = "fp32", steps: int | None 
     }
     if steps is not None:
         warmup = max(2, steps // 10)
-        config["scheduler"] = {"type": "WarmupDecayLR", "params": {
-            "warmup_min_lr": lr / 10, "warmup_max_lr": lr, "warmup_num_steps": warmup,
-            "total_num_steps": max(steps, warmup + 1), "warmup_type": "linear"}}
+        config["scheduler"] = {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": lr / 10,
+                "warmup_max_lr": lr,
+                "warmup_num_steps": warmup,
+                "total_num_steps": max(steps, warmup + 1),
+                "warmup_type": "linear",
+            },
+        }
     return config
 
 
-def synthetic_batches(seed: int = 0, *, steps: int, world_size: int, micro_batch: int = MICRO_BATCH,
-                      seq_len: int = SEQ_LEN, vocab_size: int = VOCAB, pool_size: int = 16) -> torch.Tensor:
+def synthetic_batches(
+    seed: int = 0,
+    *,
+    steps: int,
+    world_size: int,
+    micro_batch: int = MICRO_BATCH,
+    seq_len: int = SEQ_LEN,
+    vocab_size: int = VOCAB,
+    pool_size: int = 16,
+) -> torch.Tensor:
     """Token ids ``[steps, world_size, micro_batch, seq_len]`` (int64); rank ``r`` trains step ``s`` on ``[s, r]``.
 
     ``pool_size`` sequences of uniform random tokens are drawn once from a private generator seeded with ``seed``
@@ -251,8 +287,12 @@ def measured_step(engine: Any, input_ids: torch.Tensor) -> StepMetrics:
         lr=lrs[0] if lrs else float("nan"),
         grad_norm=float(getattr(engine, "last_grad_norm", float("nan"))),
         step_ms=step_ms,
-        all_gather_bytes=gather.bytes, all_gather_calls=gather.calls,
-        reduce_scatter_bytes=scatter.bytes, reduce_scatter_calls=scatter.calls,
-        all_reduce_bytes=reduce.bytes, all_reduce_calls=reduce.calls,
-        all_gather_wire_bytes=gather.wire_bytes, reduce_scatter_wire_bytes=scatter.wire_bytes,
+        all_gather_bytes=gather.bytes,
+        all_gather_calls=gather.calls,
+        reduce_scatter_bytes=scatter.bytes,
+        reduce_scatter_calls=scatter.calls,
+        all_reduce_bytes=reduce.bytes,
+        all_reduce_calls=reduce.calls,
+        all_gather_wire_bytes=gather.wire_bytes,
+        reduce_scatter_wire_bytes=scatter.wire_bytes,
     )

@@ -14,6 +14,7 @@ CPU-offload run of the same model is added when DeepSpeed is importable (an opti
 row says so. Writes ``offload.json`` and ``offload.md``; never asserts a
 time.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 SYSTEMS: dict[str, dict[str, Any]] = {
     "no offload": {},
     "offload cpu": {"offload_optimizer": {"device": "cpu"}},
-    "offload nvme": {"offload_optimizer": {"device": "nvme", "nvme_path": "<tmp>", "buffer_count": 2},
-                     "sub_group_size": 2_000_000},
+    "offload nvme": {
+        "offload_optimizer": {"device": "nvme", "nvme_path": "<tmp>", "buffer_count": 2},
+        "sub_group_size": 2_000_000,
+    },
 }
 SEQ, MICRO = 32, 1
 BUDGET_BYTES_PER_PARAM = 11.5
@@ -51,10 +54,18 @@ def _rss_bytes() -> int:
 def _model_config(layers: int) -> Any:
     import transformers
 
-    return transformers.LlamaConfig(vocab_size=VOCAB, hidden_size=1024, intermediate_size=2752,
-                                    num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
-                                    max_position_embeddings=2 * SEQ,
-                                    tie_word_embeddings=False, use_cache=False, attn_implementation="eager")
+    return transformers.LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=1024,
+        intermediate_size=2752,
+        num_hidden_layers=layers,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        max_position_embeddings=2 * SEQ,
+        tie_word_embeddings=False,
+        use_cache=False,
+        attn_implementation="eager",
+    )
 
 
 def worker(system: str, steps: int, layers: int, nvme_dir: str) -> dict[str, Any]:
@@ -66,11 +77,19 @@ def worker(system: str, steps: int, layers: int, nvme_dir: str) -> dict[str, Any
 
     hybridzero.init_distributed()
     zero = json.loads(json.dumps(SYSTEMS[system]).replace("<tmp>", nvme_dir))
-    cfg = {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": 1,
-           "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0, "reduce_bucket_size": 2_000_000,
-                                 "stage3_prefetch_bucket_size": 2_000_000,
-                                 **zero},
-           "bf16": {"enabled": True}, "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}}}
+    cfg = {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_param_persistence_threshold": 0,
+            "reduce_bucket_size": 2_000_000,
+            "stage3_prefetch_bucket_size": 2_000_000,
+            **zero,
+        },
+        "bf16": {"enabled": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-4}},
+    }
     torch.manual_seed(0)
     with torch.device("meta"):
         model = transformers.LlamaForCausalLM(_model_config(layers))
@@ -91,45 +110,83 @@ def worker(system: str, steps: int, layers: int, nvme_dir: str) -> dict[str, Any
     swapper = engine.swapper
     report = engine.memory_report()
     engine.destroy()
-    return {"system": system, "numel": numel, "rss_after_imports": rss0, "peak_rss": peak,
-            "peak_growth": peak - rss0, "step_seconds": times, "losses": losses,
-            "read_per_step": swapper.bytes_read / steps if swapper else 0,
-            "written_per_step": swapper.bytes_written / steps if swapper else 0,
-            "placement": report["placement"]}
+    return {
+        "system": system,
+        "numel": numel,
+        "rss_after_imports": rss0,
+        "peak_rss": peak,
+        "peak_growth": peak - rss0,
+        "step_seconds": times,
+        "losses": losses,
+        "read_per_step": swapper.bytes_read / steps if swapper else 0,
+        "written_per_step": swapper.bytes_written / steps if swapper else 0,
+        "placement": report["placement"],
+    }
 
 
 def _run_one(system: str, steps: int, layers: int, nvme_dir: str) -> dict[str, Any]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(29700 + os.getpid() % 200),
-           "RANK": "0", "WORLD_SIZE": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
-           # a fixed mmap threshold: freed tensors go back to the OS, so peak RSS measures live memory (same for all)
-           "MALLOC_MMAP_THRESHOLD_": "65536"}
-    out = subprocess.run([sys.executable, __file__, "--worker", system, "--steps", str(steps), "--layers", str(layers),
-                          "--nvme", nvme_dir], env=env, check=True, capture_output=True, text=True, timeout=1800)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(29700 + os.getpid() % 200),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
+        # a fixed mmap threshold: freed tensors go back to the OS, so peak RSS measures live memory (same for all)
+        "MALLOC_MMAP_THRESHOLD_": "65536",
+    }
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--worker",
+            system,
+            "--steps",
+            str(steps),
+            "--layers",
+            str(layers),
+            "--nvme",
+            nvme_dir,
+        ],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def _deepspeed_row() -> dict[str, Any]:
     if importlib.util.find_spec("deepspeed") is None:
         return {"system": "DeepSpeed offload cpu", "skipped": "deepspeed is not importable (optional bench extra)"}
-    return {"system": "DeepSpeed offload cpu", "skipped": "not run: DeepSpeed's CPU offload needs its compiled "
-            "CPUAdam op and an accelerator; run bench/peer_deepspeed.py where it can"}
+    return {
+        "system": "DeepSpeed offload cpu",
+        "skipped": "not run: DeepSpeed's CPU offload needs its compiled "
+        "CPUAdam op and an accelerator; run bench/peer_deepspeed.py where it can",
+    }
 
 
 def table(rows: list[dict[str, Any]], budget: int) -> list[str]:
     """Markdown rows: peak RSS growth against the budget, median step time, swap bytes per step."""
-    lines = [f"Budget ({BUDGET_BYTES_PER_PARAM} B/param, below fp32 master + Adam = 12 B/param): "
-             f"**{budget / 2**20:.0f} MiB** of RSS growth", "",
-             "| system | peak RSS growth MiB | within budget | median step s | read MiB/step | written MiB/step |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"Budget ({BUDGET_BYTES_PER_PARAM} B/param, below fp32 master + Adam = 12 B/param): "
+        f"**{budget / 2**20:.0f} MiB** of RSS growth",
+        "",
+        "| system | peak RSS growth MiB | within budget | median step s | read MiB/step | written MiB/step |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if "skipped" in r:
             lines.append(f"| {r['system']} | – | – | – | – | – ({r['skipped']}) |")
             continue
         med = statistics.median(r["step_seconds"][1:] or r["step_seconds"])
         within = "yes" if r["peak_growth"] < budget else "no"
-        lines.append(f"| {r['system']} | {r['peak_growth'] / 2**20:.0f} | {within}"
-                     f" | {med:.2f} | {r['read_per_step'] / 2**20:.1f} | {r['written_per_step'] / 2**20:.1f} |")
+        lines.append(
+            f"| {r['system']} | {r['peak_growth'] / 2**20:.0f} | {within}"
+            f" | {med:.2f} | {r['read_per_step'] / 2**20:.1f} | {r['written_per_step'] / 2**20:.1f} |"
+        )
     return lines
 
 
@@ -154,9 +211,15 @@ def main(argv: list[str] | None = None) -> None:
     lines = table(rows, budget)
     print("\n".join(lines))
     args.out.mkdir(parents=True, exist_ok=True)
-    meta = {"date": datetime.now(timezone.utc).isoformat(), "python": platform.python_version(),
-            "machine": platform.machine(), "cpus": os.cpu_count(), "budget_bytes": budget, "steps": args.steps,
-            "layers": args.layers}
+    meta = {
+        "date": datetime.now(timezone.utc).isoformat(),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        "budget_bytes": budget,
+        "steps": args.steps,
+        "layers": args.layers,
+    }
     (args.out / "offload.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     (args.out / "offload.md").write_text("# Offload benchmark\n\n" + "\n".join(lines) + "\n")
 

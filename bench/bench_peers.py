@@ -23,6 +23,7 @@ and checked to agree within ``--tolerance``. Results go to ``<out>/peers.json`` 
 (world, dtype) a PNG of the loss curves and one of the step times (:mod:`peer_plots`), listed under ``plots`` in
 ``peers.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -64,16 +65,39 @@ def launch(system: str, world: int, dtype: str, args: argparse.Namespace, out_di
     script, extra = WORKERS[system]
     total = args.warmup + args.steps
     # zero3_worker records measured steps only: run it with no warm-up and slice here, like the peers' records
-    steps = ["--steps", str(total), "--warmup", "0"] if system == "hybridzero" else \
-        ["--steps", str(args.steps), "--warmup", str(args.warmup)]
-    cmd = [sys.executable, "-W", "ignore::FutureWarning", "-m", "torch.distributed.run", "--standalone",
-           "--nproc_per_node", str(world), str(script), *extra, *steps, "--dtype", dtype,
-           "--out-dir", str(out_dir), "--model", args.model, "--hpz", str(args.hpz)]
+    steps = (
+        ["--steps", str(total), "--warmup", "0"]
+        if system == "hybridzero"
+        else ["--steps", str(args.steps), "--warmup", str(args.warmup)]
+    )
+    cmd = [
+        sys.executable,
+        "-W",
+        "ignore::FutureWarning",
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(world),
+        str(script),
+        *extra,
+        *steps,
+        "--dtype",
+        dtype,
+        "--out-dir",
+        str(out_dir),
+        "--model",
+        args.model,
+        "--hpz",
+        str(args.hpz),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DS_ACCELERATOR": "cpu"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout, check=False)
     if proc.returncode != 0:
-        raise RuntimeError(f"{system} W={world} {dtype} failed ({proc.returncode}): {' '.join(cmd)}\n"
-                           f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        raise RuntimeError(
+            f"{system} W={world} {dtype} failed ({proc.returncode}): {' '.join(cmd)}\n"
+            f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
     return [json.loads((out_dir / f"{FILE_PREFIX[system]}_rank{r}.json").read_text()) for r in range(world)]
 
 
@@ -104,10 +128,13 @@ def summarize_run(system: str, ranks: list[dict[str, Any]], warmup: int) -> dict
     for kind in COLLECTIVE_KINDS:
         present = [p[kind] for p in per_step if kind in p]
         if present:
-            collectives[kind] = {"calls": sum(p["calls"] for p in present) / len(per_step),
-                                 "bytes": sum(p["bytes"] for p in present) / len(per_step)}
+            collectives[kind] = {
+                "calls": sum(p["calls"] for p in present) / len(per_step),
+                "bytes": sum(p["bytes"] for p in present) / len(per_step),
+            }
     return {
-        "median_step_ms": statistics.median(times), "step_times_ms": times,
+        "median_step_ms": statistics.median(times),
+        "step_times_ms": times,
         "collectives_per_step": collectives or None,
         "peak_rss_mib_per_rank": [round(r["peak_rss_mib"], 1) for r in ranks],
         "losses": [sum(r["steps"][s]["loss"] for r in ranks) / world for s in range(n_steps)],
@@ -127,8 +154,7 @@ def run_all(args: argparse.Namespace, systems: list[str]) -> dict[tuple[int, str
                         out_dir.mkdir()
                         print(f"[round {rnd + 1}/{args.repeats}] {system} W={world} {dtype}", flush=True)
                         ranks = launch(system, world, dtype, args, out_dir)
-                        runs.setdefault((world, dtype, system), []).append(
-                            summarize_run(system, ranks, args.warmup))
+                        runs.setdefault((world, dtype, system), []).append(summarize_run(system, ranks, args.warmup))
     return runs
 
 
@@ -138,30 +164,37 @@ def aggregate(runs: dict[tuple[int, str, str], list[dict[str, Any]]], systems: l
     for (world, dtype, system), reps in runs.items():
         base = runs[(world, dtype, "hybridzero")] if "hybridzero" in systems else None
         ratios = [r["median_step_ms"] / b["median_step_ms"] for r, b in zip(reps, base)] if base else []
-        rows.append({
-            "system": system, "world_size": world, "dtype": dtype, "rounds": len(reps),
-            "median_step_ms": statistics.median(r["median_step_ms"] for r in reps),
-            "per_round_median_ms": [round(r["median_step_ms"], 2) for r in reps],
-            "time_vs_hybridzero": statistics.median(ratios) if ratios else None,
-            "per_round_ratio": [round(x, 3) for x in ratios],
-            "collectives_per_step": reps[0]["collectives_per_step"],
-            "peak_rss_mib_per_rank": reps[0]["peak_rss_mib_per_rank"],
-            "peak_rss_mib_max": statistics.median(max(r["peak_rss_mib_per_rank"]) for r in reps),
-            "final_loss": reps[0]["losses"][-1],
-        })
+        rows.append(
+            {
+                "system": system,
+                "world_size": world,
+                "dtype": dtype,
+                "rounds": len(reps),
+                "median_step_ms": statistics.median(r["median_step_ms"] for r in reps),
+                "per_round_median_ms": [round(r["median_step_ms"], 2) for r in reps],
+                "time_vs_hybridzero": statistics.median(ratios) if ratios else None,
+                "per_round_ratio": [round(x, 3) for x in ratios],
+                "collectives_per_step": reps[0]["collectives_per_step"],
+                "peak_rss_mib_per_rank": reps[0]["peak_rss_mib_per_rank"],
+                "peak_rss_mib_max": statistics.median(max(r["peak_rss_mib_per_rank"]) for r in reps),
+                "final_loss": reps[0]["losses"][-1],
+            }
+        )
     return rows
 
 
-def loss_agreement(runs: dict[tuple[int, str, str], list[dict[str, Any]]], systems: list[str],
-                   n_steps: int) -> list[dict[str, Any]]:
+def loss_agreement(
+    runs: dict[tuple[int, str, str], list[dict[str, Any]]], systems: list[str], n_steps: int
+) -> list[dict[str, Any]]:
     """Per fp32 world size: the first ``n_steps`` loss curves (round 1) and their max distance to hybridzero's."""
     checks = []
     for world in sorted({w for (w, d, _) in runs if d == "fp32"}):
         curves = {s: runs[(world, "fp32", s)][0]["losses"][:n_steps] for s in systems if (world, "fp32", s) in runs}
         ref = curves.get("hybridzero") or next(iter(curves.values()))
         diffs = {s: max(abs(a - b) for a, b in zip(c, ref)) for s, c in curves.items()}
-        checks.append({"world_size": world, "curves": curves, "max_abs_diff": diffs,
-                       "max_abs_diff_overall": max(diffs.values())})
+        checks.append(
+            {"world_size": world, "curves": curves, "max_abs_diff": diffs, "max_abs_diff_overall": max(diffs.values())}
+        )
     return checks
 
 
@@ -176,22 +209,34 @@ def _fmt_collectives(coll: dict[str, dict[str, float]] | None, kind: str) -> str
 
 def markdown(rows: list[dict[str, Any]], checks: list[dict[str, Any]], tolerance: float) -> str:
     """The result table and the loss curves as Markdown."""
-    lines = [("| system | W | dtype | median ms/step | ×hybridzero (paired median) | all-gather MB (calls) "
-              "| reduce-scatter MB (calls) | all-reduce MB (calls) | other MB (calls) | peak RSS MiB/rank "
-              "| final loss |"), "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        (
+            "| system | W | dtype | median ms/step | ×hybridzero (paired median) | all-gather MB (calls) "
+            "| reduce-scatter MB (calls) | all-reduce MB (calls) | other MB (calls) | peak RSS MiB/rank "
+            "| final loss |"
+        ),
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for r in rows:
         ratio = "–" if r["time_vs_hybridzero"] is None else f"{r['time_vs_hybridzero']:.2f}"
         coll = [_fmt_collectives(r["collectives_per_step"], k) for k in COLLECTIVE_KINDS]
         rss = ", ".join(f"{x:.0f}" for x in r["peak_rss_mib_per_rank"])
-        lines.append(f"| {r['system']} | {r['world_size']} | {r['dtype']} | {r['median_step_ms']:.1f} | {ratio} | "
-                     f"{' | '.join(coll)} | {rss} | {r['final_loss']:.4f} |")
+        lines.append(
+            f"| {r['system']} | {r['world_size']} | {r['dtype']} | {r['median_step_ms']:.1f} | {ratio} | "
+            f"{' | '.join(coll)} | {rss} | {r['final_loss']:.4f} |"
+        )
     for check in checks:
         systems = list(check["curves"])
         verdict = "AGREE" if check["max_abs_diff_overall"] <= tolerance else "**DISAGREE**"
-        lines += ["", f"fp32 loss curves, W={check['world_size']} (mean over ranks; max |diff| vs hybridzero: "
-                  + ", ".join(f"{s} {d:.2e}" for s, d in check["max_abs_diff"].items())
-                  + f"; tolerance {tolerance:g}: {verdict})", "",
-                  "| step | " + " | ".join(systems) + " |", "|---:|" + "---:|" * len(systems)]
+        lines += [
+            "",
+            f"fp32 loss curves, W={check['world_size']} (mean over ranks; max |diff| vs hybridzero: "
+            + ", ".join(f"{s} {d:.2e}" for s, d in check["max_abs_diff"].items())
+            + f"; tolerance {tolerance:g}: {verdict})",
+            "",
+            "| step | " + " | ".join(systems) + " |",
+            "|---:|" + "---:|" * len(systems),
+        ]
         for i, values in enumerate(zip(*check["curves"].values())):
             lines.append(f"| {i + 1} | " + " | ".join(f"{v:.6f}" for v in values) + " |")
     return "\n".join(lines)
@@ -209,14 +254,27 @@ def metadata(args: argparse.Namespace, systems: list[str]) -> dict[str, Any]:
     """Date, machine, versions and settings of this run."""
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "machine": platform.machine(),
-                    "python": platform.python_version()},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+        },
         "versions": {p: _version(p) for p in ("torch", "transformers", "hybridzero", "deepspeed")},
-        "settings": {"systems": systems, "worlds": args.worlds, "dtypes": args.dtypes, "steps": args.steps,
-                     "warmup_steps": args.warmup, "repeats": args.repeats, "model": args.model,
-                     "tiny": args.model == "tiny", "hpz_partition_size": args.hpz,
-                     "threads_per_process": 1, "loss_tolerance": args.tolerance,
-                     "bytes": "whole buffers per step, rank 0"},
+        "settings": {
+            "systems": systems,
+            "worlds": args.worlds,
+            "dtypes": args.dtypes,
+            "steps": args.steps,
+            "warmup_steps": args.warmup,
+            "repeats": args.repeats,
+            "model": args.model,
+            "tiny": args.model == "tiny",
+            "hpz_partition_size": args.hpz,
+            "threads_per_process": 1,
+            "loss_tolerance": args.tolerance,
+            "bytes": "whole buffers per step, rank 0",
+        },
     }
 
 
@@ -230,12 +288,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     p.add_argument("--curve-steps", type=int, default=12, help="loss-curve steps shown and compared")
     p.add_argument("--tolerance", type=float, default=1e-4, help="max |loss difference| called agreement")
-    p.add_argument("--model", choices=MODEL_CHOICES, default="bench",
-                   help="model variant: bench (7.1 M), tiny (smoke tests), 100m (100.09 M)")
+    p.add_argument(
+        "--model",
+        choices=MODEL_CHOICES,
+        default="bench",
+        help="model variant: bench (7.1 M), tiny (smoke tests), 100m (100.09 M)",
+    )
     p.add_argument("--tiny", dest="model", action="store_const", const="tiny", help="alias of --model tiny")
     p.add_argument("--hpz", type=int, default=1, help="ZeRO++ hpZ secondary group size (1: off)")
-    p.add_argument("--systems", choices=list(WORKERS), nargs="+", default=list(WORKERS),
-                   help="systems to run (ratios need hybridzero)")
+    p.add_argument(
+        "--systems",
+        choices=list(WORKERS),
+        nargs="+",
+        default=list(WORKERS),
+        help="systems to run (ratios need hybridzero)",
+    )
     p.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG charts")
     p.add_argument("--out", type=Path, default=HERE / "results")
     p.add_argument("--timeout", type=float, default=1800.0, help="seconds allowed per launch")
@@ -265,22 +332,29 @@ def main(argv: list[str] | None = None) -> int:
     report = {**meta, "results": rows, "loss_agreement": checks, "plots": plots}
     (args.out / "peers.json").write_text(json.dumps(report, indent=2) + "\n")
     text = markdown(rows, checks, args.tolerance)
-    header = (f"# hybridzero vs DeepSpeed ZeRO-3 vs FSDP2 ({meta['date']})\n\n"
-              f"{meta['settings']['n_params'] / 1e6:.2f} M params (model {label}); "
-              f"{args.steps} measured steps after {args.warmup} "
-              f"warm-up; {args.repeats} interleaved rounds; {meta['machine']['cpu_count']} CPUs "
-              f"({meta['machine']['platform']}); versions {meta['versions']}. One thread per rank, gloo.\n\n")
+    header = (
+        f"# hybridzero vs DeepSpeed ZeRO-3 vs FSDP2 ({meta['date']})\n\n"
+        f"{meta['settings']['n_params'] / 1e6:.2f} M params (model {label}); "
+        f"{args.steps} measured steps after {args.warmup} "
+        f"warm-up; {args.repeats} interleaved rounds; {meta['machine']['cpu_count']} CPUs "
+        f"({meta['machine']['platform']}); versions {meta['versions']}. One thread per rank, gloo.\n\n"
+    )
     if args.hpz > 1:
-        header += (f"hpZ {args.hpz}: DeepSpeed's comms logger records an all-gather by its input and not its group, "
-                   f"so its all-gather MB (input × W) overstates the secondary (intra-group) gathers by "
-                   f"W / {args.hpz}; its call counts are exact.\n\n")
+        header += (
+            f"hpZ {args.hpz}: DeepSpeed's comms logger records an all-gather by its input and not its group, "
+            f"so its all-gather MB (input × W) overstates the secondary (intra-group) gathers by "
+            f"W / {args.hpz}; its call counts are exact.\n\n"
+        )
     charts = f"\n\n{plots_markdown(plots)}" if plots else ""
     (args.out / "peers.md").write_text(header + text + charts + "\n")
     print(text)
     for check in checks:
         if check["max_abs_diff_overall"] > args.tolerance:
-            print(f"\n!!! LOSS CURVES DISAGREE at W={check['world_size']}: max |diff| "
-                  f"{check['max_abs_diff_overall']:.3e} > {args.tolerance:g} !!!", flush=True)
+            print(
+                f"\n!!! LOSS CURVES DISAGREE at W={check['world_size']}: max |diff| "
+                f"{check['max_abs_diff_overall']:.3e} > {args.tolerance:g} !!!",
+                flush=True,
+            )
     return 0
 
 

@@ -11,7 +11,8 @@ temporary directory (see ``bench/zero3_worker.py``).
 Per system and world size: median / p10 / p90 step time (a ZeRO-3 step's time is the slowest rank's), global
 tokens/s, all-gather / reduce-scatter / all-reduce bytes (whole buffers) and calls per step from the comm ledger
 (rank 0, mean over measured steps; the JSON adds the per-rank ring "wire" bytes), peak RSS per rank (``ru_maxrss``),
-final loss (mean over ranks) and the ratios to the floor. Written to ``<out>/zero3.json`` and ``<out>/zero3.md`` and printed. Nothing here asserts a time.
+final loss (mean over ranks) and the ratios to the floor. Written to ``<out>/zero3.json`` and ``<out>/zero3.md``
+and printed. Nothing here asserts a time.
 
 Reading the numbers: ZeRO-3 ranks process different micro-batches, so the floor's final loss (one micro-batch per
 step) is not expected to equal theirs. With W ranks on fewer cores than W the ranks share cores and the time ratio
@@ -19,6 +20,7 @@ measures oversubscription as much as the engine. Peak RSS includes ~260 MiB of P
 imports, and every rank builds the full model before the engine shards it, so it cannot fall below the floor's
 model footprint; freed memory is also not always returned to the OS.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,24 +56,44 @@ def _run(cmd: list[str], timeout_s: float) -> None:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
     if proc.returncode != 0:
-        sys.stderr.write(f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-4000:]}\n"
-                         f"{proc.stderr[-8000:]}\n")
+        sys.stderr.write(
+            f"command failed ({proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}\n"
+        )
         raise SystemExit(proc.returncode or 1)
 
 
 def _worker_args(args: argparse.Namespace, system: str, out_dir: Path) -> list[str]:
     """The ``zero3_worker.py`` command line (script path first) for ``system``."""
     extra = ["--tiny"] if args.tiny else []
-    return [str(WORKER), "--system", system, "--steps", str(args.steps), "--warmup", str(WARMUP),
-            "--dtype", args.dtype, "--out-dir", str(out_dir), *extra]
+    return [
+        str(WORKER),
+        "--system",
+        system,
+        "--steps",
+        str(args.steps),
+        "--warmup",
+        str(WARMUP),
+        "--dtype",
+        args.dtype,
+        "--out-dir",
+        str(out_dir),
+        *extra,
+    ]
 
 
 def run_zero3(args: argparse.Namespace, world: int, tmp: Path) -> list[dict[str, Any]]:
     """Launch ``world`` ZeRO-3 ranks; their JSON records in rank order."""
     out_dir = tmp / f"zero3_w{world}"
     out_dir.mkdir()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
-           *_worker_args(args, "zero3", out_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(world),
+        *_worker_args(args, "zero3", out_dir),
+    ]
     _run(cmd, args.timeout)
     return [json.loads((out_dir / f"zero3_rank{r}.json").read_text()) for r in range(world)]
 
@@ -91,8 +113,12 @@ def summarize(system: str, ranks: list[dict[str, Any]]) -> dict[str, Any]:
     times = [max(r["steps"][s]["step_ms"] for r in ranks) for s in range(n_steps)]
     median = percentile(times, 50)
     row: dict[str, Any] = {
-        "system": system, "world_size": world, "measured_steps": n_steps,
-        "median_step_ms": median, "p10_step_ms": percentile(times, 10), "p90_step_ms": percentile(times, 90),
+        "system": system,
+        "world_size": world,
+        "measured_steps": n_steps,
+        "median_step_ms": median,
+        "p10_step_ms": percentile(times, 10),
+        "p90_step_ms": percentile(times, 90),
         "tokens_per_s": world * MICRO_BATCH * SEQ_LEN / (median / 1e3),
         "peak_rss_mib_per_rank": [round(r["peak_rss_mib"], 1) for r in ranks],
         "peak_rss_mib_max": max(r["peak_rss_mib"] for r in ranks),
@@ -131,8 +157,10 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     """The results as a Markdown table."""
     lines = [
-        ("| system | W | median ms | p10 ms | p90 ms | time ×floor | tok/s (all ranks) | all-gather MB (calls)/step "
-         "| reduce-scatter MB (calls)/step | all-reduce B/step | peak RSS MiB/rank (max) | RSS ×floor | final loss |"),
+        (
+            "| system | W | median ms | p10 ms | p90 ms | time ×floor | tok/s (all ranks) | all-gather MB (calls)/step "
+            "| reduce-scatter MB (calls)/step | all-reduce B/step | peak RSS MiB/rank (max) | RSS ×floor | final loss |"
+        ),
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
@@ -141,17 +169,20 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
             f"{r['p90_step_ms']:.1f} | {r['step_time_vs_floor']:.2f} | {r['tokens_per_s']:.0f} | "
             f"{_per_step(r, 'all_gather')} | {_per_step(r, 'reduce_scatter')} | "
             f"{_per_step(r, 'all_reduce', scale=1, calls=False)} | {r['peak_rss_mib_max']:.0f} | "
-            f"{r['peak_rss_vs_floor']:.2f} | {r['final_loss']:.4f} |")
+            f"{r['peak_rss_vs_floor']:.2f} | {r['final_loss']:.4f} |"
+        )
     return "\n".join(lines)
 
 
 def _git_commit() -> dict[str, Any]:
     """The repository's HEAD commit and whether the tree has changes (``None`` outside git)."""
+
     def git(*argv: str) -> str | None:
         """``git argv`` in the repository: its stripped stdout, or ``None`` on any failure."""
         try:
-            proc = subprocess.run(["git", "-C", str(HERE.parent), *argv], capture_output=True, text=True,
-                                  timeout=30, check=False)
+            proc = subprocess.run(
+                ["git", "-C", str(HERE.parent), *argv], capture_output=True, text=True, timeout=30, check=False
+            )
         except (OSError, subprocess.SubprocessError):
             return None
         return proc.stdout.strip() if proc.returncode == 0 else None
@@ -173,13 +204,26 @@ def metadata(args: argparse.Namespace, n_params: int) -> dict[str, Any]:
     """Date, machine, versions, commit and settings of this benchmark run."""
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"cpu_count": os.cpu_count(), "platform": platform.platform(), "machine": platform.machine(),
-                    "python": platform.python_version()},
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+        },
         "versions": {p: _version(p) for p in ("torch", "transformers", "hybridzero")},
         "git": _git_commit(),
-        "settings": {"steps": args.steps, "warmup_steps": WARMUP, "worlds": args.worlds, "dtype": args.dtype,
-                     "tiny": args.tiny, "micro_batch": MICRO_BATCH, "seq_len": SEQ_LEN, "n_params": n_params,
-                     "threads_per_process": 1, "bytes": "whole-buffer bytes from the comm ledger"},
+        "settings": {
+            "steps": args.steps,
+            "warmup_steps": WARMUP,
+            "worlds": args.worlds,
+            "dtype": args.dtype,
+            "tiny": args.tiny,
+            "micro_batch": MICRO_BATCH,
+            "seq_len": SEQ_LEN,
+            "n_params": n_params,
+            "threads_per_process": 1,
+            "bytes": "whole-buffer bytes from the comm ledger",
+        },
     }
 
 
@@ -213,11 +257,13 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "zero3.json").write_text(json.dumps(report, indent=2) + "\n")
     settings = report["settings"]
-    header = (f"# ZeRO-3 benchmark ({report['date']})\n\n{settings['n_params'] / 1e6:.2f} M params, {args.dtype}, "
-              f"micro-batch {MICRO_BATCH}x{SEQ_LEN} per rank, {args.steps} measured steps after {WARMUP} warm-up, "
-              f"{report['machine']['cpu_count']} CPUs, torch {report['versions']['torch']}, "
-              f"commit {report['git']['commit']}{' (dirty)' if report['git']['dirty'] else ''}. One thread per process; "
-              f"bytes are whole buffers (ledger); time ratios above 1 at W > CPUs include oversubscription.\n\n")
+    header = (
+        f"# ZeRO-3 benchmark ({report['date']})\n\n{settings['n_params'] / 1e6:.2f} M params, {args.dtype}, "
+        f"micro-batch {MICRO_BATCH}x{SEQ_LEN} per rank, {args.steps} measured steps after {WARMUP} warm-up, "
+        f"{report['machine']['cpu_count']} CPUs, torch {report['versions']['torch']}, "
+        f"commit {report['git']['commit']}{' (dirty)' if report['git']['dirty'] else ''}. One thread per process; "
+        f"bytes are whole buffers (ledger); time ratios above 1 at W > CPUs include oversubscription.\n\n"
+    )
     (args.out / "zero3.md").write_text(header + table + "\n")
     print(table)
     return 0

@@ -4,13 +4,15 @@
                                     [--data DIR] [--n-sft N] [--threads 1]
 
 Builds the demo model from :func:`hybridzero.rlhf.demo.task.demo_model_config` (random init, seeded), trains it with
-AdamW (lr decaying linearly to 0 over the time budget) on the shipped ``sft.jsonl`` (loss on response tokens and eos only, via :func:`hybridzero.rlhf.data.sft_example`)
+AdamW (lr decaying linearly to 0 over the time budget) on the shipped ``sft.jsonl`` (loss on response tokens and eos
+only, via :func:`hybridzero.rlhf.data.sft_example`)
 for as many steps of ``--batch`` shuffled examples as fit in ``--seconds``, then decodes the first ``--n-eval``
 held-out ``eval_prompts.jsonl`` prompts greedily and by sampling at temperature 1 and scores them with the hidden
 rule. What to expect: the demonstrations are half correct reversals, half copies, so a policy that learned the
 mixture samples ~50% reversals, and nearly every output is a correct reversal or a correct copy (``either``).
 Prints one JSON object; asserts nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,11 +52,13 @@ def _batches(examples: Sequence[tuple[list[int], list[int]]], batch: int, seed: 
     while True:
         rng.shuffle(order)
         for start in range(0, len(order) - batch + 1, batch):
-            yield [examples[i] for i in order[start:start + batch]]
+            yield [examples[i] for i in order[start : start + batch]]
 
 
 def train(
-    model: transformers.LlamaForCausalLM, examples: Sequence[tuple[list[int], list[int]]], pad_id: int,
+    model: transformers.LlamaForCausalLM,
+    examples: Sequence[tuple[list[int], list[int]]],
+    pad_id: int,
     args: argparse.Namespace,
 ) -> dict[str, float]:
     """Train until ``args.seconds`` pass (lr decaying linearly to 0 over them unless ``--no-decay``).
@@ -80,25 +84,38 @@ def train(
             break
     elapsed = time.perf_counter() - start
     tail = losses[-20:]
-    return {"steps": len(losses), "s_per_step": elapsed / len(losses), "final_loss": sum(tail) / len(tail),
-            "first_loss": losses[0]}
+    return {
+        "steps": len(losses),
+        "s_per_step": elapsed / len(losses),
+        "final_loss": sum(tail) / len(tail),
+        "first_loss": losses[0],
+    }
 
 
 @torch.no_grad()
 def evaluate(
-    model: transformers.LlamaForCausalLM, tok: transformers.PreTrainedTokenizerFast, prompts: list[str],
-    sample: bool, seed: int,
+    model: transformers.LlamaForCausalLM,
+    tok: transformers.PreTrainedTokenizerFast,
+    prompts: list[str],
+    sample: bool,
+    seed: int,
 ) -> dict[str, float]:
     """Decode ``prompts`` (greedy or sampled at temperature 1) and score with the rule; adds ``either``."""
     model.eval()
     batch = prompt_batch(tok, prompts, max_prompt_len=MAX_LEN)
     torch.manual_seed(seed)
     out = model.generate(
-        input_ids=batch.input_ids, attention_mask=batch.attention_mask, max_new_tokens=MAX_NEW_TOKENS,
-        do_sample=sample, temperature=1.0 if sample else None, top_k=0 if sample else None,
-        top_p=1.0 if sample else None, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        max_new_tokens=MAX_NEW_TOKENS,
+        do_sample=sample,
+        temperature=1.0 if sample else None,
+        top_k=0 if sample else None,
+        top_p=1.0 if sample else None,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
     )
-    new = out[:, batch.input_ids.shape[1]:]
+    new = out[:, batch.input_ids.shape[1] :]
     responses = [tok.decode(row, skip_special_tokens=False) for row in new]
     scores = rule_scores(prompts, responses)
     scores["either"] = scores["exact"] + scores["copy"]

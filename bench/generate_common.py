@@ -4,6 +4,7 @@ Every system generates with :func:`greedy_generate` from the prompts of :func:`p
 :func:`load_model`; a rank's timed calls come from :func:`timed_calls` and become one result row through
 :func:`ranks_row` (a call's time is its slowest rank's; tokens are rank 0's, compared with plain ``generate``).
 """
+
 from __future__ import annotations
 
 import statistics
@@ -34,8 +35,16 @@ def prompts_for(rank: int, batch: int, prompt_len: int, vocab: int) -> torch.Ten
 def greedy_generate(model: Any, prompts: torch.Tensor, new_tokens: int, **extra: Any) -> torch.Tensor:
     """Greedy, KV-cached generation of exactly ``new_tokens`` tokens with ``model.generate`` (``extra`` passed on)."""
     with torch.no_grad():
-        return model.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                              min_new_tokens=new_tokens, do_sample=False, use_cache=True, pad_token_id=0, **extra)
+        return model.generate(
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=0,
+            **extra,
+        )
 
 
 class ForwardCounter:
@@ -55,8 +64,12 @@ class ForwardCounter:
         self._handle.remove()
 
 
-def timed_calls(run: Callable[[], torch.Tensor], repeats: int, counter: ForwardCounter | None = None,
-                reset: Callable[[], None] | None = None) -> tuple[list[float], torch.Tensor]:
+def timed_calls(
+    run: Callable[[], torch.Tensor],
+    repeats: int,
+    counter: ForwardCounter | None = None,
+    reset: Callable[[], None] | None = None,
+) -> tuple[list[float], torch.Tensor]:
     """One warm-up ``run()``, then ``repeats`` timed ones, each after a barrier (when distributed), ``reset()`` and
     zeroing ``counter``; the seconds per timed call and the last call's output."""
     out = run()  # warm-up
@@ -79,18 +92,30 @@ def summarize(system: str, world: int, per_call: list[float], settings: dict[str
     """One result row from the per-call seconds (already the slowest rank's for a multi-rank system)."""
     median = statistics.median(per_call)
     per_rank = settings["batch"] * settings["new_tokens"] / median
-    return {"system": system, "world_size": world, "median_s": median, "min_s": min(per_call), "max_s": max(per_call),
-            "seconds": per_call, "tokens_per_s_per_rank": per_rank, "tokens_per_s_all_ranks": per_rank * world}
+    return {
+        "system": system,
+        "world_size": world,
+        "median_s": median,
+        "min_s": min(per_call),
+        "max_s": max(per_call),
+        "seconds": per_call,
+        "tokens_per_s_per_rank": per_rank,
+        "tokens_per_s_all_ranks": per_rank * world,
+    }
 
 
-def ranks_row(system: str, ranks: list[dict[str, Any]], settings: dict[str, Any],
-              plain_tokens: torch.Tensor) -> dict[str, Any]:
+def ranks_row(
+    system: str, ranks: list[dict[str, Any]], settings: dict[str, Any], plain_tokens: torch.Tensor
+) -> dict[str, Any]:
     """Summarise one multi-rank system from its ranks' results (``seconds``, ``forwards``, ``gather_calls``,
     ``gather_bytes``, rank 0's ``tokens``): slowest rank per call, rank 0's counts, tokens vs plain generate."""
     per_call = [max(r["seconds"][i] for r in ranks) for i in range(settings["repeats"])]
     row = summarize(system, len(ranks), per_call, settings)
     gather_bytes = ranks[0].get("gather_bytes")
-    row.update(forwards=ranks[0].get("forwards"), all_gather_calls=ranks[0].get("gather_calls"),
-               all_gather_mb=None if gather_bytes is None else gather_bytes / MB,
-               tokens_match_plain=bool(torch.equal(ranks[0]["tokens"], plain_tokens)))
+    row.update(
+        forwards=ranks[0].get("forwards"),
+        all_gather_calls=ranks[0].get("gather_calls"),
+        all_gather_mb=None if gather_bytes is None else gather_bytes / MB,
+        tokens_match_plain=bool(torch.equal(ranks[0]["tokens"], plain_tokens)),
+    )
     return row

@@ -16,6 +16,7 @@ and returns that rank's timed ``generate`` calls in the format of :func:`generat
 
 Run DeepSpeed in a pool of its own (``DS_ACCELERATOR=cpu``): it installs process-wide state.
 """
+
 from __future__ import annotations
 
 import os
@@ -78,8 +79,13 @@ def fsdp2_rank(settings: dict[str, Any]) -> dict[str, Any]:
     seconds, out = timed_calls(run, settings["repeats"], forwards)
     forwards.remove()
     calls, nbytes = _gather_totals(counter.totals)
-    return {"seconds": seconds, "forwards": forwards.count, "gather_calls": calls, "gather_bytes": nbytes,
-            "tokens": out if rank == 0 else None}
+    return {
+        "seconds": seconds,
+        "forwards": forwards.count,
+        "gather_calls": calls,
+        "gather_bytes": nbytes,
+        "tokens": out if rank == 0 else None,
+    }
 
 
 def _deepspeed_engine(settings: dict[str, Any], world: int) -> Any:
@@ -119,8 +125,14 @@ def deepspeed_rank(settings: dict[str, Any]) -> dict[str, Any]:
     forwards = ForwardCounter(engine.module)
     seconds, out = timed_calls(run, settings["repeats"], forwards)
     forwards.remove()
-    return {"seconds": seconds, "forwards": forwards.count, "gather_calls": calls, "gather_bytes": nbytes,
-            "tokens": out if rank == 0 else None, "deepspeed_version": deepspeed_version()}
+    return {
+        "seconds": seconds,
+        "forwards": forwards.count,
+        "gather_calls": calls,
+        "gather_bytes": nbytes,
+        "tokens": out if rank == 0 else None,
+        "deepspeed_version": deepspeed_version(),
+    }
 
 
 def deepspeed_version() -> str:

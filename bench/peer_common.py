@@ -7,6 +7,7 @@ warm-up included, each with at least ``loss`` and ``step_ms``), ``peak_rss_mib``
 
 This module imports no torch at top level, so the driver (``bench_peers.py``) can import it cheaply.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,9 @@ def collective_kind(name: str) -> str:
 def deepspeed_available() -> bool:
     """Whether ``import deepspeed`` succeeds, tried in a child interpreter so that the driver stays light."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "DS_BUILD_OPS": "0"}
-    proc = subprocess.run([sys.executable, "-c", "import deepspeed"], env=env, capture_output=True, text=True,
-                          timeout=300, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import deepspeed"], env=env, capture_output=True, text=True, timeout=300, check=False
+    )
     return proc.returncode == 0
 
 
@@ -63,11 +65,16 @@ def worker_parser(description: str) -> argparse.ArgumentParser:
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
     """``--model {bench,tiny,100m}``, ``--tiny`` (alias of ``--model tiny``) and ``--hpz`` (ZeRO++ hpZ size)."""
-    p.add_argument("--model", choices=MODEL_CHOICES, default="bench",
-                   help="benchmark model variant (bench_model.model_overrides)")
+    p.add_argument(
+        "--model", choices=MODEL_CHOICES, default="bench", help="benchmark model variant (bench_model.model_overrides)"
+    )
     p.add_argument("--tiny", dest="model", action="store_const", const="tiny", help="alias of --model tiny")
-    p.add_argument("--hpz", type=int, default=1,
-                   help="zero_hpz_partition_size (hybridzero, DeepSpeed); FSDP2: reshard_after_forward=N")
+    p.add_argument(
+        "--hpz",
+        type=int,
+        default=1,
+        help="zero_hpz_partition_size (hybridzero, DeepSpeed); FSDP2: reshard_after_forward=N",
+    )
 
 
 def build_model(seed: int, model: str) -> Any:
@@ -88,8 +95,9 @@ def zero_config(world: int, dtype: str, model: str, hpz: int = 1) -> dict[str, A
         reduce_bucket_for,
     )
 
-    config = benchmark_config(world, dtype=dtype, prefetch_bucket_size=prefetch_bucket_for(model),
-                              reduce_bucket_size=reduce_bucket_for(model))
+    config = benchmark_config(
+        world, dtype=dtype, prefetch_bucket_size=prefetch_bucket_for(model), reduce_bucket_size=reduce_bucket_for(model)
+    )
     if hpz > 1:
         config["zero_optimization"]["zero_hpz_partition_size"] = hpz
     return config
@@ -108,8 +116,12 @@ def adamw_settings(world: int) -> tuple[dict[str, Any], float]:
 
     config = benchmark_config(world)
     params = config["optimizer"]["params"]
-    kwargs = {"lr": params["lr"], "betas": tuple(params["betas"]), "eps": params["eps"],
-              "weight_decay": params["weight_decay"]}
+    kwargs = {
+        "lr": params["lr"],
+        "betas": tuple(params["betas"]),
+        "eps": params["eps"],
+        "weight_decay": params["weight_decay"],
+    }
     return kwargs, float(config["gradient_clipping"])
 
 

@@ -8,6 +8,7 @@ collective blocking, which on CPU/gloo is what gloo does anyway.
 
 Writes ``<out-dir>/deepspeed_rank<R>.json`` (see :mod:`peer_common`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,9 +60,12 @@ def train_step(engine: Any, ids: torch.Tensor) -> dict[str, Any]:
     engine.step()
     step_ms = (time.perf_counter() - start) * 1e3
     grad_norm = engine.get_global_grad_norm()
-    return {"loss": float(loss.detach().float().item()), "step_ms": step_ms,
-            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-            "collectives": comm_totals()}
+    return {
+        "loss": float(loss.detach().float().item()),
+        "step_ms": step_ms,
+        "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+        "collectives": comm_totals(),
+    }
 
 
 def skip_shm_op_build() -> None:
@@ -89,14 +93,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
     model = build_model(args.seed, args.model)
     vocab, n_params = int(model.config.vocab_size), sum(p.numel() for p in model.parameters())
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
-                                           config=deepspeed_config(world, args.dtype, args.model, args.hpz))
+    engine, _, _, _ = deepspeed.initialize(
+        model=model,
+        model_parameters=model.parameters(),
+        config=deepspeed_config(world, args.dtype, args.model, args.hpz),
+    )
     batches = rank_batches(args, world, vocab)
     records = [train_step(engine, batches[step, rank]) for step in range(args.warmup + args.steps)]
     dist.barrier()
     dist.destroy_process_group()
-    return {"rank": rank, "world_size": world, "n_params": n_params, "steps": records,
-            "versions": {"deepspeed": deepspeed.__version__}}
+    return {
+        "rank": rank,
+        "world_size": world,
+        "n_params": n_params,
+        "steps": records,
+        "versions": {"deepspeed": deepspeed.__version__},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:

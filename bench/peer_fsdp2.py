@@ -14,6 +14,7 @@ reduce-scatter, the buffer of an all-reduce.
 
 Writes ``<out-dir>/fsdp2_rank<R>.json`` (see :mod:`peer_common`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,12 @@ from peer_common import (
 )
 from torch.utils._python_dispatch import TorchDispatchMode
 
-_WHOLE_BUFFER_ARG: dict[str, int] = {"_allgather_base_": 0, "allgather_into_tensor_coalesced_": 0,
-                                     "_reduce_scatter_base_": 1, "reduce_scatter_tensor_coalesced_": 1}
+_WHOLE_BUFFER_ARG: dict[str, int] = {
+    "_allgather_base_": 0,
+    "allgather_into_tensor_coalesced_": 0,
+    "_reduce_scatter_base_": 1,
+    "reduce_scatter_tensor_coalesced_": 1,
+}
 """Index of the whole-buffer argument of c10d ops whose first argument is not it (default: argument 0)."""
 
 
@@ -52,8 +57,9 @@ class C10dCounter(TorchDispatchMode):
         super().__init__()
         self.totals: dict[str, dict[str, int]] = {}
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (),
-                           kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         """Record ``func`` if it is a collective, then run it unchanged."""
         name = func._opname
         if func.namespace in ("c10d", "_c10d_functional") and args and name != "wait_tensor":
@@ -77,16 +83,18 @@ def shard_model(model: torch.nn.Module, world: int, dtype: str, hpz: int = 1) ->
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh("cpu", (world,))
-    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16 if dtype == "bf16" else None,
-                                  reduce_dtype=torch.float32 if dtype == "bf16" else None)
+    policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if dtype == "bf16" else None, reduce_dtype=torch.float32 if dtype == "bf16" else None
+    )
     reshard: bool | int = hpz if hpz > 1 else True
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, mp_policy=policy)
 
 
-def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor, clipping: float,
-               counter: C10dCounter | None) -> dict[str, Any]:
+def train_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor, clipping: float, counter: C10dCounter | None
+) -> dict[str, Any]:
     """Forward, backward, clip, AdamW, zero_grad; timed like ``bench_model.measured_step``."""
     start = time.perf_counter()
     if counter is not None:
@@ -123,7 +131,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     for step in range(args.warmup + args.steps):
         counting = step == max(args.warmup - 1, 0) and not counter.totals
         records.append(train_step(model, opt, batches[step, rank], clipping, counter if counting else None))
-    for record in records[args.warmup:]:
+    for record in records[args.warmup :]:
         record["collectives"] = counter.totals
     dist.barrier()
     dist.destroy_process_group()

@@ -9,6 +9,7 @@ Per (world size, dtype) two charts, one line per system:
 :func:`write_plots` returns one record per chart (kind, world size, dtype and the file name relative to the output
 directory) for ``peers.json``; :func:`plots_markdown` embeds them in ``peers.md``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -29,8 +30,9 @@ def loss_series(runs: Runs, world: int, dtype: str, systems: Sequence[str]) -> d
     return series
 
 
-def step_time_series(runs: Runs, world: int, dtype: str,
-                     systems: Sequence[str]) -> dict[str, list[tuple[float, float]]]:
+def step_time_series(
+    runs: Runs, world: int, dtype: str, systems: Sequence[str]
+) -> dict[str, list[tuple[float, float]]]:
     """Every measured step's time in ms of every system, rounds concatenated in order (1-based x)."""
     series = {}
     for system in systems:
@@ -41,8 +43,9 @@ def step_time_series(runs: Runs, world: int, dtype: str,
     return series
 
 
-def line_chart(path: Path, series: Mapping[str, Sequence[tuple[float, float]]], title: str, xlabel: str,
-               ylabel: str) -> Path:
+def line_chart(
+    path: Path, series: Mapping[str, Sequence[tuple[float, float]]], title: str, xlabel: str, ylabel: str
+) -> Path:
     """One line per series (Agg canvas, no pyplot global state), written to ``path``."""
     # optional dependency (the `plots` extra), needed only when charts are written
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -72,10 +75,20 @@ def write_plots(runs: Runs, systems: Sequence[str], out: Path, label: str = "") 
     records = []
     for world, dtype in sorted({(w, d) for (w, d, _) in runs}):
         charts = (
-            ("loss", loss_series(runs, world, dtype, systems), f"training loss, W={world} {dtype}{suffix}",
-             "step (warm-up included, round 1)", "loss (mean over ranks)"),
-            ("step_ms", step_time_series(runs, world, dtype, systems), f"step time, W={world} {dtype}{suffix}",
-             "measured step (rounds back to back)", "ms per step (slowest rank)"),
+            (
+                "loss",
+                loss_series(runs, world, dtype, systems),
+                f"training loss, W={world} {dtype}{suffix}",
+                "step (warm-up included, round 1)",
+                "loss (mean over ranks)",
+            ),
+            (
+                "step_ms",
+                step_time_series(runs, world, dtype, systems),
+                f"step time, W={world} {dtype}{suffix}",
+                "measured step (rounds back to back)",
+                "ms per step (slowest rank)",
+            ),
         )
         for kind, series, title, xlabel, ylabel in charts:
             name = f"peers_{kind}_w{world}_{dtype}.png"

@@ -23,6 +23,7 @@ fails is recorded (exit status, end of its output) and the rest still run; the e
 DeepSpeed and hybridzero, and per part its command, exit status, seconds and its JSON report; ``summary.md`` holds
 every part's Markdown tables (chart links rewritten to stay valid from the summary's directory).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,19 +66,44 @@ def plan(out: Path, quick: bool) -> list[Part]:
         zeropp = ["--steps", "1", "--tiny"]
     else:
         peers = ["--worlds", "2", "4", "--dtypes", "fp32", "bf16", "--steps", "10", "--repeats", "3"]
-        big = ["--model", "100m", "--worlds", "2", "--dtypes", "fp32", "--steps", "3", "--warmup", "1",
-               "--repeats", "1", "--curve-steps", "4"]
+        big = [
+            "--model",
+            "100m",
+            "--worlds",
+            "2",
+            "--dtypes",
+            "fp32",
+            "--steps",
+            "3",
+            "--warmup",
+            "1",
+            "--repeats",
+            "1",
+            "--curve-steps",
+            "4",
+        ]
         hpz = ["--worlds", "4", "--dtypes", "fp32", "--hpz", "2", "--steps", "10", "--repeats", "3"]
         generate = []
         zeropp = ["--steps", "10"]
-    peers_script, generate_script, zeropp_script = (str(HERE / f) for f in
-                                                    ("bench_peers.py", "bench_generate.py", "bench_zeropp.py"))
+    peers_script, generate_script, zeropp_script = (
+        str(HERE / f) for f in ("bench_peers.py", "bench_generate.py", "bench_zeropp.py")
+    )
     return [
         Part("peers", [peers_script, *peers, "--out", str(out)], out, "peers.json", "peers.md"),
-        Part("peers_100m", [peers_script, *big, "--out", str(out / "peers_100m")], out / "peers_100m",
-             "peers.json", "peers.md"),
-        Part("peers_hpz", [peers_script, *hpz, "--out", str(out / "peers_hpz2")], out / "peers_hpz2",
-             "peers.json", "peers.md"),
+        Part(
+            "peers_100m",
+            [peers_script, *big, "--out", str(out / "peers_100m")],
+            out / "peers_100m",
+            "peers.json",
+            "peers.md",
+        ),
+        Part(
+            "peers_hpz",
+            [peers_script, *hpz, "--out", str(out / "peers_hpz2")],
+            out / "peers_hpz2",
+            "peers.json",
+            "peers.md",
+        ),
         Part("generate", [generate_script, *generate, "--out", str(out)], out, "generate.json", "generate.md"),
         Part("zeropp", [zeropp_script, *zeropp, "--out", str(out)], out, "zeropp.json", "zeropp.md"),
     ]
@@ -87,8 +113,11 @@ def run_part(part: Part, timeout: float) -> dict[str, Any]:
     """Run one part (its output streamed to ours); its command, exit status, seconds and report (or error)."""
     cmd = [sys.executable, "-W", "ignore::FutureWarning", *part.argv]
     print(f"\n=== {part.name}: {' '.join(cmd)}", flush=True)
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
-                                                           "MASTER_PORT")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    }
     start = time.perf_counter()
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
@@ -96,8 +125,13 @@ def run_part(part: Part, timeout: float) -> dict[str, Any]:
     except subprocess.TimeoutExpired as error:
         status, output = -1, f"timed out after {timeout:g} s\n{error.stdout or ''}{error.stderr or ''}"
     seconds = time.perf_counter() - start
-    record: dict[str, Any] = {"name": part.name, "command": cmd, "returncode": status, "seconds": round(seconds, 1),
-                              "out_dir": str(part.out)}
+    record: dict[str, Any] = {
+        "name": part.name,
+        "command": cmd,
+        "returncode": status,
+        "seconds": round(seconds, 1),
+        "out_dir": str(part.out),
+    }
     print(output[-4000:] if status else _tail_table(output), flush=True)
     if status == 0:
         record["report"] = json.loads((part.out / part.json_name).read_text())
@@ -133,8 +167,12 @@ def metadata(quick: bool) -> dict[str, Any]:
     """Date, machine and versions of this run."""
     return {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": {"platform": platform.platform(), "cpu_count": os.cpu_count(), "machine": platform.machine(),
-                    "python": platform.python_version()},
+        "machine": {
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "machine": platform.machine(),
+            "python": platform.python_version(),
+        },
         "versions": {p: _version(p) for p in ("torch", "transformers", "deepspeed", "hybridzero")},
         "quick": quick,
     }
@@ -143,9 +181,13 @@ def metadata(quick: bool) -> dict[str, Any]:
 def summary_markdown(meta: dict[str, Any], records: list[dict[str, Any]], out: Path) -> str:
     """The summary document: header, then every part's tables (or its failure)."""
     machine, versions = meta["machine"], meta["versions"]
-    lines = [f"# hybridzero benchmarks{' (quick smoke run)' if meta['quick'] else ''}", "",
-             f"Date {meta['date']}; machine {machine['platform']}, {machine['cpu_count']} CPUs, Python "
-             f"{machine['python']}; " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", ""]
+    lines = [
+        f"# hybridzero benchmarks{' (quick smoke run)' if meta['quick'] else ''}",
+        "",
+        f"Date {meta['date']}; machine {machine['platform']}, {machine['cpu_count']} CPUs, Python "
+        f"{machine['python']}; " + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".",
+        "",
+    ]
     for record in records:
         lines += [f"## {record['name']} ({record['seconds']:.0f} s)", "", "`" + " ".join(record["command"]) + "`", ""]
         if record["returncode"] != 0:

@@ -9,6 +9,7 @@ Each JSON file holds ``rank``, ``world_size``, ``steps`` (one dict per measured 
 and, for zero3, the ledger's bytes and calls per collective) and ``peak_rss_mib`` (``ru_maxrss`` at the end, which
 includes the Python, torch and transformers import).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from peer_common import add_model_arguments, zero_config
-
 from bench_model import (
     benchmark_config,
     benchmark_llama,
@@ -29,6 +28,7 @@ from bench_model import (
     model_overrides,
     synthetic_batches,
 )
+from peer_common import add_model_arguments, zero_config
 
 
 def peak_rss_mib() -> float:
@@ -64,8 +64,9 @@ def run_zero3(args: argparse.Namespace) -> dict[str, Any]:
     return {"rank": rank, "world_size": world, "n_params": n_params, "steps": records}
 
 
-def _floor_step(model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor, args: argparse.Namespace,
-                clipping: float) -> dict[str, float]:
+def _floor_step(
+    model: torch.nn.Module, opt: torch.optim.Optimizer, ids: torch.Tensor, args: argparse.Namespace, clipping: float
+) -> dict[str, float]:
     """One plain-PyTorch step (forward, backward, clip, AdamW, zero_grad), timed like ``measured_step``."""
     lr = float(opt.param_groups[0]["lr"])
     start = time.perf_counter()
@@ -85,8 +86,13 @@ def run_floor(args: argparse.Namespace) -> dict[str, Any]:
     model = _model(args)
     config = benchmark_config(1, dtype=args.dtype)
     params = config["optimizer"]["params"]
-    opt = torch.optim.AdamW(model.parameters(), lr=params["lr"], betas=tuple(params["betas"]), eps=params["eps"],
-                            weight_decay=params["weight_decay"])
+    opt = torch.optim.AdamW(
+        model.parameters(),
+        lr=params["lr"],
+        betas=tuple(params["betas"]),
+        eps=params["eps"],
+        weight_decay=params["weight_decay"],
+    )
     vocab = int(model.config.vocab_size)
     batches = synthetic_batches(args.seed + 1, steps=args.warmup + args.steps, world_size=1, vocab_size=vocab)
     records = []

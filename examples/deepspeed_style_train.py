@@ -9,6 +9,7 @@ a ``zero.GatheredParameters(..., modifier_rank=0)`` edit, ``utils.safe_get_full_
 at the end. Each rank writes ``DIR/rank<r>.json`` (losses, full gradients, final fp32 values), so a
 test can compare the run with a single-process reference (tests/integration/test_deepspeed_style_script.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,9 +32,18 @@ CHECKPOINT_AFTER_STEP = 2
 def build_model(seed: int = 0) -> transformers.LlamaForCausalLM:
     """A tiny Llama (numels not divisible by 2, 3 or 4), deterministically initialised."""
     torch.manual_seed(seed)
-    config = transformers.LlamaConfig(vocab_size=89, hidden_size=35, intermediate_size=47, num_hidden_layers=2,
-                                      num_attention_heads=5, num_key_value_heads=1, head_dim=8, max_position_embeddings=64,
-                                      tie_word_embeddings=False, attn_implementation="eager")
+    config = transformers.LlamaConfig(
+        vocab_size=89,
+        hidden_size=35,
+        intermediate_size=47,
+        num_hidden_layers=2,
+        num_attention_heads=5,
+        num_key_value_heads=1,
+        head_dim=8,
+        max_position_embeddings=64,
+        tie_word_embeddings=False,
+        attn_implementation="eager",
+    )
     return transformers.LlamaForCausalLM(config)
 
 
@@ -82,8 +92,9 @@ def main(argv: list[str] | None = None) -> None:
     with open(args.deepspeed_config) as f:
         batch = json.load(f)["train_batch_size"]
     data = TokenData(args.steps * batch, args.seq_len)
-    engine, _, loader, _ = deepspeed.initialize(args=args, model=model, model_parameters=model.parameters(),
-                                                training_data=data)
+    engine, _, loader, _ = deepspeed.initialize(
+        args=args, model=model, model_parameters=model.parameters(), training_data=data
+    )
     params = dict(engine.module.named_parameters())
     losses: list[float] = []
     grads: list[dict[str, list[float]]] = []
@@ -105,8 +116,15 @@ def main(argv: list[str] | None = None) -> None:
             checkpoint_roundtrip(engine, Path(args.out))
     final = {n: deepspeed.utils.safe_get_full_fp32_param(params[n]).reshape(-1).tolist() for n in WATCHED}
     assert engine.save_16bit_model(args.out, "model_16bit.bin")  # needs stage3_gather_16bit_weights_on_model_save
-    record = {"rank": rank, "world": world, "losses": losses, "grads": grads, "final": final,
-              "steps": engine.global_steps, "stage": engine.zero_optimization_stage()}
+    record = {
+        "rank": rank,
+        "world": world,
+        "losses": losses,
+        "grads": grads,
+        "final": final,
+        "steps": engine.global_steps,
+        "stage": engine.zero_optimization_stage(),
+    }
     Path(args.out, f"rank{rank}.json").write_text(json.dumps(record))
     engine.destroy()
 

@@ -7,6 +7,7 @@ transformers reads GGUF offline (it needs the optional ``gguf`` and ``accelerate
 weights; the model it returns refuses ``save_pretrained`` (it is marked quantized), so the weights are copied into a
 fresh model built from the same config without the quantization entry, in fp32, and saved with the tokenizer.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,8 +46,9 @@ def gguf_to_hf(gguf_file: str | Path, out_dir: str | Path) -> Path:
     missing, unexpected = plain.load_state_dict(loaded.state_dict(), strict=False)
     tied = {"lm_head.weight"} if getattr(config, "tie_word_embeddings", False) else set()
     if set(missing) - tied or unexpected:
-        raise ValueError(f"{path}: weights do not match the config "
-                         f"(missing {missing[:5]}, unexpected {unexpected[:5]})")
+        raise ValueError(
+            f"{path}: weights do not match the config (missing {missing[:5]}, unexpected {unexpected[:5]})"
+        )
     out = Path(out_dir)
     plain.save_pretrained(out)
     tok.save_pretrained(out)

@@ -5,6 +5,7 @@ The top-level package is the DeepSpeed namespace: ``import hybridzero as deepspe
 ``deepspeed.zero.GatheredParameters``, ``deepspeed.utils.safe_get_full_*``). hybridzero's own additions:
 :class:`Engine`, :class:`ConfigError`, :class:`PeerFailure`, :func:`from_pretrained`.
 """
+
 from __future__ import annotations
 
 from hybridzero import comm, utils, zero
@@ -17,6 +18,17 @@ from hybridzero.runtime.initialize import initialize
 from hybridzero.runtime.pretrained import from_pretrained
 from hybridzero.zero.gathered import GatheredParameters
 
-__all__ = ["ConfigError", "Engine", "GatheredParameters", "PeerFailure", "add_config_arguments", "comm",
-           "from_pretrained", "init_distributed", "initialize", "utils", "zero"]
+__all__ = [
+    "ConfigError",
+    "Engine",
+    "GatheredParameters",
+    "PeerFailure",
+    "add_config_arguments",
+    "comm",
+    "from_pretrained",
+    "init_distributed",
+    "initialize",
+    "utils",
+    "zero",
+]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
 """``python -m hybridzero``: the command line of :mod:`hybridzero.cli`."""
+
 from __future__ import annotations
 
 from hybridzero.cli import main

@@ -12,11 +12,17 @@ merged into the weights (``--lora base``: left out) and ``--adapters DIR`` also 
 (:mod:`hybridzero.checkpoint.lora_export`); errors (unknown tag, non-empty destination, no HF config, no adapters)
 print one line to stderr and exit 1.
 """
+
 from __future__ import annotations
 
 import argparse
 import sys
 from typing import Any
+
+from hybridzero.checkpoint.export import export_hf
+from hybridzero.checkpoint.lora_export import export_adapters
+from hybridzero.launch import launch_main
+from hybridzero.rlhf.cli import add_rlhf_commands
 
 __all__ = ["build_parser", "main", "parse_size"]
 
@@ -24,20 +30,34 @@ __all__ = ["build_parser", "main", "parse_size"]
 def _add_export(subparsers: Any) -> None:
     """Register ``export``."""
     p = subparsers.add_parser(
-        "export", help="write a Hugging Face directory (config.json + safetensors) from an engine checkpoint",
+        "export",
+        help="write a Hugging Face directory (config.json + safetensors) from an engine checkpoint",
         description="Export checkpoint TAG (default: the one 'latest' names) of CKPT_DIR to OUT_DIR, which "
-                    "AutoModelForCausalLM.from_pretrained loads. Streams one shard file at a time.")
+        "AutoModelForCausalLM.from_pretrained loads. Streams one shard file at a time.",
+    )
     p.add_argument("ckpt_dir", metavar="CKPT_DIR", help="checkpoint directory (holds 'latest' and tag folders)")
     p.add_argument("out_dir", metavar="OUT_DIR", help="destination; must not exist or be empty")
     p.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="weight dtype (default fp32)")
-    p.add_argument("--max-shard-size", type=parse_size, default="5GiB",
-                   help="largest safetensors file, e.g. 20KB, 500MB, 5GB (powers of 10) or 5GiB (of 2); default 5GiB")
-    p.add_argument("--lora", choices=("merge", "base"), default="merge",
-                   help="LoRA checkpoints: fold the adapters into the weights (merge, default) or write the base "
-                        "weights alone (base, for --adapters)")
-    p.add_argument("--adapters", default=None, metavar="DIR",
-                   help="also write the LoRA adapters as a peft directory (PeftModel.from_pretrained loads it)")
+    p.add_argument(
+        "--max-shard-size",
+        type=parse_size,
+        default="5GiB",
+        help="largest safetensors file, e.g. 20KB, 500MB, 5GB (powers of 10) or 5GiB (of 2); default 5GiB",
+    )
+    p.add_argument(
+        "--lora",
+        choices=("merge", "base"),
+        default="merge",
+        help="LoRA checkpoints: fold the adapters into the weights (merge, default) or write the base "
+        "weights alone (base, for --adapters)",
+    )
+    p.add_argument(
+        "--adapters",
+        default=None,
+        metavar="DIR",
+        help="also write the LoRA adapters as a peft directory (PeftModel.from_pretrained loads it)",
+    )
     p.set_defaults(func=_export)
 
 
@@ -45,12 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per subcommand."""
     parser = argparse.ArgumentParser(prog="hybridzero", description="hybridzero: ZeRO-3 sharded training tools.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    from hybridzero.rlhf.cli import add_rlhf_commands
-
     for add in (_add_export, add_rlhf_commands):
         add(subparsers)
-    subparsers.add_parser("launch", help="DeepSpeed's launcher for a step: hybridzero launch [--num_gpus N] STEP "
-                          "ARGS (replaces `deepspeed [--num_gpus N] main.py ARGS`)", add_help=False)
+    subparsers.add_parser(
+        "launch",
+        help="DeepSpeed's launcher for a step: hybridzero launch [--num_gpus N] STEP "
+        "ARGS (replaces `deepspeed [--num_gpus N] main.py ARGS`)",
+        add_help=False,
+    )
     return parser
 
 
@@ -60,8 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["--"]:  # a relaunch passes our arguments after "--" so torchrun's parser never reads them
         argv = argv[1:]
     if argv[:1] == ["launch"]:  # parsed by hand: everything after STEP belongs to the step, never to argparse
-        from hybridzero.launch import launch_main  # the launcher imports torch only; keep `hybridzero --help` light
-
         return launch_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -74,11 +94,21 @@ def main(argv: list[str] | None = None) -> int:
 # --- export -----------------------------------------------------------------------------------------------------
 def parse_size(text: str) -> int:
     """Bytes of a size such as ``20KB``, ``5GB`` (10³ steps, like transformers), ``5GiB`` (2¹⁰ steps) or ``1024``."""
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    units = {
+        "": 1,
+        "B": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "TB": 10**12,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+        "TIB": 2**40,
+    }
     body = text.strip().upper()
     number = body.rstrip("KMGTIB")
-    unit = body[len(number):]
+    unit = body[len(number) :]
     try:
         value = float(number) * units[unit]
     except (ValueError, KeyError):
@@ -90,14 +120,12 @@ def parse_size(text: str) -> int:
 
 def _export(args: argparse.Namespace) -> int:
     """Run :func:`hybridzero.checkpoint.export.export_hf`; one error line and status 1 on bad input."""
-    from hybridzero.checkpoint.export import export_hf
-    from hybridzero.checkpoint.lora_export import export_adapters
-
     try:
         if args.adapters is not None:  # first: a checkpoint without adapters fails before anything is written
             export_adapters(args.ckpt_dir, args.adapters, args.tag, base_model_name_or_path=str(args.out_dir))
-        out = export_hf(args.ckpt_dir, args.out_dir, args.tag, dtype=args.dtype, max_shard_bytes=args.max_shard_size,
-                        lora=args.lora)
+        out = export_hf(
+            args.ckpt_dir, args.out_dir, args.tag, dtype=args.dtype, max_shard_bytes=args.max_shard_size, lora=args.lora
+        )
     except (FileNotFoundError, FileExistsError, ValueError, OSError) as exc:  # CheckpointError is a ValueError
         print(f"export: error: {exc}", file=sys.stderr)
         return 1

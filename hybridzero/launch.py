@@ -14,6 +14,7 @@ before ``STEP``; everything after it belongs to the step):
 
 The step's arguments are passed after ``--`` so torchrun's own parser never reads (or abbreviates) them.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,13 +26,28 @@ import torch
 
 __all__ = ["STEP_NAMES", "LaunchSpec", "launch_main", "parse_launch", "torchrun_command"]
 
-STEP_NAMES: dict[str, str] = {"sft": "sft", "step1": "sft", "reward": "reward", "step2": "reward", "ppo": "ppo",
-                              "step3": "ppo", "grpo": "grpo"}
-_VALUED = {"--num_gpus": "procs", "--num_procs": "procs", "--num_nodes": "nodes", "--node_rank": "node_rank",
-           "--master_addr": "master_addr", "--master_port": "master_port"}
+STEP_NAMES: dict[str, str] = {
+    "sft": "sft",
+    "step1": "sft",
+    "reward": "reward",
+    "step2": "reward",
+    "ppo": "ppo",
+    "step3": "ppo",
+    "grpo": "grpo",
+}
+_VALUED = {
+    "--num_gpus": "procs",
+    "--num_procs": "procs",
+    "--num_nodes": "nodes",
+    "--node_rank": "node_rank",
+    "--master_addr": "master_addr",
+    "--master_port": "master_port",
+}
 _REFUSED = ("--include", "--exclude", "--hostfile", "--launcher", "--ssh_port", "--autotuning")
-USAGE = "usage: hybridzero launch [--num_gpus N] [--num_nodes M --node_rank R --master_addr A] [--master_port P] " \
-        "STEP [STEP ARGS...]   (STEP: " + ", ".join(sorted(set(STEP_NAMES))) + ")"
+USAGE = (
+    "usage: hybridzero launch [--num_gpus N] [--num_nodes M --node_rank R --master_addr A] [--master_port P] "
+    "STEP [STEP ARGS...]   (STEP: " + ", ".join(sorted(set(STEP_NAMES))) + ")"
+)
 
 
 @dataclass(frozen=True)
@@ -62,11 +78,14 @@ def parse_launch(argv: list[str], default_procs: int = 1) -> tuple[LaunchSpec, s
     while i < len(argv) and argv[i].startswith("-"):
         flag, _, inline = argv[i].partition("=")
         if flag in _REFUSED:
-            raise ValueError(f"{flag} is not supported by hybridzero launch: it starts the processes of this node "
-                             "only (run one launch per node with --num_nodes/--node_rank/--master_addr)")
+            raise ValueError(
+                f"{flag} is not supported by hybridzero launch: it starts the processes of this node "
+                "only (run one launch per node with --num_nodes/--node_rank/--master_addr)"
+            )
         if flag not in _VALUED:
-            raise ValueError(f"unknown launcher flag {flag!r}; launcher flags are {', '.join(_VALUED)} and come "
-                             "before STEP")
+            raise ValueError(
+                f"unknown launcher flag {flag!r}; launcher flags are {', '.join(_VALUED)} and come before STEP"
+            )
         if inline:
             values[_VALUED[flag]], i = inline, i + 1
         elif i + 1 < len(argv):
@@ -77,16 +96,20 @@ def parse_launch(argv: list[str], default_procs: int = 1) -> tuple[LaunchSpec, s
         raise ValueError(f"no STEP given; {USAGE}")
     step = argv[i]
     if step.endswith(".py") or step not in STEP_NAMES:
-        raise ValueError(f"STEP {step!r} is not one of {sorted(set(STEP_NAMES))} (replace DeepSpeed-Chat's main.py "
-                         "by the step it trains)")
-    spec = LaunchSpec(procs=_int("--num_gpus", values["procs"]) if "procs" in values else default_procs,
-                      nodes=_int("--num_nodes", values["nodes"]) if "nodes" in values else 1,
-                      node_rank=_int("--node_rank", values["node_rank"]) if "node_rank" in values else 0,
-                      master_addr=values.get("master_addr"),
-                      master_port=_int("--master_port", values["master_port"]) if "master_port" in values else None)
+        raise ValueError(
+            f"STEP {step!r} is not one of {sorted(set(STEP_NAMES))} (replace DeepSpeed-Chat's main.py "
+            "by the step it trains)"
+        )
+    spec = LaunchSpec(
+        procs=_int("--num_gpus", values["procs"]) if "procs" in values else default_procs,
+        nodes=_int("--num_nodes", values["nodes"]) if "nodes" in values else 1,
+        node_rank=_int("--node_rank", values["node_rank"]) if "node_rank" in values else 0,
+        master_addr=values.get("master_addr"),
+        master_port=_int("--master_port", values["master_port"]) if "master_port" in values else None,
+    )
     if spec.node_rank >= spec.nodes:
         raise ValueError(f"--node_rank {spec.node_rank} must be below --num_nodes {spec.nodes}")
-    return spec, STEP_NAMES[step], argv[i + 1:]
+    return spec, STEP_NAMES[step], argv[i + 1 :]
 
 
 def torchrun_command(spec: LaunchSpec, step: str, step_args: list[str]) -> list[str]:
@@ -95,8 +118,16 @@ def torchrun_command(spec: LaunchSpec, step: str, step_args: list[str]) -> list[
     if spec.nodes == 1 and spec.master_addr is None and spec.master_port is None:
         cmd.append("--standalone")
     else:
-        cmd += ["--nnodes", str(spec.nodes), "--node_rank", str(spec.node_rank),
-                "--master_addr", spec.master_addr or "127.0.0.1", "--master_port", str(spec.master_port or 29500)]
+        cmd += [
+            "--nnodes",
+            str(spec.nodes),
+            "--node_rank",
+            str(spec.node_rank),
+            "--master_addr",
+            spec.master_addr or "127.0.0.1",
+            "--master_port",
+            str(spec.master_port or 29500),
+        ]
     return [*cmd, "-m", "hybridzero", "--", step, *step_args]
 
 

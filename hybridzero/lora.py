@@ -22,6 +22,7 @@ that are dropped on exit, so the sharded masters are never touched. ``peft`` is 
 This module imports nothing of hybridzero: the engine (hybrid generation), the checkpoint export and the RLHF steps
 all use it.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,9 +34,21 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LORA_LEFT", "LORA_RIGHT", "LoRALinear", "SourceWithExtra", "convert_linear_layer_to_lora",
-           "is_lora_name", "lora_delta", "lora_layers", "merged_lora", "merged_weights", "only_optimize_lora",
-           "peft_adapter_state", "split_lora_groups"]
+__all__ = [
+    "LORA_LEFT",
+    "LORA_RIGHT",
+    "LoRALinear",
+    "SourceWithExtra",
+    "convert_linear_layer_to_lora",
+    "is_lora_name",
+    "lora_delta",
+    "lora_layers",
+    "merged_lora",
+    "merged_weights",
+    "only_optimize_lora",
+    "peft_adapter_state",
+    "split_lora_groups",
+]
 
 LORA_RIGHT = "lora_right_weight"
 LORA_LEFT = "lora_left_weight"
@@ -58,8 +71,9 @@ class LoRALinear(nn.Module):
     ``merged`` is True only inside :func:`merged_lora`, where ``weight`` already holds ``W + s * (R @ L).T`` and
     the adapter term is skipped (DS-Chat's ``fuse_lora``)."""
 
-    def __init__(self, base: nn.Linear, lora_dim: int, lora_scaling: float = 1.0,
-                 generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self, base: nn.Linear, lora_dim: int, lora_scaling: float = 1.0, generator: torch.Generator | None = None
+    ) -> None:
         super().__init__()
         if lora_dim <= 0:
             raise ValueError(f"lora_dim = {lora_dim} must be a positive integer")
@@ -96,8 +110,9 @@ def init_right(in_features: int, lora_dim: int, generator: torch.Generator | Non
     return out
 
 
-def convert_linear_layer_to_lora(model: nn.Module, part_module_name: str | list[str], lora_dim: int,
-                                 lora_scaling: float = 1.0, seed: int = 0) -> list[str]:
+def convert_linear_layer_to_lora(
+    model: nn.Module, part_module_name: str | list[str], lora_dim: int, lora_scaling: float = 1.0, seed: int = 0
+) -> list[str]:
     """Replace every ``nn.Linear`` whose qualified name contains ``part_module_name`` (or any of a list) by a
     :class:`LoRALinear` (DS-Chat's ``convert_linear_layer_to_lora``). Returns the converted module names, in
     module order; raises naming the substring when nothing matches (a typo would otherwise train nothing).
@@ -105,17 +120,22 @@ def convert_linear_layer_to_lora(model: nn.Module, part_module_name: str | list[
     Adapters are initialized from one generator seeded with ``seed``, in module order, so every rank builds the
     same values. On a meta-device model the adapters are meta too: read them with :class:`SourceWithExtra`."""
     parts = [part_module_name] if isinstance(part_module_name, str) else list(part_module_name)
-    names = [name for name, mod in model.named_modules()
-             if isinstance(mod, nn.Linear) and any(p in name for p in parts)]
+    names = [
+        name for name, mod in model.named_modules() if isinstance(mod, nn.Linear) and any(p in name for p in parts)
+    ]
     if not names:
         linears = [n for n, m in model.named_modules() if isinstance(m, nn.Linear)][:4]
-        raise ValueError(f"lora_module_name {part_module_name!r} matches no nn.Linear of {type(model).__name__}; "
-                         f"it is a substring of module names such as {linears}")
+        raise ValueError(
+            f"lora_module_name {part_module_name!r} matches no nn.Linear of {type(model).__name__}; "
+            f"it is a substring of module names such as {linears}"
+        )
     generator = torch.Generator().manual_seed(seed)
     for name in names:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, attr, LoRALinear(model.get_submodule(name), lora_dim, lora_scaling, generator))
+        linear = model.get_submodule(name)
+        assert isinstance(linear, nn.Linear)  # names holds nn.Linear modules only
+        setattr(parent, attr, LoRALinear(linear, lora_dim, lora_scaling, generator))
     return names
 
 
@@ -142,21 +162,23 @@ def lora_layers(model: nn.Module) -> list[tuple[str, LoRALinear]]:
     return [(name, mod) for name, mod in model.named_modules() if isinstance(mod, LoRALinear)]
 
 
-def split_lora_groups(model: nn.Module, weight_decay: float, lr: float,
-                      lora_lr: float) -> list[dict[str, Any]]:
+def split_lora_groups(model: nn.Module, weight_decay: float, lr: float, lora_lr: float) -> list[dict[str, Any]]:
     """Optimizer parameter groups as DS-Chat's ``get_optimizer_grouped_parameters(model, wd, lora_lr)``: trainable
     non-LoRA parameters at ``lr``, LoRA parameters at ``lora_lr`` (both with ``weight_decay``); empty groups left
     out. (Which parameters get no decay is the caller's rule; here every group carries ``weight_decay``.)"""
     base = [p for n, p in model.named_parameters() if p.requires_grad and not is_lora_name(n)]
     lora = [p for n, p in model.named_parameters() if p.requires_grad and is_lora_name(n)]
-    groups = [{"params": base, "lr": lr, "weight_decay": weight_decay},
-              {"params": lora, "lr": lora_lr, "weight_decay": weight_decay}]
+    groups = [
+        {"params": base, "lr": lr, "weight_decay": weight_decay},
+        {"params": lora, "lr": lora_lr, "weight_decay": weight_decay},
+    ]
     return [g for g in groups if g["params"]]
 
 
 @contextmanager
-def merged_lora(model: nn.Module, writable: Callable[[nn.Parameter], bool],
-                dtype: torch.dtype | None = None) -> Iterator[int]:
+def merged_lora(
+    model: nn.Module, writable: Callable[[torch.Tensor], bool], dtype: torch.dtype | None = None
+) -> Iterator[int]:
     """Inside the block every :class:`LoRALinear` computes with ``W + s * (R @ L).T`` (DS-Chat's fuse) and skips
     its adapter term; yields the number of merged layers.
 
@@ -171,7 +193,7 @@ def merged_lora(model: nn.Module, writable: Callable[[nn.Parameter], bool],
         with torch.no_grad():
             for mod in layers:
                 w = mod.weight
-                merged = (w.float() + lora_delta(mod.lora_right_weight, mod.lora_left_weight, mod.lora_scaling))
+                merged = w.float() + lora_delta(mod.lora_right_weight, mod.lora_left_weight, mod.lora_scaling)
                 merged = merged.to(dtype or w.dtype)
                 if writable(w) and merged.dtype == w.dtype:
                     w.data.copy_(merged)
@@ -195,7 +217,7 @@ def merged_weights(state: Mapping[str, torch.Tensor], scaling: float = 1.0) -> d
     for name, value in state.items():
         if is_lora_name(name):
             continue
-        prefix = name[:-len(".weight")] if name.endswith(".weight") else None
+        prefix = name[: -len(".weight")] if name.endswith(".weight") else None
         right = state.get(f"{prefix}.{LORA_RIGHT}") if prefix is not None else None
         if right is None:
             out[name] = value
@@ -205,8 +227,9 @@ def merged_weights(state: Mapping[str, torch.Tensor], scaling: float = 1.0) -> d
     return out
 
 
-def peft_adapter_state(state: Mapping[str, torch.Tensor], base_model_name_or_path: str = "",
-                       lora_scaling: float = 1.0) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+def peft_adapter_state(
+    state: Mapping[str, torch.Tensor], base_model_name_or_path: str = "", lora_scaling: float = 1.0
+) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
     """The adapters of ``state`` as peft saves them (``adapter_model.safetensors`` tensors and
     ``adapter_config.json`` content), pure: ``lora_A.weight = R.T [r, in]``, ``lora_B.weight = L.T [out, r]``
     under ``base_model.model.<module>``; ``lora_alpha = lora_scaling`` so peft's scale ``alpha / r`` is DS-Chat's.
@@ -217,7 +240,7 @@ def peft_adapter_state(state: Mapping[str, torch.Tensor], base_model_name_or_pat
     for name, value in state.items():
         if not name.endswith("." + LORA_RIGHT):
             continue
-        module = name[:-len("." + LORA_RIGHT)]
+        module = name[: -len("." + LORA_RIGHT)]
         left = state[f"{module}.{LORA_LEFT}"]
         tensors[f"base_model.model.{module}.lora_A.weight"] = value.t().contiguous()
         tensors[f"base_model.model.{module}.lora_B.weight"] = left.t().contiguous()
@@ -227,10 +250,21 @@ def peft_adapter_state(state: Mapping[str, torch.Tensor], base_model_name_or_pat
         raise ValueError("no LoRA adapters (no parameter named *.lora_right_weight) in this model or checkpoint")
     if len(ranks) != 1:
         raise ValueError(f"LoRA adapters of different ranks {sorted(ranks)}: a peft config holds one r")
-    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": ranks.pop(), "lora_alpha": lora_scaling,
-              "lora_dropout": 0.0, "bias": "none", "fan_in_fan_out": False, "target_modules": modules,
-              "base_model_name_or_path": base_model_name_or_path, "inference_mode": True,
-              "init_lora_weights": True, "use_rslora": False, "modules_to_save": None}
+    config = {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "r": ranks.pop(),
+        "lora_alpha": lora_scaling,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "target_modules": modules,
+        "base_model_name_or_path": base_model_name_or_path,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "use_rslora": False,
+        "modules_to_save": None,
+    }
     return tensors, config
 
 

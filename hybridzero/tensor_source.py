@@ -3,6 +3,7 @@
 A neutral module (no hybridzero imports) so that ``checkpoint/`` implements it and ``zero/`` consumes it without
 either importing the other.
 """
+
 from __future__ import annotations
 
 import difflib

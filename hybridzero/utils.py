@@ -13,6 +13,7 @@ through :data:`hybridzero.zero.registry.REGISTRY`; the work is :class:`hybridzer
 
 Frozen parameters have an fp32 value (readable and writable) but no gradient and no optimizer state (``None``).
 """
+
 from __future__ import annotations
 
 import torch
@@ -39,11 +40,13 @@ def _fragments(param: torch.Tensor, what: str, required: bool) -> TensorFragment
     if isinstance(owner, TensorFragments):
         return owner
     if owner is not None:
-        raise RuntimeError(f"{what}: the parameter is still under construction (zero.Init); call it after "
-                           f"hybridzero.initialize")
+        raise RuntimeError(
+            f"{what}: the parameter is still under construction (zero.Init); call it after hybridzero.initialize"
+        )
     if required:
-        raise ValueError(f"{what}: the parameter belongs to no engine; pass a parameter of engine.module after "
-                         f"hybridzero.initialize")
+        raise ValueError(
+            f"{what}: the parameter belongs to no engine; pass a parameter of engine.module after hybridzero.initialize"
+        )
     return None
 
 

@@ -22,6 +22,7 @@ File layout follows what ``save_pretrained`` of transformers 5 writes (``hugging
 The output appears atomically: it is built in a hidden temporary directory next to ``out_dir`` and renamed into
 place only when complete; a failure removes the temporary directory and leaves ``out_dir`` untouched.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,6 +37,7 @@ from types import MappingProxyType
 from typing import Any
 
 import torch
+import transformers
 from safetensors.torch import save_file
 
 from hybridzero.checkpoint.format import SavedSource, open_tag
@@ -46,11 +48,11 @@ from hybridzero.lora import LORA_LEFT, LORA_RIGHT, is_lora_name, merged_weights
 __all__ = ["EXPORT_DTYPES", "ShardEntry", "ShardPlan", "consolidated_state_dict", "export_hf", "plan_shards"]
 
 EXPORT_DTYPES: MappingProxyType[str, torch.dtype] = MappingProxyType(
-    {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16})
+    {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+)
 """Export dtype name -> torch dtype (read-only)."""
 
-_CONFIG_DTYPE: MappingProxyType[str, str] = MappingProxyType(
-    {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"})
+_CONFIG_DTYPE: MappingProxyType[str, str] = MappingProxyType({"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"})
 CONFIG_NAME = "config.json"
 
 
@@ -84,14 +86,20 @@ def _open(ckpt_dir: str | os.PathLike[str], tag: str | None) -> tuple[dict[str, 
     :func:`~hybridzero.checkpoint.format.open_tag` (checksums, metadata consistency, rank-file headers)."""
     path = find_tag(ckpt_dir, tag)
     if path is None:
-        raise FileNotFoundError(f"checkpoint {'latest' if tag is None else repr(tag)} not found in {ckpt_dir}; "
-                                f"complete tags: {list_tags(ckpt_dir)}")
+        raise FileNotFoundError(
+            f"checkpoint {'latest' if tag is None else repr(tag)} not found in {ckpt_dir}; "
+            f"complete tags: {list_tags(ckpt_dir)}"
+        )
     saved = open_tag(path)
     return saved.meta, SavedSource(saved, "master")
 
 
-def _read(source: SavedSource, entry: ShardEntry, dtype: torch.dtype,
-          adapters: Mapping[str, tuple[ShardEntry, ShardEntry]] | None = None) -> torch.Tensor:
+def _read(
+    source: SavedSource,
+    entry: ShardEntry,
+    dtype: torch.dtype,
+    adapters: Mapping[str, tuple[ShardEntry, ShardEntry]] | None = None,
+) -> torch.Tensor:
     """The full tensor of ``entry`` in ``dtype`` (contiguous; the fp32 read buffer is dropped after conversion);
     a LoRA base weight named in ``adapters`` comes back merged (:func:`hybridzero.lora.merged_weights`)."""
     value = source.read_flat(entry.source, 0, entry.numel).view(entry.shape)
@@ -108,8 +116,12 @@ def lora_adapters(meta: dict[str, Any]) -> dict[str, tuple[ShardEntry, ShardEntr
     def entry(name: str) -> ShardEntry:
         info = params[name]
         return ShardEntry(name, name, int(info["numel"]), tuple(int(d) for d in info["shape"]))
-    return {f"{name[:-len(LORA_RIGHT)]}weight": (entry(name), entry(f"{name[:-len(LORA_RIGHT)]}{LORA_LEFT}"))
-            for name in params if name.endswith("." + LORA_RIGHT)}
+
+    return {
+        f"{name[: -len(LORA_RIGHT)]}weight": (entry(name), entry(f"{name[: -len(LORA_RIGHT)]}{LORA_LEFT}"))
+        for name in params
+        if name.endswith("." + LORA_RIGHT)
+    }
 
 
 def consolidated_state_dict(ckpt_dir: str | os.PathLike[str], tag: str | None = None) -> dict[str, torch.Tensor]:
@@ -120,8 +132,10 @@ def consolidated_state_dict(ckpt_dir: str | os.PathLike[str], tag: str | None = 
     ``tag`` defaults to the one ``latest`` names. The values equal the engine's ``full_parameters()`` bitwise.
     """
     meta, source = _open(ckpt_dir, tag)
-    return {name: source.read_flat(name, 0, int(info["numel"])).view(tuple(info["shape"]))
-            for name, info in meta["params"].items()}
+    return {
+        name: source.read_flat(name, 0, int(info["numel"])).view(tuple(info["shape"]))
+        for name, info in meta["params"].items()
+    }
 
 
 def _dtype(dtype: str) -> torch.dtype:
@@ -133,8 +147,6 @@ def _dtype(dtype: str) -> torch.dtype:
 
 def _skeleton(meta: dict[str, Any]) -> torch.nn.Module | None:
     """The saved model class built on the meta device from the saved config (no memory), or None if impossible."""
-    import transformers
-
     config = meta.get("hf_config") or {}
     cls = getattr(transformers, str(meta.get("model_class")), None)
     mapping = transformers.CONFIG_MAPPING
@@ -169,8 +181,11 @@ def _entries(meta: dict[str, Any]) -> list[ShardEntry]:
         kept = [a for a in aliases if not any(re.search(p, a) for p in targets)] if len(aliases) > 1 else aliases
         for name in kept or [aliases[0]]:
             out.append(ShardEntry(name, canonical, int(info["numel"]), tuple(int(d) for d in info["shape"])))
-    order = {} if skeleton is None else {
-        name: i for i, (name, _) in enumerate(skeleton.named_parameters(remove_duplicate=False))}
+    order = (
+        {}
+        if skeleton is None
+        else {name: i for i, (name, _) in enumerate(skeleton.named_parameters(remove_duplicate=False))}
+    )
     return sorted(out, key=lambda e: order.get(e.name, len(order)))  # stable: unknown names keep their order
 
 
@@ -194,20 +209,26 @@ def plan_shards(entries: list[ShardEntry], itemsize: int, max_shard_bytes: int) 
     if current or not shards:
         shards.append(current)
     n = len(shards)
-    files = (SAFE_WEIGHTS_NAME,) if n == 1 else tuple(
-        SAFE_WEIGHTS_NAME.replace(".safetensors", f"-{i + 1:05d}-of-{n:05d}.safetensors") for i in range(n))
+    files = (
+        (SAFE_WEIGHTS_NAME,)
+        if n == 1
+        else tuple(SAFE_WEIGHTS_NAME.replace(".safetensors", f"-{i + 1:05d}-of-{n:05d}.safetensors") for i in range(n))
+    )
     unique = {e.source: e.numel for e in entries}  # an untied alias written twice is one parameter
-    return ShardPlan(files, tuple(tuple(s) for s in shards), sum(e.numel for e in entries) * itemsize,
-                     sum(unique.values()))
+    return ShardPlan(
+        files, tuple(tuple(s) for s in shards), sum(e.numel for e in entries) * itemsize, sum(unique.values())
+    )
 
 
 def _hf_config(meta: dict[str, Any], dtype: str) -> dict[str, Any]:
     """``config.json`` content: the saved HF config with the export dtype and the model's class."""
     config = meta.get("hf_config")
     if not config:
-        raise ValueError(f"checkpoint of model class {meta.get('model_class')!r} has no Hugging Face config "
-                         "(hf_config is null in meta.json): only models with a transformers config can be exported "
-                         "to a Hugging Face directory; use consolidated_state_dict instead")
+        raise ValueError(
+            f"checkpoint of model class {meta.get('model_class')!r} has no Hugging Face config "
+            "(hf_config is null in meta.json): only models with a transformers config can be exported "
+            "to a Hugging Face directory; use consolidated_state_dict instead"
+        )
     out = dict(config)
     out["dtype"] = out["torch_dtype"] = _CONFIG_DTYPE[dtype]
     if meta.get("model_class"):
@@ -218,12 +239,18 @@ def _hf_config(meta: dict[str, Any], dtype: str) -> dict[str, Any]:
 def _check_out_dir(out: Path) -> None:
     """``out`` must not exist, or be an empty directory."""
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"export destination {out} exists and is not an empty directory; "
-                              "choose a new path or remove it")
+        raise FileExistsError(
+            f"export destination {out} exists and is not an empty directory; choose a new path or remove it"
+        )
 
 
-def _write_weights(tmp: Path, source: SavedSource, plan: ShardPlan, dtype: torch.dtype,
-                   adapters: Mapping[str, tuple[ShardEntry, ShardEntry]] | None = None) -> None:
+def _write_weights(
+    tmp: Path,
+    source: SavedSource,
+    plan: ShardPlan,
+    dtype: torch.dtype,
+    adapters: Mapping[str, tuple[ShardEntry, ShardEntry]] | None = None,
+) -> None:
     """Write each planned file, holding only that file's tensors at a time."""
     for file, shard in zip(plan.files, plan.shards):
         tensors: dict[str, torch.Tensor] = {}
@@ -232,13 +259,22 @@ def _write_weights(tmp: Path, source: SavedSource, plan: ShardPlan, dtype: torch
         save_file(tensors, str(tmp / file), metadata={"format": "pt"})
         del tensors
     if plan.is_sharded:
-        index = {"metadata": {"total_parameters": plan.total_parameters, "total_size": plan.total_size},
-                 "weight_map": {e.name: f for f, shard in zip(plan.files, plan.shards) for e in shard}}
+        index = {
+            "metadata": {"total_parameters": plan.total_parameters, "total_size": plan.total_size},
+            "weight_map": {e.name: f for f, shard in zip(plan.files, plan.shards) for e in shard},
+        }
         (tmp / SAFE_WEIGHTS_INDEX_NAME).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
 
 
-def export_hf(ckpt_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], tag: str | None = None, *,
-              dtype: str = "fp32", max_shard_bytes: int = 5 * 2**30, lora: str = "merge") -> Path:
+def export_hf(
+    ckpt_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    tag: str | None = None,
+    *,
+    dtype: str = "fp32",
+    max_shard_bytes: int = 5 * 2**30,
+    lora: str = "merge",
+) -> Path:
     """Write a ``from_pretrained``-loadable directory of checkpoint ``tag`` (default: latest) to ``out_dir``.
 
     Streams one shard file at a time (see the module docstring); every check (dtype, tag, HF config, destination)
@@ -249,15 +285,19 @@ def export_hf(ckpt_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str],
     """
     torch_dtype = _dtype(dtype)
     if lora not in ("merge", "base"):
-        raise ValueError(f"lora = {lora!r} is invalid: expected 'merge' (adapters folded into the weights) or "
-                         "'base' (base weights only)")
+        raise ValueError(
+            f"lora = {lora!r} is invalid: expected 'merge' (adapters folded into the weights) or "
+            "'base' (base weights only)"
+        )
     out = Path(out_dir)
     _check_out_dir(out)
     meta, source = _open(ckpt_dir, tag)
     if meta.get("excluded"):
-        raise ValueError(f"checkpoint saved with exclude_frozen_parameters: {len(meta['excluded'])} parameters "
-                         f"(e.g. {meta['excluded'][0]!r}) are not in it, so it cannot become a complete model; "
-                         "save without exclude_frozen_parameters to export")
+        raise ValueError(
+            f"checkpoint saved with exclude_frozen_parameters: {len(meta['excluded'])} parameters "
+            f"(e.g. {meta['excluded'][0]!r}) are not in it, so it cannot become a complete model; "
+            "save without exclude_frozen_parameters to export"
+        )
     config = _hf_config(meta, dtype)
     adapters = lora_adapters(meta) if lora == "merge" else {}
     entries = [e for e in _entries(meta) if not is_lora_name(e.source)]

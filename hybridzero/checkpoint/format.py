@@ -20,6 +20,7 @@ Invariants:
 * Per-element state is stored in the coordinates of the group's flat buffer, so :class:`SavedSource` serves any
   state by parameter name and element range, whatever world size or grouping reads it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -41,8 +42,12 @@ META = "meta.json"
 STATE_JSON = "state.json"
 STATE_TENSORS = "state.safetensors"
 RANK_HEADER_KEY = "hybridzero"
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-                                  "float64": torch.float64}
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
 
 
 def rank_file(rank: int) -> str:
@@ -66,8 +71,9 @@ def sha256_file(path: Path) -> str:
 
 def manifest_text(files: dict[str, str], tag: str) -> str:
     """The manifest's JSON for ``files`` (name -> sha256)."""
-    return json.dumps({"producer": PRODUCER, "format": FORMAT, "tag": tag, "files": dict(sorted(files.items()))},
-                      indent=1)
+    return json.dumps(
+        {"producer": PRODUCER, "format": FORMAT, "tag": tag, "files": dict(sorted(files.items()))}, indent=1
+    )
 
 
 def _fail(file: Path, check: str) -> CheckpointError:
@@ -91,9 +97,11 @@ def _verify_manifest(path: Path) -> dict[str, str]:
     """The manifest's files after checking each one's SHA-256."""
     file = path / MANIFEST
     if not file.is_file() and (path / META).is_file() and any(path.glob("rank_*.pt")):
-        raise CheckpointError(f"checkpoint {path} is in the old pickle-based format 1, which this version refuses "
-                              "to read (loading it could run code stored in the files); re-save it with the "
-                              "version that wrote it only if you trust its origin, or start from an export")
+        raise CheckpointError(
+            f"checkpoint {path} is in the old pickle-based format 1, which this version refuses "
+            "to read (loading it could run code stored in the files); re-save it with the "
+            "version that wrote it only if you trust its origin, or start from an export"
+        )
     manifest = _read_json(file)
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(manifest, dict) or manifest.get("producer") != PRODUCER or not isinstance(files, dict):
@@ -138,8 +146,9 @@ def validate_meta(meta: Any, file: Path) -> None:
     if not isinstance(excluded, list) or not all(isinstance(n, str) for n in excluded):
         raise _fail(file, "excluded must be a list of parameter names")
     groups, ranks, params = meta.get("groups"), meta.get("ranks"), meta.get("params")
-    if not isinstance(groups, dict) or not all(_is_int(g.get("padded_numel") if isinstance(g, dict) else None)
-                                               for g in groups.values()):
+    if not isinstance(groups, dict) or not all(
+        _is_int(g.get("padded_numel") if isinstance(g, dict) else None) for g in groups.values()
+    ):
         raise _fail(file, "groups must map names to {'padded_numel': int >= 0}")
     if not isinstance(ranks, list) or len(ranks) != world:
         raise _fail(file, f"ranks must list one entry per rank ({world})")
@@ -154,12 +163,19 @@ def validate_meta(meta: Any, file: Path) -> None:
             hi: Any = part.get("hi")
             keys = part.get("keys")
             if not (_is_int(lo) and _is_int(hi) and lo <= hi <= groups[g]["padded_numel"]):
-                raise _fail(file, f"rank {r}, group '{g}': range [{lo}, {hi}) is outside [0, "
-                                  f"{groups[g]['padded_numel']})")
-            if not isinstance(keys, dict) or keys.get("master") != "float32" or \
-                    any(d not in DTYPES for d in keys.values()):
-                raise _fail(file, f"rank {r}, group '{g}': keys must map state names to one of {sorted(DTYPES)} "
-                                  "with 'master' float32")
+                raise _fail(
+                    file, f"rank {r}, group '{g}': range [{lo}, {hi}) is outside [0, {groups[g]['padded_numel']})"
+                )
+            if (
+                not isinstance(keys, dict)
+                or keys.get("master") != "float32"
+                or any(d not in DTYPES for d in keys.values())
+            ):
+                raise _fail(
+                    file,
+                    f"rank {r}, group '{g}': keys must map state names to one of {sorted(DTYPES)} "
+                    "with 'master' float32",
+                )
             spans[g].append((lo, hi, r))
     for g, ranges in spans.items():
         _coverage(g, groups[g]["padded_numel"], ranges, file)
@@ -172,18 +188,28 @@ def _validate_params(params: Any, groups: dict[str, Any], file: Path) -> None:
     seen: set[str] = set()
     placed: dict[str, list[tuple[int, int, str]]] = {}
     for name, info in params.items():
-        ok = isinstance(info, dict) and info.get("group") in groups and _is_int(info.get("offset")) and \
-            _is_int(info.get("numel")) and isinstance(info.get("shape"), list) and \
-            all(_is_int(d) for d in info["shape"]) and isinstance(info.get("aliases"), list) and \
-            name in info["aliases"] and all(isinstance(a, str) for a in info["aliases"])
+        ok = (
+            isinstance(info, dict)
+            and info.get("group") in groups
+            and _is_int(info.get("offset"))
+            and _is_int(info.get("numel"))
+            and isinstance(info.get("shape"), list)
+            and all(_is_int(d) for d in info["shape"])
+            and isinstance(info.get("aliases"), list)
+            and name in info["aliases"]
+            and all(isinstance(a, str) for a in info["aliases"])
+        )
         if not ok:
             raise _fail(file, f"parameter '{name}': needs group (a saved group), offset, numel, shape, aliases")
         if info["numel"] != math.prod(info["shape"]):
             raise _fail(file, f"parameter '{name}': numel {info['numel']} != prod(shape {info['shape']})")
         end = info["offset"] + info["numel"]
         if end > groups[info["group"]]["padded_numel"]:
-            raise _fail(file, f"parameter '{name}': [{info['offset']}, {end}) exceeds group '{info['group']}' "
-                              f"of {groups[info['group']]['padded_numel']} elements")
+            raise _fail(
+                file,
+                f"parameter '{name}': [{info['offset']}, {end}) exceeds group '{info['group']}' "
+                f"of {groups[info['group']]['padded_numel']} elements",
+            )
         if seen & set(info["aliases"]):
             raise _fail(file, f"parameter '{name}': an alias appears twice")
         seen.update(info["aliases"])
@@ -247,8 +273,9 @@ def _check_rank_file(path: Path, rank: int, entry: dict[str, Any]) -> Any:
                 raise _fail(file, f"tensor '{name}' listed in {META} is missing")
             sl = handle.get_slice(name)
             if sl.get_shape() != [part["hi"] - part["lo"]]:
-                raise _fail(file, f"tensor '{name}' has shape {sl.get_shape()}, {META} says "
-                                  f"[{part['hi'] - part['lo']}]")
+                raise _fail(
+                    file, f"tensor '{name}' has shape {sl.get_shape()}, {META} says [{part['hi'] - part['lo']}]"
+                )
             got = {"F32": "float32", "F16": "float16", "BF16": "bfloat16", "F64": "float64"}.get(sl.get_dtype())
             if got != dtype:
                 raise _fail(file, f"tensor '{name}' has dtype {sl.get_dtype()}, {META} says {dtype}")
@@ -311,7 +338,7 @@ class SavedSource:
             a, b = max(start, part["lo"]), min(stop, part["hi"])
             if a < b:
                 piece = self.tag.tensor(rank, f"{info['group']}/{self.key}", a - part["lo"], b - part["lo"])
-                out[a - start:b - start].copy_(piece)
+                out[a - start : b - start].copy_(piece)
         return out
 
 

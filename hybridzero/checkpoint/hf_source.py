@@ -30,8 +30,15 @@ from torch import nn
 
 from hybridzero.tensor_source import TensorSource, check_range, resolve_name
 
-__all__ = ["CheckpointFileError", "HFCheckpointSource", "ModuleSource", "TensorSource", "check_against_model",
-           "check_range", "resolve_name"]
+__all__ = [
+    "CheckpointFileError",
+    "HFCheckpointSource",
+    "ModuleSource",
+    "TensorSource",
+    "check_against_model",
+    "check_range",
+    "resolve_name",
+]
 
 SAFE_WEIGHTS_NAME = "model.safetensors"
 SAFE_WEIGHTS_INDEX_NAME = "model.safetensors.index.json"
@@ -70,10 +77,17 @@ def confined_name(index: Path, value: object) -> str:
     if not isinstance(value, str) or not value:
         raise ValueError(f"file name {value!r} in {index} must be a non-empty string")
     parts = value.replace("\\", "/").split("/")
-    if (os.path.isabs(value) or value.startswith(("/", "\\")) or ":" in value
-            or any(p in ("", ".", "..") for p in parts) or any(ord(c) < 32 or ord(c) == 127 for c in value)):
-        raise ValueError(f"file name {value!r} in {index} leaves the checkpoint directory {index.parent} "
-                         "(only relative names inside it are allowed)")
+    if (
+        os.path.isabs(value)
+        or value.startswith(("/", "\\"))
+        or ":" in value
+        or any(p in ("", ".", "..") for p in parts)
+        or any(ord(c) < 32 or ord(c) == 127 for c in value)
+    ):
+        raise ValueError(
+            f"file name {value!r} in {index} leaves the checkpoint directory {index.parent} "
+            "(only relative names inside it are allowed)"
+        )
     return value
 
 
@@ -92,9 +106,7 @@ def _resolve_files(path: Path) -> tuple[Path, dict[str, Path] | None]:
         return single, None
     index = path / SAFE_WEIGHTS_INDEX_NAME
     if not index.is_file():
-        raise FileNotFoundError(
-            f"no {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} in checkpoint directory {path}"
-        )
+        raise FileNotFoundError(f"no {SAFE_WEIGHTS_NAME} or {SAFE_WEIGHTS_INDEX_NAME} in checkpoint directory {path}")
     try:
         raw: Any = json.loads(index.read_text())
         mapping = raw["weight_map"]
@@ -240,9 +252,7 @@ class ModuleSource(TensorSource):
     """
 
     def __init__(self, module: nn.Module) -> None:
-        self._params: dict[str, nn.Parameter] = dict(
-            module.named_parameters(remove_duplicate=False)
-        )
+        self._params: dict[str, nn.Parameter] = dict(module.named_parameters(remove_duplicate=False))
         self._label = type(module).__name__
 
     def __repr__(self) -> str:
@@ -274,8 +284,12 @@ class ModuleSource(TensorSource):
         return param.detach().reshape(-1)[lo:hi].clone()
 
 
-def check_against_model(source: TensorSource, params: Mapping[str, tuple[Sequence[str], torch.Size]],
-                        allowed_extra: Sequence[str] = (), ignore_patterns: Sequence[str] = ()) -> None:
+def check_against_model(
+    source: TensorSource,
+    params: Mapping[str, tuple[Sequence[str], torch.Size]],
+    allowed_extra: Sequence[str] = (),
+    ignore_patterns: Sequence[str] = (),
+) -> None:
     """Raise ValueError unless ``source`` holds every parameter (under some alias) with the model's shape and no
     tensor that is neither a parameter alias, in ``allowed_extra`` (buffers) nor matched by ``ignore_patterns``
     (regexes, transformers' ``_keys_to_ignore_on_load_unexpected``), as transformers' loader rejects them.

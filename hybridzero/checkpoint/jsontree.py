@@ -6,6 +6,7 @@ use tagged single-key objects (``{"$tuple": [...]}``, ``{"$items": [[k, v], ...]
 tensors themselves going to a safetensors file under ``name``. Decoding is the exact inverse (shapes and dtypes
 kept). Anything else is an error naming the path of the offending value.
 """
+
 from __future__ import annotations
 
 import json
@@ -32,10 +33,16 @@ def encode(obj: Any, tensors: dict[str, torch.Tensor], path: str) -> JSONValue:
     if isinstance(obj, dict):
         if all(isinstance(k, str) and not k.startswith("$") for k in obj):
             return {k: encode(v, tensors, f"{path}/{k}") for k, v in obj.items()}
-        return {"$items": [[encode(k, tensors, f"{path}/$key{i}"), encode(v, tensors, f"{path}/{i}")]
-                           for i, (k, v) in enumerate(obj.items())]}
-    raise TypeError(f"cannot store {type(obj).__name__} at '{path or '/'}' in a checkpoint: only None, bool, int, "
-                    "float, str, list, tuple, dict and tensors are stored (no pickled objects)")
+        return {
+            "$items": [
+                [encode(k, tensors, f"{path}/$key{i}"), encode(v, tensors, f"{path}/{i}")]
+                for i, (k, v) in enumerate(obj.items())
+            ]
+        }
+    raise TypeError(
+        f"cannot store {type(obj).__name__} at '{path or '/'}' in a checkpoint: only None, bool, int, "
+        "float, str, list, tuple, dict and tensors are stored (no pickled objects)"
+    )
 
 
 def decode(obj: JSONValue, tensors: dict[str, torch.Tensor], where: str) -> Any:
@@ -78,12 +85,16 @@ def check_plain_json(obj: Any, path: str = "client_state") -> None:
     if isinstance(obj, dict):
         for k, v in obj.items():
             if not isinstance(k, str):
-                raise TypeError(f"{path} has a non-string key {k!r} ({type(k).__name__}): checkpoint client_state "
-                                "must be JSON (dict keys are strings)")
+                raise TypeError(
+                    f"{path} has a non-string key {k!r} ({type(k).__name__}): checkpoint client_state "
+                    "must be JSON (dict keys are strings)"
+                )
             check_plain_json(v, f"{path}[{k!r}]")
         return
-    raise TypeError(f"{path} is a {type(obj).__name__}: checkpoint client_state must be JSON-serialisable "
-                    "(None, bool, int, float, str, list, dict with str keys); convert it, e.g. tensor.tolist()")
+    raise TypeError(
+        f"{path} is a {type(obj).__name__}: checkpoint client_state must be JSON-serialisable "
+        "(None, bool, int, float, str, list, dict with str keys); convert it, e.g. tensor.tolist()"
+    )
 
 
 def dumps(obj: JSONValue) -> str:

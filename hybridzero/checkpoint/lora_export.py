@@ -6,6 +6,7 @@ DS-Chat's ``1 / r`` scale). The base model the adapters apply to is ``export_hf(
 checkpoint (equal to the pretrained model when only the adapters were trained). Adapters are small: they are read
 whole. Like :func:`hybridzero.checkpoint.export.export_hf` the directory appears atomically.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,14 +26,22 @@ ADAPTER_CONFIG_NAME = "adapter_config.json"
 ADAPTER_WEIGHTS_NAME = "adapter_model.safetensors"
 
 
-def export_adapters(ckpt_dir: str | os.PathLike[str], out_dir: str | os.PathLike[str], tag: str | None = None, *,
-                    base_model_name_or_path: str = "") -> Path:
+def export_adapters(
+    ckpt_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    tag: str | None = None,
+    *,
+    base_model_name_or_path: str = "",
+) -> Path:
     """Write the checkpoint's LoRA adapters (fp32) as a peft directory; ValueError if it has none."""
     out = Path(out_dir)
     _check_out_dir(out)
     meta, source = _open(ckpt_dir, tag)
-    state = {name: source.read_flat(name, 0, int(info["numel"])).view(tuple(info["shape"]))
-             for name, info in meta["params"].items() if is_lora_name(name)}
+    state = {
+        name: source.read_flat(name, 0, int(info["numel"])).view(tuple(info["shape"]))
+        for name, info in meta["params"].items()
+        if is_lora_name(name)
+    }
     tensors, config = peft_adapter_state(state, base_model_name_or_path)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.adapters-{uuid.uuid4().hex}"

@@ -9,6 +9,7 @@ Invariants:
 * Publication is atomic: a tag is built under ``TAG.partial-<nonce>`` and renamed into place; an older version of
   the tag is moved aside first and removed after, so at every moment a complete version exists under some name.
 """
+
 from __future__ import annotations
 
 import glob
@@ -106,8 +107,10 @@ def check_replaceable(root: Path, tag: str) -> None:
     """Raise unless ``root/tag`` is absent or one of our checkpoints (a save never deletes anything else)."""
     final = tag_path(root, tag)
     if (final.exists() or final.is_symlink()) and not is_ours(final):
-        raise CheckpointError(f"{final} exists and is not a hybridzero checkpoint (no {MANIFEST} of ours); "
-                              "refusing to replace it: choose another tag or save directory")
+        raise CheckpointError(
+            f"{final} exists and is not a hybridzero checkpoint (no {MANIFEST} of ours); "
+            "refusing to replace it: choose another tag or save directory"
+        )
     if (root / LATEST).exists() and not (root / LATEST).is_file():
         raise CheckpointError(f"{root / LATEST} exists and is not a file; refusing to replace it")
 
@@ -146,6 +149,7 @@ def find_tag(root: str | os.PathLike[str], tag: str | None) -> Path | None:
         return path
     # A re-save of ``tag`` killed between moving the old version aside and publishing the new one: the old
     # version is complete under its aside name (see :func:`publish`).
-    aside = sorted((p for p in base.glob(f"{glob.escape(tag)}{PARTIAL}old-*") if is_ours(p)),
-                   key=lambda p: p.stat().st_mtime)
+    aside = sorted(
+        (p for p in base.glob(f"{glob.escape(tag)}{PARTIAL}old-*") if is_ours(p)), key=lambda p: p.stat().st_mtime
+    )
     return aside[-1] if aside else None

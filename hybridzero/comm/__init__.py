@@ -5,6 +5,7 @@ The public functions are ``torch.distributed``'s, re-exported unchanged (same si
 never calls them: its collectives go through :class:`hybridzero.comm.collectives.Comm` (ledger, failure propagation).
 This module and ``collectives.py`` are the only importers of ``torch.distributed``.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -96,11 +97,18 @@ def get_local_rank() -> int:
     return int(os.environ.get("LOCAL_RANK", "0"))
 
 
-def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool = True,
-                     distributed_port: int = _DEFAULT_PORT, verbose: bool = True,
-                     timeout: datetime.timedelta | None = None, init_method: str | None = None,
-                     dist_init_required: bool | None = None, config: Any = None, rank: int = -1,
-                     world_size: int = -1) -> None:
+def init_distributed(
+    dist_backend: str | None = None,
+    auto_mpi_discovery: bool = True,
+    distributed_port: int = _DEFAULT_PORT,
+    verbose: bool = True,
+    timeout: datetime.timedelta | None = None,
+    init_method: str | None = None,
+    dist_init_required: bool | None = None,
+    config: Any = None,
+    rank: int = -1,
+    world_size: int = -1,
+) -> None:
     """DeepSpeed's ``init_distributed``: the default process group from the launcher's environment (idempotent).
 
     gloo on CPU, NCCL with CUDA (``dist_backend`` overrides). ``rank``/``world_size`` stand in for a missing
@@ -112,11 +120,14 @@ def init_distributed(dist_backend: str | None = None, auto_mpi_discovery: bool =
     if dist_init_required is False:
         return
     if init_method not in (None, "env://"):
-        raise ValueError(f"init_distributed(init_method={init_method!r}) is not supported; valid: None or 'env://' "
-                         f"(set MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE, as torchrun does)")
+        raise ValueError(
+            f"init_distributed(init_method={init_method!r}) is not supported; valid: None or 'env://' "
+            f"(set MASTER_ADDR / MASTER_PORT / RANK / WORLD_SIZE, as torchrun does)"
+        )
     if (rank < 0) != (world_size < 0):
-        raise ValueError(f"init_distributed: give both rank and world_size or neither (rank={rank}, "
-                         f"world_size={world_size})")
+        raise ValueError(
+            f"init_distributed: give both rank and world_size or neither (rank={rank}, world_size={world_size})"
+        )
     if not is_initialized():
         if rank >= 0:
             os.environ.setdefault("RANK", str(rank))

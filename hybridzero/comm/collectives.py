@@ -16,6 +16,7 @@ Invariants:
   to the group (Hugging Face models hold one) keeps gloo's sockets open.
 * At world size 1 without a process group the collectives are local copies, still recorded.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -152,8 +153,9 @@ class Comm:
         return child
 
     # --- tensor collectives -------------------------------------------------------------------------------------
-    def all_gather(self, out: torch.Tensor, inp: torch.Tensor, *, phase: str, async_op: bool = False,
-                   label: str = "all_gather") -> PendingCollective:
+    def all_gather(
+        self, out: torch.Tensor, inp: torch.Tensor, *, phase: str, async_op: bool = False, label: str = "all_gather"
+    ) -> PendingCollective:
         """Gather equal shards ``inp`` of every rank into ``out`` (rank-major, ``out.numel() == W * inp.numel()``).
         ``label`` names the use in the ledger when it is not a parameter gather (e.g. "grad_all_gather")."""
         w = self.world_size
@@ -166,8 +168,9 @@ class Comm:
         work = dist.all_gather_single(out, inp, group=self.group, async_op=True)
         return self._finish(work, async_op)
 
-    def reduce_scatter(self, out: torch.Tensor, inp: torch.Tensor, *, phase: str,
-                       async_op: bool = False) -> PendingCollective:
+    def reduce_scatter(
+        self, out: torch.Tensor, inp: torch.Tensor, *, phase: str, async_op: bool = False
+    ) -> PendingCollective:
         """Sum ``inp`` (rank-major, ``W * out.numel()``) over ranks; this rank receives its slice in ``out``."""
         w = self.world_size
         nbytes = inp.numel() * inp.element_size()
@@ -179,8 +182,9 @@ class Comm:
         work = dist.reduce_scatter_single(out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
         return self._finish(work, async_op)
 
-    def exchange_for_reduce(self, recv: torch.Tensor, inp: torch.Tensor, *, phase: str,
-                            async_op: bool = False) -> PendingCollective:
+    def exchange_for_reduce(
+        self, recv: torch.Tensor, inp: torch.Tensor, *, phase: str, async_op: bool = False
+    ) -> PendingCollective:
         """The communication half of an order-deterministic reduce-scatter.
 
         ``inp`` is rank-major ``[W * S]``; afterwards ``recv`` (``[W * S]``) holds, in rank order, the ``W`` slices
@@ -233,15 +237,17 @@ class Comm:
         device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(self.group) == "nccl" else None
         data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
         sizes = torch.empty(self.world_size, dtype=torch.int64, device=device)
-        self._finish(dist.all_gather_single(sizes, torch.tensor([data.numel()], device=device), group=self.group,
-                                            async_op=True), False)
+        self._finish(
+            dist.all_gather_single(sizes, torch.tensor([data.numel()], device=device), group=self.group, async_op=True),
+            False,
+        )
         longest = int(sizes.max())
         sent = torch.zeros(longest, dtype=torch.uint8, device=device)
-        sent[:data.numel()] = data
+        sent[: data.numel()] = data
         got = torch.empty(self.world_size * longest, dtype=torch.uint8, device=device)
         self._finish(dist.all_gather_single(got, sent, group=self.group, async_op=True), False)
         rows = got.view(self.world_size, longest).cpu()
-        return [pickle.loads(rows[r, :int(n)].numpy().tobytes()) for r, n in enumerate(sizes.tolist())]
+        return [pickle.loads(rows[r, : int(n)].numpy().tobytes()) for r, n in enumerate(sizes.tolist())]
 
     def barrier(self, *, phase: str) -> None:
         """Wait until every rank of the group arrives."""
@@ -301,11 +307,15 @@ class Comm:
     def _check_usable(self) -> None:
         """Refuse to issue a collective once this rank failed: it could pair with a peer's different one."""
         if self.failures.failed is not None:
-            raise PeerFailure(f"collective on group '{self.name}' refused: the process group was torn down after "
-                              f"{self.failures.failed}")
+            raise PeerFailure(
+                f"collective on group '{self.name}' refused: the process group was torn down after "
+                f"{self.failures.failed}"
+            )
         if not dist.is_initialized():
-            raise PeerFailure(f"collective on group '{self.name}' refused: the process group was torn down after a "
-                              "failure (on this rank or a peer)")
+            raise PeerFailure(
+                f"collective on group '{self.name}' refused: the process group was torn down after a "
+                "failure (on this rank or a peer)"
+            )
 
     def scope_failures(self, scope: str) -> None:
         """Use a failure key of this engine's own (every rank passes the same ``scope``)."""

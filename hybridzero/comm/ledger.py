@@ -11,6 +11,7 @@ Two byte counts are kept per call:
 * ``wire_bytes``: what one rank sends on a ring algorithm: (W-1)/W of the buffer for all-gather and reduce-scatter,
   2(W-1)/W for all-reduce, the buffer for a broadcast root. 0 at world size 1.
 """
+
 from __future__ import annotations
 
 import dataclasses

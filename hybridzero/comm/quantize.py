@@ -29,6 +29,7 @@ Invariants (tested in ``tests/unit/test_quantize.py``):
 All functions are pure: no module-level mutable state, inputs are never modified (except ``out`` in
 :func:`dequantize_blockwise`).
 """
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ Ranks are laid out the way torchrun assigns them: node ``n`` holds the consecuti
 ``[n * L, (n + 1) * L)`` with ``L = LOCAL_WORLD_SIZE``. An hpZ group of size ``h`` is a block of ``h`` consecutive
 ranks inside one node, so a secondary-shard gather never leaves the node.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,6 +29,8 @@ def hpz_groups(world_size: int, hpz: int, local: int) -> list[list[int]]:
     if hpz < 1 or world_size % hpz:
         raise ValueError(f"zero_optimization.zero_hpz_partition_size={hpz} must divide the world size {world_size}")
     if local % hpz:
-        raise ValueError(f"zero_optimization.zero_hpz_partition_size={hpz} must divide the node size "
-                         f"(LOCAL_WORLD_SIZE={local}): a secondary shard may not span nodes")
+        raise ValueError(
+            f"zero_optimization.zero_hpz_partition_size={hpz} must divide the node size "
+            f"(LOCAL_WORLD_SIZE={local}): a secondary shard may not span nodes"
+        )
     return [list(range(start, start + hpz)) for start in range(0, world_size, hpz)]

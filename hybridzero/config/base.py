@@ -26,8 +26,14 @@ __all__ = ["Block", "child_model", "spellings", "to_config_error"]
 class Block(BaseModel):
     """A frozen, strict model of one DeepSpeed JSON object (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_by_alias=True, validate_by_name=True,
-                              protected_namespaces=(), arbitrary_types_allowed=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        frozen=True,
+        validate_by_alias=True,
+        validate_by_name=True,
+        protected_namespaces=(),
+        arbitrary_types_allowed=True,
+    )
     _prefix: ClassVar[str] = ""  # the block's dotted path in error messages when built directly
     _ignored: ClassVar[frozenset[str]] = frozenset()
     _plain_names: ClassVar[bool] = False  # True: fields without key metadata are JSON keys spelt as the field
@@ -64,8 +70,9 @@ class Block(BaseModel):
             present = list(dict.fromkeys(present))
             if len(present) > 1:
                 template = " and ".join(f"'{{{i}}}'" for i in range(len(present)))
-                raise BlockProblem(f"{template} set the same option; give only '{{{len(present)}}}'",
-                                   (*present, info.name))
+                raise BlockProblem(
+                    f"{template} set the same option; give only '{{{len(present)}}}'", (*present, info.name)
+                )
             if present and info.auto and is_auto(out[present[0]]):
                 del out[present[0]]
         return out
@@ -151,9 +158,12 @@ def to_config_error(exc: ValidationError, cls: type[Block], prefix: str) -> Conf
         return ConfigError(cause.template.format(*keys), key=keys[0] if keys else dotted, value=cause.value)
     if isinstance(cause, ValueProblem):
         if cause.auto:
-            return ConfigError(f"{dotted} = 'auto' cannot be resolved: 'auto' is filled in by the Hugging Face "
-                               f"Trainer, and there is none here; set {dotted} explicitly to {cause.expected}",
-                               key=dotted, value=value)
+            return ConfigError(
+                f"{dotted} = 'auto' cannot be resolved: 'auto' is filled in by the Hugging Face "
+                f"Trainer, and there is none here; set {dotted} explicitly to {cause.expected}",
+                key=dotted,
+                value=value,
+            )
         return ConfigError(f"{dotted} = {show(value)} is invalid: expected {cause.expected}", key=dotted, value=value)
     if kind == "extra_forbidden" and holder is not None:
         parent = dotted.rpartition(".")[0]

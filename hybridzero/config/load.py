@@ -43,14 +43,22 @@ class AcceptedKey:
 
 
 def _block_keys(cls: type[Block], prefix: str, types: tuple[str, ...] = ()) -> list[AcceptedKey]:
-    out = [AcceptedKey(join_key(prefix, name), False, "canonical", types, join_key(prefix, name))
-           for name in sorted(cls._ignored)]
+    out = [
+        AcceptedKey(join_key(prefix, name), False, "canonical", types, join_key(prefix, name))
+        for name in sorted(cls._ignored)
+    ]
     out += [AcceptedKey(join_key(prefix, name), True, "legacy", types, join_key(prefix, name)) for name in cls._legacy]
     for field_name, field in cls.model_fields.items():
         info = key_info(field)
-        names = ((info.name, "canonical"), *((a, "alias") for a in info.aliases),
-                 *((d, "deprecated") for d in info.deprecated)) if info else (((field_name, "canonical"),)
-                                                                               if cls._plain_names else ())
+        names = (
+            (
+                (info.name, "canonical"),
+                *((a, "alias") for a in info.aliases),
+                *((d, "deprecated") for d in info.deprecated),
+            )
+            if info
+            else (((field_name, "canonical"),) if cls._plain_names else ())
+        )
         for name, kind in names:
             canonical = join_key(prefix, info.name if info else name)
             out.append(AcceptedKey(join_key(prefix, name), info.acts if info else True, kind, types, canonical))
@@ -63,8 +71,10 @@ def _block_keys(cls: type[Block], prefix: str, types: tuple[str, ...] = ()) -> l
 def accepted_keys() -> tuple[AcceptedKey, ...]:
     """Every key ``load_config`` accepts, derived from the models (the walk a test proves key by key)."""
     out = _block_keys(Config, "")
-    tables: tuple[tuple[str, Mapping[str, type[Block]]], ...] = (("optimizer.params", OPTIMIZER_PARAMS),
-                                                                 ("scheduler.params", SCHEDULER_PARAMS))
+    tables: tuple[tuple[str, Mapping[str, type[Block]]], ...] = (
+        ("optimizer.params", OPTIMIZER_PARAMS),
+        ("scheduler.params", SCHEDULER_PARAMS),
+    )
     for prefix, table in tables:
         by_model: dict[type[Block], list[str]] = {}
         for type_name, model in table.items():
@@ -107,8 +117,9 @@ def _block_notes(block: Mapping[str, Any], cls: type[Block], prefix: str, out: d
     for name, value in block.items():
         dotted = join_key(prefix, name)
         if name in cls._ignored or (name in names and not _acts(cls, names[name])):
-            out.setdefault(dotted, f"config key '{dotted}' is accepted for DeepSpeed compatibility but has no effect "
-                                   "in hybridzero")
+            out.setdefault(
+                dotted, f"config key '{dotted}' is accepted for DeepSpeed compatibility but has no effect in hybridzero"
+            )
             continue
         if name in cls._legacy:
             new = join_key(prefix, cls._legacy[name])
@@ -132,18 +143,26 @@ def _acts(cls: type[Block], field_name: str) -> bool:
 def _conditional_notes(cfg: Config, out: dict[str, str]) -> None:
     """Keys that act, but not at this ZeRO stage."""
     z = cfg.zero
-    zeropp = (("zero_hpz_partition_size", z.hpz_partition_size > 1, z.hpz_partition_size),
-              ("zero_quantized_weights", z.quantized_weights, True),
-              ("zero_quantized_nontrainable_weights", z.quantized_nontrainable_weights, True))
+    zeropp = (
+        ("zero_hpz_partition_size", z.hpz_partition_size > 1, z.hpz_partition_size),
+        ("zero_quantized_weights", z.quantized_weights, True),
+        ("zero_quantized_nontrainable_weights", z.quantized_nontrainable_weights, True),
+    )
     for name, is_set, value in zeropp:
         if z.stage < 3 and is_set:
             key = f"zero_optimization.{name}"
-            out.setdefault(key, f"{key} = {show(value)} is a ZeRO-3 (ZeRO++) option and has no effect at "
-                                f"zero_optimization.stage = {z.stage}")
+            out.setdefault(
+                key,
+                f"{key} = {show(value)} is a ZeRO-3 (ZeRO++) option and has no effect at "
+                f"zero_optimization.stage = {z.stage}",
+            )
     if not z.ignore_unused_parameters and z.stage not in (1, 2):
         key = "zero_optimization.ignore_unused_parameters"
-        out.setdefault(key, f"{key} = false only acts at ZeRO stages 1 and 2 (as in DeepSpeed) and has no effect at "
-                            f"zero_optimization.stage = {z.stage}")
+        out.setdefault(
+            key,
+            f"{key} = false only acts at ZeRO stages 1 and 2 (as in DeepSpeed) and has no effect at "
+            f"zero_optimization.stage = {z.stage}",
+        )
 
 
 def notes(raw: Mapping[str, Any], cfg: Config) -> tuple[str, ...]:
@@ -151,11 +170,12 @@ def notes(raw: Mapping[str, Any], cfg: Config) -> tuple[str, ...]:
     out: dict[str, str] = {}
     if isinstance(raw.get("zero_optimization"), bool):
         value = raw["zero_optimization"]
-        out["zero_optimization"] = (f"zero_optimization = {show(value)} is deprecated; use "
-                                    f"{{\"stage\": {int(value)}}}")
+        out["zero_optimization"] = f'zero_optimization = {show(value)} is deprecated; use {{"stage": {int(value)}}}'
     _block_notes(raw, Config, "", out)
-    for name, block, table in (("optimizer", cfg.optimizer, OPTIMIZER_PARAMS),
-                               ("scheduler", cfg.scheduler, SCHEDULER_PARAMS)):
+    for name, block, table in (
+        ("optimizer", cfg.optimizer, OPTIMIZER_PARAMS),
+        ("scheduler", cfg.scheduler, SCHEDULER_PARAMS),
+    ):
         params = raw[name].get("params") if block is not None else None
         if block is not None and isinstance(params, Mapping):
             _block_notes(params, table[block.type], f"{name}.params", out)
@@ -175,8 +195,9 @@ def load_config(config: Mapping[str, Any] | str | os.PathLike[str], world_size: 
     elif isinstance(config, Mapping):
         raw = config
     else:
-        raise ConfigError(f"config must be a mapping or a path to a JSON file, not {type(config).__name__}",
-                          value=config)
+        raise ConfigError(
+            f"config must be a mapping or a path to a JSON file, not {type(config).__name__}", value=config
+        )
     if "world_size" in raw:  # a field of Config, but not a JSON key: the caller gives it
         raise unknown_key_error("", "world_size", spellings(Config))
     try:

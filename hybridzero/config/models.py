@@ -23,6 +23,8 @@ __all__ = ["BF16Config", "FP16Config", "HybridEngineConfig", "OffloadConfig", "P
 
 _SIZE = Annotated[int, integer(0)]  # element counts may be 0
 _BUCKET = Annotated[int, integer(1)]  # a 0-element bucket never fills
+
+
 class OffloadConfig(Block):
     """One ``zero_optimization.offload_*`` block (acts through :mod:`hybridzero.optim.offload`).
 
@@ -33,8 +35,18 @@ class OffloadConfig(Block):
 
     _prefix: ClassVar[str] = "offload"
     _ignored: ClassVar[frozenset[str]] = frozenset(
-        {"buffer_size", "max_in_cpu", "pipeline_read", "pipeline_write", "fast_init", "ratio",
-         "nvme_path_per_local_rank", "super_offload", "cpuadam_cores_perc"})
+        {
+            "buffer_size",
+            "max_in_cpu",
+            "pipeline_read",
+            "pipeline_write",
+            "fast_init",
+            "ratio",
+            "nvme_path_per_local_rank",
+            "super_offload",
+            "cpuadam_cores_perc",
+        }
+    )
 
     device: Annotated[str, choice("none", "cpu", "nvme")] = key("none", "device", note="optim.offload")
     pin_memory: Annotated[bool, boolean] = key(False, "pin_memory", note="optim.offload (CUDA only)")
@@ -44,8 +56,11 @@ class OffloadConfig(Block):
     @model_validator(mode="after")
     def _nvme_needs_path(self) -> OffloadConfig:
         if self.device == "nvme" and not self.nvme_path:
-            raise BlockProblem("{0} = 'nvme' needs {1}: a directory on a fast local disk for the swap files",
-                               ("device", "nvme_path"), self.device)
+            raise BlockProblem(
+                "{0} = 'nvme' needs {1}: a directory on a fast local disk for the swap files",
+                ("device", "nvme_path"),
+                self.device,
+            )
         return self
 
     @property
@@ -73,20 +88,45 @@ class ZeroConfig(Block):
     """
 
     _prefix: ClassVar[str] = "zero_optimization"
-    _ignored: ClassVar[frozenset[str]] = frozenset({
-        "allgather_partitions", "use_multi_rank_bucket_allreduce", "load_from_fp32_weights", "elastic_checkpoint",
-        "round_robin_gradients", "legacy_stage1", "grad_hooks", "cpu_offload_use_pin_memory",
-        "stage3_model_persistence_threshold", "model_persistence_threshold", "stage3_module_granularity_threshold",
-        "module_granularity_threshold", "stage3_use_all_reduce_for_fetch_params", "use_all_reduce_for_fetch_params",
-        "stage3_allgather_sequential", "allgather_sequential", "zeropp_loco_param", "mics_shard_size",
-        "mics_hierarchical_params_gather", "memory_efficient_linear", "pipeline_loading_checkpoint",
-        "override_module_apply", "log_trace_cache_warnings", "enable_sanity_checks",
-        "save_muon_momentum_buffer_in_memory", "leaf_module", "zenflow", "compute_grad_norm", "parameter_alignment"})
+    _ignored: ClassVar[frozenset[str]] = frozenset(
+        {
+            "allgather_partitions",
+            "use_multi_rank_bucket_allreduce",
+            "load_from_fp32_weights",
+            "elastic_checkpoint",
+            "round_robin_gradients",
+            "legacy_stage1",
+            "grad_hooks",
+            "cpu_offload_use_pin_memory",
+            "stage3_model_persistence_threshold",
+            "model_persistence_threshold",
+            "stage3_module_granularity_threshold",
+            "module_granularity_threshold",
+            "stage3_use_all_reduce_for_fetch_params",
+            "use_all_reduce_for_fetch_params",
+            "stage3_allgather_sequential",
+            "allgather_sequential",
+            "zeropp_loco_param",
+            "mics_shard_size",
+            "mics_hierarchical_params_gather",
+            "memory_efficient_linear",
+            "pipeline_loading_checkpoint",
+            "override_module_apply",
+            "log_trace_cache_warnings",
+            "enable_sanity_checks",
+            "save_muon_momentum_buffer_in_memory",
+            "leaf_module",
+            "zenflow",
+            "compute_grad_norm",
+            "parameter_alignment",
+        }
+    )
 
     stage: Annotated[int, integer(0, 3)] = key(0, "stage")
     prefetch_bucket_size: _SIZE = key(50_000_000, "stage3_prefetch_bucket_size", "prefetch_bucket_size", auto=True)
-    param_persistence_threshold: _SIZE = key(100_000, "stage3_param_persistence_threshold",
-                                             "param_persistence_threshold", auto=True)
+    param_persistence_threshold: _SIZE = key(
+        100_000, "stage3_param_persistence_threshold", "param_persistence_threshold", auto=True
+    )
     max_live_parameters: _SIZE = key(1_000_000_000, "stage3_max_live_parameters", "max_live_parameters", auto=True)
     max_reuse_distance: _SIZE = key(1_000_000_000, "stage3_max_reuse_distance", "max_reuse_distance", auto=True)
     reduce_bucket_size: _BUCKET = key(500_000_000, "reduce_bucket_size", auto=True)
@@ -106,14 +146,20 @@ class ZeroConfig(Block):
     offload_param: ParamOffloadConfig = key(ParamOffloadConfig(), "offload_param")
     # acts through engine.save_16bit_model (consolidated 16-bit weights on save)
     gather_16bit_weights_on_model_save: Annotated[bool, boolean] = key(
-        False, "stage3_gather_16bit_weights_on_model_save", "gather_16bit_weights_on_model_save",
-        deprecated=("stage3_gather_fp16_weights_on_model_save",), note="engine.save_16bit_model")
+        False,
+        "stage3_gather_16bit_weights_on_model_save",
+        "gather_16bit_weights_on_model_save",
+        deprecated=("stage3_gather_fp16_weights_on_model_save",),
+        note="engine.save_16bit_model",
+    )
     # DeepSpeed's default true; false raises at stages 1 and 2 on a trainable parameter with no gradient
-    ignore_unused_parameters: Annotated[bool, boolean] = key(True, "ignore_unused_parameters",
-                                                             note="zero.coordinator (stages 1/2)")
+    ignore_unused_parameters: Annotated[bool, boolean] = key(
+        True, "ignore_unused_parameters", note="zero.coordinator (stages 1/2)"
+    )
 
     _legacy: ClassVar[Mapping[str, str]] = MappingProxyType(
-        {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"})
+        {"cpu_offload": "offload_optimizer", "cpu_offload_param": "offload_param"}
+    )
 
     @classmethod
     def _translate(cls, data: dict[str, Any]) -> dict[str, Any]:
@@ -139,21 +185,33 @@ class ZeroConfig(Block):
     def _offload_rules(self) -> ZeroConfig:
         param, opt = self.offload_param, self.offload_optimizer
         if opt.enabled and self.stage == 0:
-            raise BlockProblem(f"{{0}}.device = {opt.device!r} needs stage 1, 2 or 3 (ZeRO-Offload moves the "
-                               f"optimizer's shard), got {{1}} = 0; use stage >= 1 or device 'none'",
-                               ("offload_optimizer", "stage"), opt.device)
+            raise BlockProblem(
+                f"{{0}}.device = {opt.device!r} needs stage 1, 2 or 3 (ZeRO-Offload moves the "
+                f"optimizer's shard), got {{1}} = 0; use stage >= 1 or device 'none'",
+                ("offload_optimizer", "stage"),
+                opt.device,
+            )
         if param.enabled and self.stage != 3:
-            raise BlockProblem(f"{{0}}.device = {param.device!r} needs stage 3 (parameters are only sharded at "
-                               f"stage 3), got {{1}} = {self.stage}; use stage 3 or device 'none'",
-                               ("offload_param", "stage"), param.device)
+            raise BlockProblem(
+                f"{{0}}.device = {param.device!r} needs stage 3 (parameters are only sharded at "
+                f"stage 3), got {{1}} = {self.stage}; use stage 3 or device 'none'",
+                ("offload_param", "stage"),
+                param.device,
+            )
         if param.device == "nvme":
-            raise BlockProblem("{0}.device = 'nvme' is not supported by hybridzero (parameter shards in files are "
-                               "not built); use 'cpu' (optimizer state can go to nvme through {1})",
-                               ("offload_param", "offload_optimizer"), param.device)
+            raise BlockProblem(
+                "{0}.device = 'nvme' is not supported by hybridzero (parameter shards in files are "
+                "not built); use 'cpu' (optimizer state can go to nvme through {1})",
+                ("offload_param", "offload_optimizer"),
+                param.device,
+            )
         if param.enabled and not opt.enabled:
-            raise BlockProblem("{0}.device = 'cpu' needs {1}.device 'cpu' or 'nvme' in hybridzero: compute shards "
-                               "are cast from the fp32 master, so the master must be off the device as well",
-                               ("offload_param", "offload_optimizer"), param.device)
+            raise BlockProblem(
+                "{0}.device = 'cpu' needs {1}.device 'cpu' or 'nvme' in hybridzero: compute shards "
+                "are cast from the fp32 master, so the master must be off the device as well",
+                ("offload_param", "offload_optimizer"),
+                param.device,
+            )
         return self
 
 
@@ -179,14 +237,19 @@ class FP16Config(Block):
     def _check_dynamic_scaling(self) -> FP16Config:
         if not self.dynamic_loss_scale:
             return self
-        rules = (("loss_scale_window", self.loss_scale_window >= 1, "an integer >= 1"),
-                 ("hysteresis", self.hysteresis >= 1, "an integer >= 1"),
-                 ("min_loss_scale", self.min_loss_scale > 0, "a number > 0"))
+        rules = (
+            ("loss_scale_window", self.loss_scale_window >= 1, "an integer >= 1"),
+            ("hysteresis", self.hysteresis >= 1, "an integer >= 1"),
+            ("min_loss_scale", self.min_loss_scale > 0, "a number > 0"),
+        )
         for name, ok, expected in rules:
             if not ok:
                 value = getattr(self, name)
-                raise BlockProblem(f"{{0}} = {value!r} is invalid with dynamic loss scaling ({{1}} = 0): "
-                                   f"expected {expected}", (name, "loss_scale"), value)
+                raise BlockProblem(
+                    f"{{0}} = {value!r} is invalid with dynamic loss scaling ({{1}} = 0): expected {expected}",
+                    (name, "loss_scale"),
+                    value,
+                )
         return self
 
     @property
@@ -205,7 +268,8 @@ class BF16Config(Block):
 
     _prefix: ClassVar[str] = "bf16"
     _ignored: ClassVar[frozenset[str]] = frozenset(
-        {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads", "bf16_optimizer_states"})
+        {"immediate_grad_update", "check_grad_overflow", "bf16_master_weights_and_grads", "bf16_optimizer_states"}
+    )
 
     enabled: Annotated[bool, boolean] = key(False, "enabled")
 
@@ -230,6 +294,10 @@ class HybridEngineConfig(Block):
     @model_validator(mode="after")
     def _no_tensor_parallel(self) -> HybridEngineConfig:
         if self.inference_tp_size != 1:
-            raise BlockProblem(f"{{0}} = {self.inference_tp_size} is not supported: tensor-parallel inference is "
-                               "not supported by hybridzero; use 1", ("inference_tp_size",), self.inference_tp_size)
+            raise BlockProblem(
+                f"{{0}} = {self.inference_tp_size} is not supported: tensor-parallel inference is "
+                "not supported by hybridzero; use 1",
+                ("inference_tp_size",),
+                self.inference_tp_size,
+            )
         return self

@@ -103,9 +103,11 @@ class WarmupCosineLRParams(_Warmup):
 
 
 OPTIMIZER_PARAMS: Mapping[str, type[_Params]] = MappingProxyType(
-    {"Adam": AdamParams, "AdamW": AdamParams, "SGD": SGDParams})
+    {"Adam": AdamParams, "AdamW": AdamParams, "SGD": SGDParams}
+)
 SCHEDULER_PARAMS: Mapping[str, type[_Params]] = MappingProxyType(
-    {"WarmupLR": WarmupLRParams, "WarmupDecayLR": WarmupDecayLRParams, "WarmupCosineLR": WarmupCosineLRParams})
+    {"WarmupLR": WarmupLRParams, "WarmupDecayLR": WarmupDecayLRParams, "WarmupCosineLR": WarmupCosineLRParams}
+)
 
 
 def _canonical(value: Any, key: str, supported: tuple[str, ...], what: str) -> str:
@@ -113,8 +115,11 @@ def _canonical(value: Any, key: str, supported: tuple[str, ...], what: str) -> s
         for name in supported:
             if name.lower() == value.lower():
                 return name
-    raise ConfigError(f"{key} = {show(value)} is not supported; supported {what}: {', '.join(supported)} "
-                      "(case-insensitive)", key=key, value=value)
+    raise ConfigError(
+        f"{key} = {show(value)} is not supported; supported {what}: {', '.join(supported)} (case-insensitive)",
+        key=key,
+        value=value,
+    )
 
 
 def canonical_optimizer_type(value: Any) -> str:
@@ -151,21 +156,35 @@ def validate_optimizer_params(type_: str, params: Any) -> dict[str, Any]:
     prefix = "optimizer.params"
     if isinstance(params, Mapping) and "max_grad_norm" in params:
         key = join_key(prefix, "max_grad_norm")
-        raise ConfigError(f"{key} = {show(params['max_grad_norm'])} is not supported (as in DeepSpeed); "
-                          "set the top-level 'gradient_clipping' instead", key=key, value=params["max_grad_norm"])
+        raise ConfigError(
+            f"{key} = {show(params['max_grad_norm'])} is not supported (as in DeepSpeed); "
+            "set the top-level 'gradient_clipping' instead",
+            key=key,
+            value=params["max_grad_norm"],
+        )
     result = _validate(OPTIMIZER_PARAMS[type_], params, prefix)
     if result.get("amsgrad") and not result.get("torch_adam"):
-        raise ConfigError(f"{prefix}.amsgrad = true requires {prefix}.torch_adam = true (DeepSpeed's FusedAdam and "
-                          "CPU Adam do not support AMSGrad)", key=f"{prefix}.amsgrad", value=True)
+        raise ConfigError(
+            f"{prefix}.amsgrad = true requires {prefix}.torch_adam = true (DeepSpeed's FusedAdam and "
+            "CPU Adam do not support AMSGrad)",
+            key=f"{prefix}.amsgrad",
+            value=True,
+        )
     if result.get("bias_correction") is False:
-        raise ConfigError(f"{prefix}.bias_correction = false is not supported: torch's Adam/AdamW always apply "
-                          "bias correction", key=f"{prefix}.bias_correction", value=False)
+        raise ConfigError(
+            f"{prefix}.bias_correction = false is not supported: torch's Adam/AdamW always apply bias correction",
+            key=f"{prefix}.bias_correction",
+            value=False,
+        )
     if type_ == "SGD" and result.get("nesterov", False):
         momentum, dampening = result.get("momentum", 0.0), result.get("dampening", 0.0)
         if momentum <= 0.0 or dampening != 0.0:
-            raise ConfigError(f"{prefix}.nesterov = true requires {prefix}.momentum > 0 and {prefix}.dampening = 0 "
-                              f"(got momentum = {momentum:g}, dampening = {dampening:g})",
-                              key=join_key(prefix, "nesterov"), value=True)
+            raise ConfigError(
+                f"{prefix}.nesterov = true requires {prefix}.momentum > 0 and {prefix}.dampening = 0 "
+                f"(got momentum = {momentum:g}, dampening = {dampening:g})",
+                key=join_key(prefix, "nesterov"),
+                value=True,
+            )
     return result
 
 
@@ -217,8 +236,9 @@ class _TypedBlock(Block):
         if not isinstance(data, Mapping):
             return data
         if data.get("type") is None:
-            raise BlockProblem(f"{{0}} is required in '{cls._prefix}'; supported: {', '.join(cls._supported)}",
-                               ("type",))
+            raise BlockProblem(
+                f"{{0}} is required in '{cls._prefix}'; supported: {', '.join(cls._supported)}", ("type",)
+            )
         canonical = cls._canonical(data["type"])
         return {**data, "type": canonical, "params": freeze(cls._validate_params(canonical, data.get("params")))}
 
@@ -272,4 +292,3 @@ class SchedulerConfig(_TypedBlock):
     def resolved_params(self) -> Mapping[str, Any]:
         """``params`` over DeepSpeed's defaults for ``type`` (read-only)."""
         return freeze({**scheduler_defaults(self.type), **self.params})
-

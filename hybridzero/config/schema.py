@@ -22,31 +22,69 @@ from .values import boolean, choice, freeze, integer, is_auto, key, number, opti
 
 __all__ = ["TOP_IGNORED", "Config"]
 
-TOP_IGNORED: frozenset[str] = frozenset({
-    # optimizer plumbing
-    "zero_allow_untested_optimizer", "zero_force_ds_cpu_optimizer",
-    # monitoring / logging / profiling
-    "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comet", "comms_logger",
-    "dump_state", "memory_breakdown", "timers", "log_level",
-    # precision / communication variants
-    "amp", "torch_autocast", "data_types", "fp32_allreduce", "sparse_gradients", "disable_allgather",
-    "seq_parallel_communication_data_type", "graph_harvesting",
-    # training features and parallelism plans
-    "elasticity", "autotuning", "eigenvalue", "progressive_layer_drop", "curriculum_learning", "data_efficiency",
-    "sparse_attention", "pipeline", "tensor_parallel", "use_data_before_expert_parallelism", "compression_training",
-    "quantize_training", "weight_quantization", "compile",
-    # I/O, checkpointing, runtime knobs
-    "checkpoint", "aio", "nebula", "datastates", "dataloader_drop_last", "vocabulary_size", "disable_python_gc",
-})
+TOP_IGNORED: frozenset[str] = frozenset(
+    {
+        # optimizer plumbing
+        "zero_allow_untested_optimizer",
+        "zero_force_ds_cpu_optimizer",
+        # monitoring / logging / profiling
+        "activation_checkpointing",
+        "flops_profiler",
+        "tensorboard",
+        "wandb",
+        "csv_monitor",
+        "comet",
+        "comms_logger",
+        "dump_state",
+        "memory_breakdown",
+        "timers",
+        "log_level",
+        # precision / communication variants
+        "amp",
+        "torch_autocast",
+        "data_types",
+        "fp32_allreduce",
+        "sparse_gradients",
+        "disable_allgather",
+        "seq_parallel_communication_data_type",
+        "graph_harvesting",
+        # training features and parallelism plans
+        "elasticity",
+        "autotuning",
+        "eigenvalue",
+        "progressive_layer_drop",
+        "curriculum_learning",
+        "data_efficiency",
+        "sparse_attention",
+        "pipeline",
+        "tensor_parallel",
+        "use_data_before_expert_parallelism",
+        "compression_training",
+        "quantize_training",
+        "weight_quantization",
+        "compile",
+        # I/O, checkpointing, runtime knobs
+        "checkpoint",
+        "aio",
+        "nebula",
+        "datastates",
+        "dataloader_drop_last",
+        "vocabulary_size",
+        "disable_python_gc",
+    }
+)
 _BLOCKS = ("zero_optimization", "fp16", "bf16", "bfloat16", "hybrid_engine")
-_CLIP_AUTO = ("no trainer fills it here, so it means the default 0.0 (no clipping); the HF Trainer would use "
-              "max_grad_norm (1.0 by default) -- set it explicitly")
+_CLIP_AUTO = (
+    "no trainer fills it here, so it means the default 0.0 (no clipping); the HF Trainer would use "
+    "max_grad_norm (1.0 by default) -- set it explicitly"
+)
 
 
 def _world_size(value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"world_size = {show(value)} is invalid: expected an integer >= 1", key="world_size",
-                          value=value)
+        raise ConfigError(
+            f"world_size = {show(value)} is invalid: expected an integer >= 1", key="world_size", value=value
+        )
     return value
 
 
@@ -82,15 +120,18 @@ class Config(Block):
     scheduler: SchedulerConfig | None = key(None, "scheduler", note="optim.schedulers")
     hybrid_engine: HybridEngineConfig = key(HybridEngineConfig(), "hybrid_engine")
     communication_data_type: Annotated[str | None, optional(choice("fp32", "fp16", "bf16"))] = key(
-        None, "communication_data_type")
+        None, "communication_data_type"
+    )
     steps_per_print: Annotated[int, integer(1)] = key(10, "steps_per_print", note="engine.step's progress log")
     wall_clock_breakdown: Annotated[bool, boolean] = key(False, "wall_clock_breakdown", acts=False)
     # the gradient reduction (zero.reduce.reduction_scales): DeepSpeed's pre/post scaling and its op
     prescale_gradients: Annotated[bool, boolean] = key(False, "prescale_gradients", note="zero.reduce")
-    gradient_predivide_factor: Annotated[float, number(0.0, lo_open=True)] = key(1.0, "gradient_predivide_factor",
-                                                                                 note="zero.reduce")
-    gradient_allreduce_op: Annotated[str, choice("mean", "sum")] = key("mean", "gradient_allreduce_op",
-                                                                        note="zero.reduce")
+    gradient_predivide_factor: Annotated[float, number(0.0, lo_open=True)] = key(
+        1.0, "gradient_predivide_factor", note="zero.reduce"
+    )
+    gradient_allreduce_op: Annotated[str, choice("mean", "sum")] = key(
+        "mean", "gradient_allreduce_op", note="zero.reduce"
+    )
     seed: Annotated[int | None, optional(integer(0))] = key(None, "seed", note="initialize")
     # hybridzero extension: a step whose gradients hold inf/nan on any rank is skipped on every rank, in any dtype
     skip_nonfinite_steps: Annotated[bool, boolean] = key(False, "skip_nonfinite_steps", note="engine.step")
@@ -113,18 +154,28 @@ class Config(Block):
     @model_validator(mode="after")
     def _contradictions(self) -> Config:
         if self.fp16.enabled and self.bf16.enabled:
-            raise ConfigError("fp16.enabled = true and bf16.enabled = true: at most one reduced precision can be "
-                              "enabled; set one of them to false", key="bf16.enabled", value=True)
+            raise ConfigError(
+                "fp16.enabled = true and bf16.enabled = true: at most one reduced precision can be "
+                "enabled; set one of them to false",
+                key="bf16.enabled",
+                value=True,
+            )
         hpz = self.zero.hpz_partition_size
         if self.world_size % hpz:
             divisors = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
-            raise ConfigError(f"zero_optimization.zero_hpz_partition_size = {hpz} does not divide world_size = "
-                              f"{self.world_size}; valid values: {', '.join(map(str, divisors))}",
-                              key="zero_optimization.zero_hpz_partition_size", value=hpz)
+            raise ConfigError(
+                f"zero_optimization.zero_hpz_partition_size = {hpz} does not divide world_size = "
+                f"{self.world_size}; valid values: {', '.join(map(str, divisors))}",
+                key="zero_optimization.zero_hpz_partition_size",
+                value=hpz,
+            )
         if self.gradient_allreduce_op == "sum" and self.prescale_gradients:
-            raise ConfigError("prescale_gradients = true divides every gradient by the world size before the sum, "
-                              "which contradicts gradient_allreduce_op = 'sum'; set one of them back to its default",
-                              key="prescale_gradients", value=True)
+            raise ConfigError(
+                "prescale_gradients = true divides every gradient by the world size before the sum, "
+                "which contradicts gradient_allreduce_op = 'sum'; set one of them back to its default",
+                key="prescale_gradients",
+                value=True,
+            )
         return self
 
     @property

@@ -81,8 +81,16 @@ class KeyInfo:
         return (self.name, *self.aliases, *self.deprecated)
 
 
-def key(default: Any, name: str, *aliases: str, deprecated: tuple[str, ...] = (), auto: bool = False,
-        auto_note: str = "", acts: bool = True, note: str = "") -> Any:
+def key(
+    default: Any,
+    name: str,
+    *aliases: str,
+    deprecated: tuple[str, ...] = (),
+    auto: bool = False,
+    auto_note: str = "",
+    acts: bool = True,
+    note: str = "",
+) -> Any:
     """A pydantic ``Field`` for DeepSpeed key ``name`` (and its other spellings) carrying its :class:`KeyInfo`."""
     info = KeyInfo(name, tuple(aliases), tuple(deprecated), auto, auto_note, acts, note)
     extra: Any = {"key": info}  # read back by key_info; pydantic keeps json_schema_extra as given
@@ -155,8 +163,9 @@ def integer(lo: int | None = None, hi: int | None = None) -> BeforeValidator:
     return BeforeValidator(_checked("an integer" + bounds_text(lo, hi), convert))
 
 
-def number(lo: float | None = None, hi: float | None = None, lo_open: bool = False,
-           hi_open: bool = False) -> BeforeValidator:
+def number(
+    lo: float | None = None, hi: float | None = None, lo_open: bool = False, hi_open: bool = False
+) -> BeforeValidator:
     """A finite float in bounds (ints accepted and converted)."""
 
     def convert(v: Any) -> Any:
@@ -187,8 +196,12 @@ def pair(lo: float, hi: float, hi_open: bool) -> BeforeValidator:
     """A pair ``[a, b]`` of numbers in bounds, as a tuple of floats."""
 
     def convert(v: Any) -> Any:
-        if (not isinstance(v, (list, tuple)) or len(v) != 2 or not all(_is_number(m) for m in v)
-                or not all(_in_bounds(m, lo, hi, False, hi_open) for m in v)):
+        if (
+            not isinstance(v, (list, tuple))
+            or len(v) != 2
+            or not all(_is_number(m) for m in v)
+            or not all(_in_bounds(m, lo, hi, False, hi_open) for m in v)
+        ):
             return _BAD
         return (float(v[0]), float(v[1]))
 

@@ -54,9 +54,7 @@ def sum_of_squares(tensors: Iterable[torch.Tensor]) -> torch.Tensor:
     return total
 
 
-def clip_coefficient(
-    total_norm: torch.Tensor, max_norm: float, eps: float = TORCH_CLIP_EPS
-) -> torch.Tensor:
+def clip_coefficient(total_norm: torch.Tensor, max_norm: float, eps: float = TORCH_CLIP_EPS) -> torch.Tensor:
     """Gradient scale ``min(1, max_norm / (total_norm + eps))`` as a tensor.
 
     Uses the same operation sequence as ``torch.nn.utils.clip_grad_norm_`` (a Python float

@@ -97,9 +97,7 @@ def build_optimizer(
     try:
         return cls(groups, **kwargs)
     except (TypeError, ValueError) as exc:
-        raise ValueError(
-            f"could not build {cls.__name__} for optimizer type {opt_type!r}: {exc}"
-        ) from exc
+        raise ValueError(f"could not build {cls.__name__} for optimizer type {opt_type!r}: {exc}") from exc
 
 
 def param_groups_of(client: torch.optim.Optimizer) -> list[list[torch.nn.Parameter]]:
@@ -146,11 +144,7 @@ def _constructor_kwargs(cls: type, defaults: Mapping[str, Any]) -> dict[str, Any
 
 def _group_hyperparameters(group: Mapping[str, Any]) -> dict[str, Any]:
     """Deep copy of a param group without ``params`` (and ``param_names``, which describe them)."""
-    return {
-        key: copy.deepcopy(value)
-        for key, value in group.items()
-        if key not in ("params", "param_names")
-    }
+    return {key: copy.deepcopy(value) for key, value in group.items() if key not in ("params", "param_names")}
 
 
 def rebuild_optimizer(
@@ -193,8 +187,7 @@ def rebuild_optimizer(
         rebuilt = cls(groups, **_constructor_kwargs(cls, client.defaults))
     except Exception as exc:
         raise ValueError(
-            f"could not rebuild optimizer class {cls.__module__}.{cls.__qualname__} as "
-            f"cls(params, **defaults): {exc}"
+            f"could not rebuild optimizer class {cls.__module__}.{cls.__qualname__} as cls(params, **defaults): {exc}"
         ) from exc
     rebuilt.defaults.clear()
     rebuilt.defaults.update(copy.deepcopy(client.defaults))

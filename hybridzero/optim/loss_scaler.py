@@ -84,10 +84,7 @@ class ScalerState:
         if self.hysteresis_left < 1:
             raise ValueError(f"hysteresis_left must be >= 1, got {self.hysteresis_left!r}")
         if not 0 <= self.good_steps <= self.step:
-            raise ValueError(
-                "need 0 <= good_steps <= step, "
-                f"got good_steps={self.good_steps!r}, step={self.step!r}"
-            )
+            raise ValueError(f"need 0 <= good_steps <= step, got good_steps={self.good_steps!r}, step={self.step!r}")
 
 
 @dataclass(frozen=True)
@@ -117,9 +114,7 @@ class ScalerConfig:
         if self.window < 1:
             raise ValueError(f"window must be >= 1 with dynamic scaling, got {self.window!r}")
         if self.hysteresis < 1:
-            raise ValueError(
-                f"hysteresis must be >= 1 with dynamic scaling, got {self.hysteresis!r}"
-            )
+            raise ValueError(f"hysteresis must be >= 1 with dynamic scaling, got {self.hysteresis!r}")
         if not (math.isfinite(self.min_scale) and self.min_scale > 0):
             raise ValueError(f"min_scale must be finite and > 0, got {self.min_scale!r}")
         if not self.scale_factor > 1:
@@ -213,9 +208,7 @@ def update_scale(state: ScalerState, overflow: bool, cfg: ScalerConfig) -> Scale
     return _on_good_step(state, cfg)
 
 
-def overflow_flag(
-    tensors: Iterable[torch.Tensor], device: torch.device | str | None = None
-) -> torch.Tensor:
+def overflow_flag(tensors: Iterable[torch.Tensor], device: torch.device | str | None = None) -> torch.Tensor:
     """0-dim float32 tensor: 1.0 if any element of any tensor is inf, -inf or nan, else 0.0.
 
     Exact for every floating dtype (fp16/bf16/fp32/...; a finite bf16/fp32 value near the dtype
@@ -325,9 +318,7 @@ class LossScaler:
         """Restore a :meth:`state_dict`; the keys must match exactly and satisfy the invariants."""
         keys = set(state_dict)
         if keys != set(_STATE_KEYS):
-            raise KeyError(
-                f"loss scaler state_dict keys {sorted(keys)} != expected {sorted(_STATE_KEYS)}"
-            )
+            raise KeyError(f"loss scaler state_dict keys {sorted(keys)} != expected {sorted(_STATE_KEYS)}")
         self.state = ScalerState(
             scale=float(state_dict["scale"]),
             hysteresis_left=int(state_dict["hysteresis_left"]),

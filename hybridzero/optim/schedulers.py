@@ -145,10 +145,7 @@ def warmup_cosine_lr_ratio(
     real_last_step = step - n + 1
     real_total_steps = total_num_steps - n
     if real_total_steps <= 0:
-        raise ValueError(
-            f"total_num_steps={total_num_steps!r} must exceed warmup_num_steps={n!r} "
-            "for the cosine phase"
-        )
+        raise ValueError(f"total_num_steps={total_num_steps!r} must exceed warmup_num_steps={n!r} for the cosine phase")
     cosine = (1 + math.cos(math.pi * real_last_step / real_total_steps)) / 2
     return max(0.0, cos_min_ratio + (1.0 - cos_min_ratio) * cosine)
 
@@ -187,9 +184,7 @@ def _per_group(key: str, value: Any, num_groups: int) -> list[float]:
 def _warmup_type(value: Any) -> str:
     """``value`` if it is a supported warmup type, else ``ValueError`` naming key and value."""
     if value not in WARMUP_TYPES:
-        raise ValueError(
-            f"scheduler param 'warmup_type' must be one of {WARMUP_TYPES}, got {value!r}"
-        )
+        raise ValueError(f"scheduler param 'warmup_type' must be one of {WARMUP_TYPES}, got {value!r}")
     return value
 
 
@@ -228,25 +223,19 @@ class DeepSpeedWarmupScheduler(LRScheduler):
     ``{"last_batch_iteration": i}``.  Neither touches the optimizer's lrs.
     """
 
-    def __init__(
-        self, optimizer: torch.optim.Optimizer, sched_type: str, params: Mapping[str, Any]
-    ) -> None:
+    def __init__(self, optimizer: torch.optim.Optimizer, sched_type: str, params: Mapping[str, Any]) -> None:
         """Validate ``params`` for ``sched_type`` and apply the pre-start lrs."""
         sched_type = canonical_scheduler_type(sched_type)
         params = validate_scheduler_params(sched_type, params)  # the config's rules: names, types, ranges
         self.sched_type = sched_type
         num_groups = len(optimizer.param_groups)
         self.org_lrs = [float(group["lr"]) for group in optimizer.param_groups]
-        self.warmup_num_steps = _int(
-            "warmup_num_steps", params.get("warmup_num_steps", _DEFAULT_WARMUP_STEPS)
-        )
+        self.warmup_num_steps = _int("warmup_num_steps", params.get("warmup_num_steps", _DEFAULT_WARMUP_STEPS))
         self.warmup_type = _warmup_type(params.get("warmup_type", "log"))
         if sched_type == "WarmupCosineLR":
             self.total_num_steps = _total_steps(params, self.warmup_num_steps, strict=True)
             self.warmup_min_ratio = _number("warmup_min_ratio", params.get("warmup_min_ratio", 0.0))
-            self.cos_min_ratio = _number(
-                "cos_min_ratio", params.get("cos_min_ratio", _COS_DEFAULT_MIN_RATIO)
-            )
+            self.cos_min_ratio = _number("cos_min_ratio", params.get("cos_min_ratio", _COS_DEFAULT_MIN_RATIO))
         else:
             if sched_type == "WarmupDecayLR":
                 self.total_num_steps = _total_steps(params, self.warmup_num_steps, strict=False)
@@ -257,14 +246,10 @@ class DeepSpeedWarmupScheduler(LRScheduler):
             max_value = params.get("warmup_max_lr", default_max)
             # DeepSpeed's WarmupLR.__init__ (shared by WarmupDecayLR) maps an explicit None
             # to the groups' current lrs.
-            self.max_lrs = _per_group(
-                "warmup_max_lr", self.org_lrs if max_value is None else max_value, num_groups
-            )
+            self.max_lrs = _per_group("warmup_max_lr", self.org_lrs if max_value is None else max_value, num_groups)
         resume_at = params.get("last_batch_iteration", -1)
         if isinstance(resume_at, bool) or not isinstance(resume_at, int) or resume_at < -1:
-            raise ValueError(
-                f"scheduler param 'last_batch_iteration' must be an int >= -1, got {resume_at!r}"
-            )
+            raise ValueError(f"scheduler param 'last_batch_iteration' must be an int >= -1, got {resume_at!r}")
         current = [_copy_lr(group["lr"]) for group in optimizer.param_groups]
         super().__init__(optimizer, last_epoch=-1)
         if resume_at >= 0:
@@ -305,13 +290,18 @@ class DeepSpeedWarmupScheduler(LRScheduler):
             return [org_lr * ratio for org_lr in self.org_lrs]
         if self.sched_type == "WarmupDecayLR":
             return [
-                warmup_decay_lr(iteration, total_num_steps=self.total_num_steps, warmup_min_lr=lo,
-                                warmup_max_lr=hi, warmup_num_steps=steps, warmup_type=kind)
+                warmup_decay_lr(
+                    iteration,
+                    total_num_steps=self.total_num_steps,
+                    warmup_min_lr=lo,
+                    warmup_max_lr=hi,
+                    warmup_num_steps=steps,
+                    warmup_type=kind,
+                )
                 for lo, hi in zip(self.min_lrs, self.max_lrs)
             ]
         return [
-            warmup_lr(iteration, warmup_min_lr=lo, warmup_max_lr=hi, warmup_num_steps=steps,
-                      warmup_type=kind)
+            warmup_lr(iteration, warmup_min_lr=lo, warmup_max_lr=hi, warmup_num_steps=steps, warmup_type=kind)
             for lo, hi in zip(self.min_lrs, self.max_lrs)
         ]
 
@@ -335,14 +325,10 @@ class DeepSpeedWarmupScheduler(LRScheduler):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Restore the position from :meth:`state_dict` or a DeepSpeed scheduler state."""
         if "last_batch_iteration" not in state_dict:
-            raise ValueError(
-                f"scheduler state_dict lacks 'last_batch_iteration': keys {sorted(state_dict)!r}"
-            )
+            raise ValueError(f"scheduler state_dict lacks 'last_batch_iteration': keys {sorted(state_dict)!r}")
         iteration = state_dict["last_batch_iteration"]
         if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < -1:
-            raise ValueError(
-                f"state_dict 'last_batch_iteration' must be an int >= -1, got {iteration!r}"
-            )
+            raise ValueError(f"state_dict 'last_batch_iteration' must be an int >= -1, got {iteration!r}")
         self.last_epoch = iteration + 1
         self._step_count = int(state_dict.get("_step_count", iteration + 2))
         saved = state_dict.get("_last_lr")
@@ -350,9 +336,7 @@ class DeepSpeedWarmupScheduler(LRScheduler):
         self._last_lr = restored
 
 
-def build_scheduler(
-    sched_type: str, params: Mapping[str, Any], optimizer: torch.optim.Optimizer
-) -> LRScheduler:
+def build_scheduler(sched_type: str, params: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> LRScheduler:
     """Build a DeepSpeed ``scheduler`` block (``type`` + ``params``) over ``optimizer``.
 
     Construction immediately sets every group's lr to DeepSpeed's pre-start value.  With

@@ -9,6 +9,7 @@ Invariants: element-wise optimizers (Adam, AdamW, SGD) give exactly the update t
 to the same elements; padding is never part of any view; the grad views are re-bound before every step, so a user
 calling ``optimizer.zero_grad(set_to_none=True)`` cannot detach them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -25,8 +26,9 @@ from hybridzero.zero.offload import move
 FROZEN = 1 << 30  # sort key for parameters that no optimizer group holds
 
 
-def optimizer_groups(module: nn.Module, client: torch.optim.Optimizer | None,
-                     model_parameters: Iterable[Any] | None) -> tuple[dict[str, int], list[dict[str, Any]]]:
+def optimizer_groups(
+    module: nn.Module, client: torch.optim.Optimizer | None, model_parameters: Iterable[Any] | None
+) -> tuple[dict[str, int], list[dict[str, Any]]]:
     """Map parameter name (first name in ``named_parameters()``) to optimizer group index, and return each
     group's hyperparameter overrides. Names, not object ids, so the map survives meta-device materialization.
 
@@ -53,8 +55,9 @@ def optimizer_groups(module: nn.Module, client: torch.optim.Optimizer | None,
 Views = list[list[tuple[torch.Tensor, torch.Tensor]]]  # per optimizer group: (master view, grad view) pairs
 
 
-def order_for_optimizer(params: Sequence[tuple[str, nn.Parameter]],
-                        index_of: dict[str, int]) -> list[tuple[str, nn.Parameter]]:
+def order_for_optimizer(
+    params: Sequence[tuple[str, nn.Parameter]], index_of: dict[str, int]
+) -> list[tuple[str, nn.Parameter]]:
     """Stable order of a gather group's parameters by optimizer group (frozen / unoptimized last)."""
     return sorted(params, key=lambda item: index_of.get(item[0], FROZEN))
 
@@ -73,7 +76,7 @@ def shard_views(groups: Sequence[ShardedGroup], index_of: dict[str, int], n_opt_
         for k, flat_range in ranges.items():
             local = group.local_range(flat_range)
             if local is not None:
-                out[k].append((group.master[local[0]:local[1]], group.opt_grad[local[0]:local[1]]))
+                out[k].append((group.master[local[0] : local[1]], group.opt_grad[local[0] : local[1]]))
     return out
 
 
@@ -81,8 +84,10 @@ def split_views(views: Views, max_numel: int) -> Views:
     """Each (master view, grad view) pair cut into consecutive pieces of at most ``max_numel`` elements (NVMe
     offload: ``sub_group_size`` bounds what one streamed chunk holds). Element-wise optimizers step the pieces
     exactly as the whole view; the pieces still cover the same elements, in order."""
-    return [[(m[lo:lo + max_numel], g[lo:lo + max_numel]) for m, g in group for lo in range(0, m.numel(), max_numel)]
-            for group in views]
+    return [
+        [(m[lo : lo + max_numel], g[lo : lo + max_numel]) for m, g in group for lo in range(0, m.numel(), max_numel)]
+        for group in views
+    ]
 
 
 def make_leaf_params(views: Views) -> list[list[tuple[nn.Parameter, torch.Tensor]]]:

@@ -19,6 +19,7 @@ Invariants:
 * Each (leaf, key) owns one fixed byte region of the file, allocated at its first swap-out; the file is reserved
   at start-up for the estimated total (:func:`state_tensors_per_element`), so a step never meets a full disk.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -98,8 +99,9 @@ def _only(optimizer: torch.optim.Optimizer, chunk: Sequence[nn.Parameter]) -> It
 class StateSwapper:
     """The optimizer's state tensors in one swap file of a private :class:`SwapDir`, streamed chunk by chunk."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, nvme_path: str, rank: int, sub_group_size: int,
-                 buffer_count: int) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, nvme_path: str, rank: int, sub_group_size: int, buffer_count: int
+    ) -> None:
         self.optimizer = optimizer
         leaves = [p for group in optimizer.param_groups for p in group["params"]]
         self.chunks = chunk_leaves(leaves, sub_group_size)

@@ -15,6 +15,7 @@ Invariants:
   are reserved (``posix_fallocate``) so a step never meets a full disk.
 * Cleaned on :meth:`SwapDir.close` (``engine.destroy()``), at garbage collection and at interpreter exit.
 """
+
 from __future__ import annotations
 
 import errno
@@ -69,8 +70,12 @@ def remove_stale(root: Path) -> list[Path]:
         finally:
             os.close(fd)
     if removed:
-        _LOG.warning("removed %d stale swap director%s of killed runs under %s", len(removed),
-                     "y" if len(removed) == 1 else "ies", root)
+        _LOG.warning(
+            "removed %d stale swap director%s of killed runs under %s",
+            len(removed),
+            "y" if len(removed) == 1 else "ies",
+            root,
+        )
     return removed
 
 
@@ -101,8 +106,10 @@ class SwapDir:
             os.write(lock_fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "rank": rank}).encode())
             self.path.mkdir(mode=0o700)
         except OSError as exc:
-            raise SwapSpaceError(f"offload_optimizer.nvme_path = {str(base)!r} is not a writable directory "
-                                 f"({exc.strerror or exc}); give a directory this process can create files in") from exc
+            raise SwapSpaceError(
+                f"offload_optimizer.nvme_path = {str(base)!r} is not a writable directory "
+                f"({exc.strerror or exc}); give a directory this process can create files in"
+            ) from exc
         self._fds: list[int] = [lock_fd]
         self._finalizer = weakref.finalize(self, _cleanup, self.path, self._fds)
 
@@ -113,8 +120,10 @@ class SwapDir:
         free = shutil.disk_usage(self.path).free
         if reserve > free:
             self.close()
-            raise SwapSpaceError(f"offload_optimizer.nvme_path: {reserve} bytes are needed for the swapped optimizer "
-                                 f"state on this rank but only {free} are free under {self.path.parent.parent}")
+            raise SwapSpaceError(
+                f"offload_optimizer.nvme_path: {reserve} bytes are needed for the swapped optimizer "
+                f"state on this rank but only {free} are free under {self.path.parent.parent}"
+            )
         fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._fds.append(fd)
         try:
@@ -122,8 +131,10 @@ class SwapDir:
                 os.posix_fallocate(fd, 0, reserve)
         except OSError as exc:
             self.close()
-            raise SwapSpaceError(f"offload_optimizer.nvme_path: cannot reserve {reserve} bytes under "
-                                 f"{self.path.parent.parent} ({exc.strerror or exc})") from exc
+            raise SwapSpaceError(
+                f"offload_optimizer.nvme_path: cannot reserve {reserve} bytes under "
+                f"{self.path.parent.parent} ({exc.strerror or exc})"
+            ) from exc
         return fd
 
     @property

@@ -15,6 +15,7 @@ Layout (concepts, each module readable top to bottom):
 * ``report``, ``runlog``, ``plot`` — DeepSpeed-Chat's report, ``metrics.jsonl`` + TensorBoard, matplotlib PNGs;
 * ``demo/`` — the shipped task and the README's demo.
 """
+
 from __future__ import annotations
 
 from hybridzero.rlhf.demo.run import run_demo

@@ -13,6 +13,7 @@ this run, each role with its explicit tag (never the engines' ``latest``), and t
 and saved again. Markers are read as untrusted JSON: an iteration is a non-negative int, a tag must be exactly the
 one this module would write, so nothing read from disk can point outside the role's directory.
 """
+
 from __future__ import annotations
 
 import json
@@ -113,8 +114,10 @@ class RoleCheckpoints:
         for name, engine in self.engines.items():
             path, client = engine.load_checkpoint(str(self.root / name), tag=tag)
             if path is None or not isinstance(client, dict) or "iteration" not in client:
-                raise ValueError(f"{self.root / name / tag}: the completion marker names it, but it holds no "
-                                 "checkpoint of this run (removed or replaced?); delete the marker to resume earlier")
+                raise ValueError(
+                    f"{self.root / name / tag}: the completion marker names it, but it holds no "
+                    "checkpoint of this run (removed or replaced?); delete the marker to resume earlier"
+                )
             if int(client["iteration"]) != newest:
                 raise ValueError(f"{self.root / name / tag}: holds iteration {client['iteration']}, expected {newest}")
         echo(f"resumed from {self.root} at iteration {newest} ({', '.join(self.engines)})")

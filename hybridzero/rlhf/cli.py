@@ -18,6 +18,7 @@ flag and why. Launcher and config flags (``--local_rank``, ``--deepspeed``, ``--
 and exits 1; a model path or Hub id is checked before anything starts (:func:`~hybridzero.rlhf.models.check_loadable`).
 ``hybridzero launch`` (:mod:`hybridzero.launch`) stands in for ``deepspeed main.py``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,10 @@ __all__ = ["UNSUPPORTED", "add_rlhf_commands", "add_settings_arguments", "settin
 
 # flag -> (DeepSpeed-Chat default that means "off", why hybridzero refuses any other value)
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "offload": (False, "offload in the RLHF CLI acts at step 3 only (put offload_optimizer in a DeepSpeed config "
-                "for steps 1-2)"),
+    "offload": (
+        False,
+        "offload in the RLHF CLI acts at step 3 only (put offload_optimizer in a DeepSpeed config for steps 1-2)",
+    ),
     "offload_reference_model": (False, "offload in the RLHF CLI acts at step 3 only"),
     "unpin_actor_parameters": (False, "the hybrid engine pins nothing to unpin"),
     "release_inference_cache": (False, "the hybrid engine keeps no inference cache between generations"),
@@ -65,9 +68,18 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
 # LoRA flags of the other steps (step 3's on sft/reward and vice versa): DS-Chat's scripts only pass their own
 # step's, so these are accepted with any value and have no effect there (the LoRA flags of a step are settings
 # fields: hybridzero.rlhf.settings.SupervisedLoRA / Step3LoRA, read by hybridzero.rlhf.lora)
-_LORA_COMPANIONS = ("lora_dim", "lora_module_name", "lora_learning_rate", "actor_lora_dim", "actor_lora_module_name",
-                    "critic_lora_dim", "critic_lora_module_name", "actor_lora_learning_rate",
-                    "critic_lora_learning_rate", "enable_mixed_precision_lora")
+_LORA_COMPANIONS = (
+    "lora_dim",
+    "lora_module_name",
+    "lora_learning_rate",
+    "actor_lora_dim",
+    "actor_lora_module_name",
+    "critic_lora_dim",
+    "critic_lora_module_name",
+    "actor_lora_learning_rate",
+    "critic_lora_learning_rate",
+    "enable_mixed_precision_lora",
+)
 # accepted and without effect here, with the reason shown by --help
 _IGNORED = {
     "local_rank": "set by the launcher; torchrun's LOCAL_RANK is used",
@@ -125,19 +137,33 @@ def _flag_kwargs(annotation: Any) -> dict[str, Any]:
 def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
     """One flag per settings field, plus ``--config`` and DeepSpeed-Chat's accepted/refused flags."""
     parser.add_argument("--config", default=None, help="JSON file of settings; command-line flags override it")
-    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show the traceback of a data or model error")
+    parser.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a data or model error"
+    )
     for name, field in model.model_fields.items():
         flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
         text = field.description or f"default: {field.get_default(call_default_factory=True)!r}"
         parser.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=text, **_flag_kwargs(field.annotation))
     for name, why in _IGNORED.items():
-        parser.add_argument(f"--{name}", dest=f"ignored__{name}", nargs="?", const=True, default=argparse.SUPPRESS,
-                            help=f"accepted, no effect: {why}")
+        parser.add_argument(
+            f"--{name}",
+            dest=f"ignored__{name}",
+            nargs="?",
+            const=True,
+            default=argparse.SUPPRESS,
+            help=f"accepted, no effect: {why}",
+        )
     for name in list(UNSUPPORTED) + list(_LORA_COMPANIONS):
         if name not in model.model_fields:
-            parser.add_argument(f"--{name}", dest=f"unsupported__{name}", nargs="?", const=True, type=_loose,
-                                default=argparse.SUPPRESS, help="DeepSpeed-Chat flag; only its default is accepted")
+            parser.add_argument(
+                f"--{name}",
+                dest=f"unsupported__{name}",
+                nargs="?",
+                const=True,
+                type=_loose,
+                default=argparse.SUPPRESS,
+                help="DeepSpeed-Chat flag; only its default is accepted",
+            )
     for alias, target in _ALIASES.items():
         parser.add_argument(f"--{alias}", dest=target, type=int, default=argparse.SUPPRESS, help=f"alias of --{target}")
 
@@ -151,8 +177,10 @@ def _check_unsupported(given: dict[str, Any]) -> None:
             continue
         default, why = UNSUPPORTED[name]
         if value != default and not (default is None and value in (0, 0.0)):
-            raise ValueError(f"--{name} {value!r} is not supported by hybridzero: {why} "
-                             f"(only its DeepSpeed-Chat default {default!r} is accepted)")
+            raise ValueError(
+                f"--{name} {value!r} is not supported by hybridzero: {why} "
+                f"(only its DeepSpeed-Chat default {default!r} is accepted)"
+            )
 
 
 def _format_validation(exc: ValidationError, model: type[BaseModel]) -> str:
@@ -173,8 +201,9 @@ def _format_validation(exc: ValidationError, model: type[BaseModel]) -> str:
 
 def settings_from_args(model: type[BaseModel], args: argparse.Namespace) -> BaseModel:
     """Settings from ``--config`` then the given flags; ``ValueError`` naming the bad keys/values."""
-    given = {k: v for k, v in vars(args).items()
-             if k not in ("func", "command", "config", "world_size", "argv", "debug")}
+    given = {
+        k: v for k, v in vars(args).items() if k not in ("func", "command", "config", "world_size", "argv", "debug")
+    }
     _check_unsupported(given)
     values: dict[str, Any] = {}
     if getattr(args, "config", None):
@@ -202,8 +231,18 @@ _STEPS: dict[str, tuple[type, str]] = {
 
 def _relaunch(world: int, argv: list[str]) -> int:
     """Run ``hybridzero ARGV`` under ``torch.distributed.run`` with ``world`` local ranks."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world),
-           "-m", "hybridzero", "--", *argv]  # after "--": torchrun's parser never reads (or abbreviates) our flags
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(world),
+        "-m",
+        "hybridzero",
+        "--",
+        *argv,
+    ]  # after "--": torchrun's parser never reads (or abbreviates) our flags
     try:
         return subprocess.run(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"}, check=False).returncode
     except KeyboardInterrupt:
@@ -235,11 +274,12 @@ def _run_step(args: argparse.Namespace) -> int:
         return _relaunch(args.world_size, _strip_world(sys.argv[1:] if args.argv is None else args.argv))
     try:
         _check_models(settings)
-        if args.command == "sft":
+        if isinstance(settings, SFTSettings):
             train_sft(settings)
-        elif args.command == "reward":
+        elif isinstance(settings, RewardSettings):
             train_reward(settings)
         else:
+            assert isinstance(settings, PPOSettings)  # GRPOSettings included
             monitor = demo_monitor() if getattr(settings, "monitor", "none") == "demo" else None
             train_step3(settings, monitor=monitor)
     except (ValueError, OSError, ImportError) as exc:  # FileNotFoundError and ModelLoadError included
@@ -286,19 +326,32 @@ def _demo(args: argparse.Namespace) -> int:
 def add_rlhf_commands(subparsers: argparse._SubParsersAction) -> None:
     """Register the RLHF subcommands."""
     for name, (model, text) in _STEPS.items():
-        p = subparsers.add_parser(name, help=text, description=f"{text}. Flags are the settings' keys "
-                                  "(DeepSpeed-Chat's names); --config FILE gives them as JSON.")
+        p = subparsers.add_parser(
+            name,
+            help=text,
+            description=f"{text}. Flags are the settings' keys "
+            "(DeepSpeed-Chat's names); --config FILE gives them as JSON.",
+        )
         add_settings_arguments(p, model)
-        p.add_argument("--world_size", "--world-size", dest="world_size", type=int, default=0,
-                       help="relaunch under torch.distributed.run with N local ranks (outside torchrun)")
+        p.add_argument(
+            "--world_size",
+            "--world-size",
+            dest="world_size",
+            type=int,
+            default=0,
+            help="relaunch under torch.distributed.run with N local ranks (outside torchrun)",
+        )
         p.set_defaults(func=_run_step, argv=None)
     p = subparsers.add_parser("plot", help="PNG curves of a run directory's metrics.jsonl")
     p.add_argument("run_dir", metavar="RUN_DIR")
     p.add_argument("--out", default=None, help="output folder (default RUN_DIR/plots)")
     p.set_defaults(func=_plot)
-    p = subparsers.add_parser("demo", help="the embedded default: SFT -> reward model -> PPO on the shipped task",
-                              description="Train a tiny Llama from scratch on the shipped 'reverse the digits' "
-                                          "task through all three steps, then report the hidden rule's score.")
+    p = subparsers.add_parser(
+        "demo",
+        help="the embedded default: SFT -> reward model -> PPO on the shipped task",
+        description="Train a tiny Llama from scratch on the shipped 'reverse the digits' "
+        "task through all three steps, then report the hidden rule's score.",
+    )
     p.add_argument("--output_dir", "--output-dir", default="runs/demo")
     p.add_argument("--world_size", "--world-size", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="a few steps per stage (smoke run)")

@@ -12,11 +12,12 @@ on every trained parameter except biases and norm weights (``get_optimizer_group
 six ``lr_scheduler_type`` choices are ``transformers.get_scheduler``'s curves over the run's optimizer steps, handed
 to the engine as a client scheduler (``warmup_cosine`` is DeepSpeed's ``WarmupCosineLR`` block).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
@@ -32,8 +33,21 @@ from hybridzero.rlhf.settings import HF_SCHEDULES, GRPOSettings, PPOSettings
 from hybridzero.runtime.engine import Engine
 from hybridzero.runtime.pretrained import check_model_matches, meta_model
 
-__all__ = ["NO_DECAY_NAMES", "OptimSpec", "Roles", "build_engine", "build_roles", "decay_groups", "ds_config",
-           "engine_numel", "global_sum", "hf_scheduler", "load_actor_engine", "scheduler_block", "world_comm"]
+__all__ = [
+    "NO_DECAY_NAMES",
+    "OptimSpec",
+    "Roles",
+    "build_engine",
+    "build_roles",
+    "decay_groups",
+    "ds_config",
+    "engine_numel",
+    "global_sum",
+    "hf_scheduler",
+    "load_actor_engine",
+    "scheduler_block",
+    "world_comm",
+]
 
 # DeepSpeed-Chat's get_optimizer_grouped_parameters: parameters whose lower-cased name contains one of these get no
 # weight decay
@@ -56,7 +70,8 @@ def decay_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]] 
     ``None`` when ``weight_decay`` is 0 (one group: the same update, and the same shard layout as before)."""
     if weight_decay == 0.0:
         return None
-    decay, plain = [], []
+    decay: list[nn.Parameter] = []
+    plain: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (plain if any(key in name.lower() for key in NO_DECAY_NAMES) else decay).append(param)
@@ -71,8 +86,10 @@ def hf_scheduler(spec: OptimSpec) -> Callable[[torch.optim.Optimizer], Any] | No
         return None
 
     def make(optimizer: torch.optim.Optimizer) -> Any:
-        return transformers.get_scheduler(spec.schedule, optimizer, num_warmup_steps=spec.warmup_steps,
-                                          num_training_steps=max(spec.total_steps, 1))
+        return transformers.get_scheduler(
+            spec.schedule, optimizer, num_warmup_steps=spec.warmup_steps, num_training_steps=max(spec.total_steps, 1)
+        )
+
     return make
 
 
@@ -85,11 +102,24 @@ def scheduler_block(spec: OptimSpec) -> dict[str, Any]:
     if spec.schedule == "constant":
         return {"type": "WarmupLR", "params": {"warmup_min_lr": spec.lr * floor, "warmup_max_lr": spec.lr, **common}}
     if spec.schedule == "linear":
-        return {"type": "WarmupDecayLR", "params": {"warmup_min_lr": spec.lr * floor, "warmup_max_lr": spec.lr,
-                                                      "total_num_steps": max(spec.total_steps, warmup + 1, 2),
-                                                      **common}}
-    return {"type": "WarmupCosineLR", "params": {"total_num_steps": max(spec.total_steps, warmup + 1, 3),
-                                                   "warmup_min_ratio": floor, "cos_min_ratio": 0.1, **common}}
+        return {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": spec.lr * floor,
+                "warmup_max_lr": spec.lr,
+                "total_num_steps": max(spec.total_steps, warmup + 1, 2),
+                **common,
+            },
+        }
+    return {
+        "type": "WarmupCosineLR",
+        "params": {
+            "total_num_steps": max(spec.total_steps, warmup + 1, 3),
+            "warmup_min_ratio": floor,
+            "cos_min_ratio": 0.1,
+            **common,
+        },
+    }
 
 
 def offload_blocks(stage: int) -> dict[str, Any]:
@@ -101,8 +131,17 @@ def offload_blocks(stage: int) -> dict[str, Any]:
     return blocks
 
 
-def ds_config(*, stage: int, dtype: str, micro_batch: int, world_size: int, grad_accum: int = 1,
-              optim: OptimSpec | None = None, clipping: float = 1.0, offload: bool = False) -> dict[str, Any]:
+def ds_config(
+    *,
+    stage: int,
+    dtype: str,
+    micro_batch: int,
+    world_size: int,
+    grad_accum: int = 1,
+    optim: OptimSpec | None = None,
+    clipping: float = 1.0,
+    offload: bool = False,
+) -> dict[str, Any]:
     """A DeepSpeed JSON config for one engine; ``optim=None`` builds an inference-only engine; ``offload`` adds
     :func:`offload_blocks`. Every RLHF engine skips a step whose gradients hold inf/nan on any rank, also in
     fp32/bf16 (``skip_nonfinite_steps``; counted in the ``skipped_steps`` metric), so one bad batch can never turn
@@ -120,16 +159,19 @@ def ds_config(*, stage: int, dtype: str, micro_batch: int, world_size: int, grad
     elif dtype == "fp16":
         cfg["fp16"] = {"enabled": True, "initial_scale_power": 16, "loss_scale_window": 100, "hysteresis": 2}
     if optim is not None:
-        cfg["optimizer"] = {"type": "AdamW", "params": {"lr": optim.lr, "weight_decay": optim.weight_decay,
-                                                        "betas": [0.9, 0.95], "eps": 1e-8}}
+        cfg["optimizer"] = {
+            "type": "AdamW",
+            "params": {"lr": optim.lr, "weight_decay": optim.weight_decay, "betas": [0.9, 0.95], "eps": 1e-8},
+        }
         if optim.schedule not in HF_SCHEDULES:
             cfg["scheduler"] = scheduler_block(optim)
         cfg["gradient_clipping"] = clipping
     return cfg
 
 
-def _client_optim(model: nn.Module, optim: OptimSpec | None,
-                  lora_groups: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def _client_optim(
+    model: nn.Module, optim: OptimSpec | None, lora_groups: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
     """``initialize`` keyword arguments: the parameter groups (LoRA's, adapters at their own lr, when LoRA is on;
     else the weight-decay groups of ``optim``) and the HF scheduler factory of ``optim``."""
     kwargs: dict[str, Any] = {}
@@ -142,8 +184,14 @@ def _client_optim(model: nn.Module, optim: OptimSpec | None,
     return kwargs
 
 
-def build_engine(model: nn.Module, config: dict[str, Any], *, checkpointing: bool = False,
-                 optim: OptimSpec | None = None, lora: LoRASpec | None = None) -> Engine:
+def build_engine(
+    model: nn.Module,
+    config: dict[str, Any],
+    *,
+    checkpointing: bool = False,
+    optim: OptimSpec | None = None,
+    lora: LoRASpec | None = None,
+) -> Engine:
     """``hybridzero.initialize`` on ``model`` (LoRA adapters added and activation checkpointing enabled first when
     asked); ``optim`` (the spec ``config``'s optimizer was built from) adds the decay groups and the scheduler."""
     groups = _lora_groups(model, config, lora)
@@ -151,7 +199,7 @@ def build_engine(model: nn.Module, config: dict[str, Any], *, checkpointing: boo
         if isinstance(model, ValueHeadModel):
             model.gradient_checkpointing_enable()
         else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     engine, *_ = hybridzero.initialize(model=model, config=config, **_client_optim(model, optim, groups))
     return engine
 
@@ -165,28 +213,32 @@ def _lora_groups(model: nn.Module, config: dict[str, Any], lora: LoRASpec | None
     return apply_lora(model, lora, float(params.get("lr", lora.learning_rate)), float(params.get("weight_decay", 0.0)))
 
 
-def load_actor_engine(path: str, cfg: dict[str, Any], checkpointing: bool, optim: OptimSpec | None = None,
-                      lora: LoRASpec | None = None) -> Engine:
+def load_actor_engine(
+    path: str, cfg: dict[str, Any], checkpointing: bool, optim: OptimSpec | None = None, lora: LoRASpec | None = None
+) -> Engine:
     """A causal-LM engine read straight into shards from the HF directory ``path`` (dropout forced to 0); with
     ``lora`` the adapters are added on the meta model and read from their seeded initial values."""
     model = meta_model(path, **dropout_overrides(transformers.AutoConfig.from_pretrained(path)))
     groups = _lora_groups(model, cfg, lora)
     if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     with HFCheckpointSource(path) as source:
         source = lora_source(model, lora or LoRASpec(), source)
         check_model_matches(source, model)  # a missing, transposed or oversized tensor is an error naming it
-        engine, *_ = hybridzero.initialize(model=model, config=cfg, checkpoint_source=source,
-                                           **_client_optim(model, optim, groups))
+        engine, *_ = hybridzero.initialize(
+            model=model, config=cfg, checkpoint_source=source, **_client_optim(model, optim, groups)
+        )
     return engine
 
 
 def step3_lora(s: PPOSettings) -> tuple[LoRASpec, LoRASpec]:
     """The actor's and the critic's LoRA settings from DS-Chat's step-3 flags."""
-    actor = LoRASpec(s.actor_lora_dim, s.actor_lora_module_name, s.only_optimize_lora, s.actor_lora_learning_rate,
-                     s.seed)
-    critic = LoRASpec(s.critic_lora_dim, s.critic_lora_module_name, s.only_optimize_lora,
-                      s.critic_lora_learning_rate, s.seed)
+    actor = LoRASpec(
+        s.actor_lora_dim, s.actor_lora_module_name, s.only_optimize_lora, s.actor_lora_learning_rate, s.seed
+    )
+    critic = LoRASpec(
+        s.critic_lora_dim, s.critic_lora_module_name, s.only_optimize_lora, s.critic_lora_learning_rate, s.seed
+    )
     return actor, critic
 
 
@@ -209,16 +261,24 @@ class Roles:
 def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
     """The engines of PPO or GRPO (no critic), with the EMA actor when enabled."""
     gen, train = s.per_device_generation_batch_size, s.per_device_training_batch_size
-    updates = max(total_steps * s.ppo_epochs * s.generation_batches * (gen // train)
-                  // s.gradient_accumulation_steps, 1)
+    updates = max(
+        total_steps * s.ppo_epochs * s.generation_batches * (gen // train) // s.gradient_accumulation_steps, 1
+    )
 
     def spec(lr: float, wd: float) -> OptimSpec:
         return OptimSpec(lr, wd, s.lr_scheduler_type, s.num_warmup_steps, updates)
 
     def trained(stage: int, optim: OptimSpec) -> dict[str, Any]:
-        return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world,
-                         grad_accum=s.gradient_accumulation_steps, optim=optim, clipping=s.gradient_clipping,
-                         offload=s.offload)
+        return ds_config(
+            stage=stage,
+            dtype=s.dtype,
+            micro_batch=train,
+            world_size=world,
+            grad_accum=s.gradient_accumulation_steps,
+            optim=optim,
+            clipping=s.gradient_clipping,
+            offload=s.offload,
+        )
 
     def frozen(stage: int, offload: bool) -> dict[str, Any]:
         return ds_config(stage=stage, dtype=s.dtype, micro_batch=train, world_size=world, offload=offload)
@@ -228,22 +288,30 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
     actor_cfg = trained(s.actor_zero_stage, actor_optim)
     if s.enable_mixed_precision_lora and actor_lora.enabled:
         actor_cfg["zero_optimization"]["zero_quantized_nontrainable_weights"] = True  # DS-Chat's meaning
-    actor = load_actor_engine(s.actor_model_name_or_path, actor_cfg, s.actor_gradient_checkpointing, actor_optim,
-                              actor_lora)
-    ref = load_actor_engine(s.actor_model_name_or_path, frozen(s.stage_of("reference"), s.offload_reference_model),
-                            False)
+    actor = load_actor_engine(
+        s.actor_model_name_or_path, actor_cfg, s.actor_gradient_checkpointing, actor_optim, actor_lora
+    )
+    ref = load_actor_engine(
+        s.actor_model_name_or_path, frozen(s.stage_of("reference"), s.offload_reference_model), False
+    )
     ema = None  # the EMA copy has the actor's adapters and the same group membership, so the same layout
     if s.enable_ema:
-        ema = load_actor_engine(s.actor_model_name_or_path, frozen(s.actor_zero_stage, s.offload_reference_model),
-                                False, lora=actor_lora)
-    reward = build_engine(load_value_model(s.critic_model_name_or_path).float(),
-                          frozen(s.stage_of("reward"), s.offload_reward_model))
+        ema = load_actor_engine(
+            s.actor_model_name_or_path, frozen(s.actor_zero_stage, s.offload_reference_model), False, lora=actor_lora
+        )
+    reward = build_engine(
+        load_value_model(s.critic_model_name_or_path).float(), frozen(s.stage_of("reward"), s.offload_reward_model)
+    )
     critic = None
     if not isinstance(s, GRPOSettings):
         critic_optim = spec(s.critic_learning_rate, s.critic_weight_decay)
-        critic = build_engine(load_value_model(s.critic_model_name_or_path).float(),
-                              trained(s.critic_zero_stage, critic_optim), checkpointing=s.critic_gradient_checkpointing,
-                              optim=critic_optim, lora=critic_lora)
+        critic = build_engine(
+            load_value_model(s.critic_model_name_or_path).float(),
+            trained(s.critic_zero_stage, critic_optim),
+            checkpointing=s.critic_gradient_checkpointing,
+            optim=critic_optim,
+            lora=critic_lora,
+        )
     for frozen_engine in (ref, reward, ema):  # inference only: no optimizer state; scored under no_grad
         if frozen_engine is not None:
             frozen_engine.eval()

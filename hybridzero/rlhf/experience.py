@@ -11,6 +11,7 @@ Prompt positions, left padding and right padding are all 0 in ``action_mask``; e
 :mod:`hybridzero.rlhf.math` reads only positions where ``action_mask`` is 1, so the answers of one batch may
 have different lengths (and a row may have no action at all).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -74,8 +75,9 @@ class Experience:
         Raises ``ValueError`` naming the offending field (and, for shapes, both the actual and expected shapes).
         """
         if self.sequences.dim() != 2:
-            raise ValueError(f"Experience.sequences: expected a 2-D [B, T] tensor, got shape "
-                             f"{tuple(self.sequences.shape)}")
+            raise ValueError(
+                f"Experience.sequences: expected a 2-D [B, T] tensor, got shape {tuple(self.sequences.shape)}"
+            )
         if self.sequences.is_floating_point() or self.sequences.dtype == torch.bool:
             raise ValueError(f"Experience.sequences: expected integer token ids, got dtype {self.sequences.dtype}")
         b, t = (int(d) for d in self.sequences.shape)
@@ -112,8 +114,10 @@ class Experience:
                 raise ValueError(f"Experience.{name}: mask values must be 0 or 1")
         outside = self.action_mask.bool() & ~self.attention_mask[:, 1:].bool()
         if bool(outside.any()):
-            raise ValueError("Experience.action_mask: marks positions whose token is padding "
-                             "(must be a subset of attention_mask[:, 1:])")
+            raise ValueError(
+                "Experience.action_mask: marks positions whose token is padding "
+                "(must be a subset of attention_mask[:, 1:])"
+            )
 
     def to(self, device: torch.device | str) -> Experience:
         """A copy with every tensor moved to ``device``."""

@@ -10,6 +10,7 @@
 
 Every prompt's group lives on one rank and in one training mini-batch (checked by the settings).
 """
+
 from __future__ import annotations
 
 import time
@@ -34,20 +35,29 @@ from hybridzero.rlhf.step3 import (
 __all__ = ["grpo_iteration", "grpo_update"]
 
 
-def grpo_update(roles: Roles, exp: Experience, advantages: torch.Tensor, *, clip: float,
-                kl_coef: float) -> UpdateStats:
+def grpo_update(roles: Roles, exp: Experience, advantages: torch.Tensor, *, clip: float, kl_coef: float) -> UpdateStats:
     """One GRPO training step of the actor (group advantages ``[B]``; KL to the reference in the loss)."""
     logp = sequence_logprobs(roles.actor, exp.sequences, exp.attention_mask)
-    loss, stats = grpo_loss(logp, exp.logprobs, exp.ref_logprobs, advantages, exp.action_mask,
-                            clip=clip, kl_coef=kl_coef)
+    loss, stats = grpo_loss(
+        logp, exp.logprobs, exp.ref_logprobs, advantages, exp.action_mask, clip=clip, kl_coef=kl_coef
+    )
     n_seq = float(exp.batch_size)
     roles.actor.backward(loss * global_scale(roles.actor, n_seq))
     skipped = step_both(roles.actor, None)
     n_tokens = float(exp.action_mask.sum())
-    sums = global_sum(roles.actor, [float(loss.detach()) * n_seq, n_seq, float(stats.clip_fraction) * n_tokens,
-                                    float(stats.approx_kl) * n_tokens, n_tokens])
-    return UpdateStats(sums[0] / max(sums[1], 1.0), 0.0, sums[2] / max(sums[4], 1.0), sums[3] / max(sums[4], 1.0),
-                       skipped)
+    sums = global_sum(
+        roles.actor,
+        [
+            float(loss.detach()) * n_seq,
+            n_seq,
+            float(stats.clip_fraction) * n_tokens,
+            float(stats.approx_kl) * n_tokens,
+            n_tokens,
+        ],
+    )
+    return UpdateStats(
+        sums[0] / max(sums[1], 1.0), 0.0, sums[2] / max(sums[4], 1.0), sums[3] / max(sums[4], 1.0), skipped
+    )
 
 
 def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
@@ -67,8 +77,11 @@ def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
     for _ in range(s.ppo_epochs):  # 3. update
         for rb, adv in zip(batches, advantages):
             for lo, hi in run.minibatches(rb.exp):
-                stats.append(grpo_update(roles, slice_experience(rb.exp, lo, hi), adv[lo:hi], clip=s.cliprange,
-                                         kl_coef=s.grpo_kl_coef))
+                stats.append(
+                    grpo_update(
+                        roles, slice_experience(rb.exp, lo, hi), adv[lo:hi], clip=s.cliprange, kl_coef=s.grpo_kl_coef
+                    )
+                )
                 if run.ptx is not None:
                     ptx_losses.append(ptx_update(roles.actor, run.ptx.next_batch(), s.unsup_coef))
     train_s = time.perf_counter() - t1

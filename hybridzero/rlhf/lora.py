@@ -14,6 +14,7 @@
 Models are saved merged (DS-Chat's ``convert_lora_to_linear_layer`` before ``save_hf_format``): the savers in
 :mod:`hybridzero.rlhf.models` fold the adapters in, so step 2 and step 3 read plain HF directories.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,8 +22,13 @@ from typing import Any
 
 from torch import nn
 
-from hybridzero.lora import SourceWithExtra, convert_linear_layer_to_lora, initial_adapters, only_optimize_lora
-from hybridzero.lora import split_lora_groups
+from hybridzero.lora import (
+    SourceWithExtra,
+    convert_linear_layer_to_lora,
+    initial_adapters,
+    only_optimize_lora,
+    split_lora_groups,
+)
 
 __all__ = ["LoRASpec", "apply_lora", "lora_source"]
 

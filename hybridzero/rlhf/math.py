@@ -13,6 +13,7 @@ Conventions shared by every function here:
 * Coefficients (``kl_coef``, ``clip``, ``gamma``, ``lam``, ...) are keyword-only without defaults: their defaults
   live once, in :mod:`hybridzero.rlhf.settings`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -55,8 +56,10 @@ def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     ``logit[label] - logsumexp(logits)``.
     """
     if logits.dim() != 3 or tuple(labels.shape) != tuple(logits.shape[:2]):
-        raise ValueError(f"labels: shape {tuple(labels.shape)} does not match logits[..., 0] shape "
-                         f"{tuple(logits.shape[:2])} (logits shape {tuple(logits.shape)})")
+        raise ValueError(
+            f"labels: shape {tuple(labels.shape)} does not match logits[..., 0] shape "
+            f"{tuple(logits.shape[:2])} (logits shape {tuple(logits.shape)})"
+        )
     wide = logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
     picked = wide.gather(dim=-1, index=labels.long().unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(wide, dim=-1)
@@ -84,8 +87,9 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return var * (count / (count - 1)) if unbiased else var
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True,
-                  eps: float = WHITEN_EPS) -> torch.Tensor:
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = WHITEN_EPS
+) -> torch.Tensor:
     """``(x - mean) / sqrt(var + eps)`` with mean and *unbiased* variance over ``x[mask]`` (TRL's convention).
 
     With ``shift_mean=False`` the mean is added back (only the scale changes). Positions outside the mask are 0.
@@ -104,8 +108,15 @@ def last_action_index(action_mask: torch.Tensor) -> torch.Tensor:
     return torch.where(action_mask.bool(), positions, torch.full_like(positions, -1)).max(dim=-1).values
 
 
-def kl_penalized_rewards(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, rewards: torch.Tensor,
-                         action_mask: torch.Tensor, *, kl_coef: float, clip_reward: float) -> torch.Tensor:
+def kl_penalized_rewards(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    rewards: torch.Tensor,
+    action_mask: torch.Tensor,
+    *,
+    kl_coef: float,
+    clip_reward: float,
+) -> torch.Tensor:
     """Per-token PPO rewards ``[B, L]``: a KL penalty on every action token plus the clipped score at the last one.
 
     ``r[b, t] = -kl_coef * (logprobs[b, t] - ref_logprobs[b, t])`` where ``action_mask[b, t]``, else 0; then
@@ -129,8 +140,9 @@ def kl_penalized_rewards(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, rew
     return out.scatter_add(1, last.clamp(min=0).unsqueeze(1), score.unsqueeze(1))
 
 
-def gae(rewards: torch.Tensor, values: torch.Tensor, action_mask: torch.Tensor, *, gamma: float,
-        lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    rewards: torch.Tensor, values: torch.Tensor, action_mask: torch.Tensor, *, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized advantage estimation over action tokens; returns ``(advantages, returns)``, both ``[B, L]``.
 
     Reverse scan over the action tokens of each row, with ``next`` the following *action* token (non-action
@@ -162,8 +174,9 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, action_mask: torch.Tensor, 
     return advantages, returns
 
 
-def _clip_stats(ratio: torch.Tensor, advantages: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor,
-                clip: float) -> tuple[torch.Tensor, torch.Tensor]:
+def _clip_stats(
+    ratio: torch.Tensor, advantages: torch.Tensor, log_ratio: torch.Tensor, mask: torch.Tensor, clip: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(clip fraction, approx KL) as documented on :class:`PolicyLossStats`; detached."""
     with torch.no_grad():
         high = (ratio > 1.0 + clip) & (advantages > 0)
@@ -173,23 +186,31 @@ def _clip_stats(ratio: torch.Tensor, advantages: torch.Tensor, log_ratio: torch.
     return clip_fraction, approx_kl
 
 
-def _masked_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor,
-                  mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _masked_ratio(
+    logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(ratio, log_ratio)`` with ``log_ratio = logp - old_logp`` on action tokens and 0 (ratio 1) elsewhere."""
     log_ratio = torch.where(mask, logprobs - old_logprobs, torch.zeros_like(logprobs))
     return torch.exp(log_ratio), log_ratio
 
 
-def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
-                    action_mask: torch.Tensor, *, clip: float) -> tuple[torch.Tensor, PolicyLossStats]:
+def ppo_policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    action_mask: torch.Tensor,
+    *,
+    clip: float,
+) -> tuple[torch.Tensor, PolicyLossStats]:
     """PPO clipped surrogate (DS-Chat ``actor_loss_fn``); all inputs ``[B, L]``, returns a scalar loss.
 
     ``ratio = exp(logp - old_logp)``;
     ``loss = token_mean(max(-A * ratio, -A * clamp(ratio, 1 - clip, 1 + clip)))`` over the action mask
     (global token mean over the batch, as DS-Chat). Gradients flow through ``logprobs`` only.
     """
-    _check_shapes("logprobs", logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages,
-                  action_mask=action_mask)
+    _check_shapes(
+        "logprobs", logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, action_mask=action_mask
+    )
     m = action_mask.bool()
     ratio, log_ratio = _masked_ratio(logprobs, old_logprobs, m)
     adv = torch.where(m, advantages, torch.zeros_like(advantages)).detach()
@@ -200,8 +221,9 @@ def ppo_policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantag
     return loss, PolicyLossStats(clip_fraction=clip_fraction, approx_kl=approx_kl)
 
 
-def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-                       action_mask: torch.Tensor, *, clip: float) -> torch.Tensor:
+def clipped_value_loss(
+    values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, action_mask: torch.Tensor, *, clip: float
+) -> torch.Tensor:
     """Clipped value loss (DS-Chat ``critic_loss_fn``); inputs ``[B, L]``, returns a scalar.
 
     ``V_clip = clamp(V, V_old - clip, V_old + clip)``;
@@ -216,8 +238,9 @@ def clipped_value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: 
     return 0.5 * masked_mean(err, m)
 
 
-def grpo_advantages(rewards: torch.Tensor, group_size: int, *, eps: float = GRPO_EPS,
-                    scale_by_std: bool = True) -> torch.Tensor:
+def grpo_advantages(
+    rewards: torch.Tensor, group_size: int, *, eps: float = GRPO_EPS, scale_by_std: bool = True
+) -> torch.Tensor:
     """Group-relative advantages ``[B]`` for ``B = n_prompts * group_size`` rewards.
 
     Rows ``[k * group_size, (k + 1) * group_size)`` are samples of the same prompt. Within a group
@@ -236,9 +259,16 @@ def grpo_advantages(rewards: torch.Tensor, group_size: int, *, eps: float = GRPO
     return torch.where(equal, torch.zeros_like(adv), adv).reshape(-1)
 
 
-def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor,
-              advantages: torch.Tensor, action_mask: torch.Tensor, *, clip: float,
-              kl_coef: float) -> tuple[torch.Tensor, PolicyLossStats]:
+def grpo_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    action_mask: torch.Tensor,
+    *,
+    clip: float,
+    kl_coef: float,
+) -> tuple[torch.Tensor, PolicyLossStats]:
     """GRPO loss (TRL ``GRPOTrainer``, ``loss_type="grpo"``); per-token inputs ``[B, L]``, advantages ``[B]``.
 
     Per action token, with the sequence advantage ``A_b`` broadcast over its tokens::
@@ -250,11 +280,11 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, ref_logprobs: 
     Normalization: ``loss = mean_b( sum_t l_t * mask / max(count_b, 1) )`` -- a per-sequence token mean, then a
     plain mean over *all* B sequences (an all-zero row contributes 0 but still counts in B, as in TRL).
     """
-    _check_shapes("logprobs", logprobs=logprobs, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs,
-                  action_mask=action_mask)
+    _check_shapes(
+        "logprobs", logprobs=logprobs, old_logprobs=old_logprobs, ref_logprobs=ref_logprobs, action_mask=action_mask
+    )
     if tuple(advantages.shape) != (logprobs.shape[0],):
-        raise ValueError(f"advantages: shape {tuple(advantages.shape)} does not match expected "
-                         f"({logprobs.shape[0]},)")
+        raise ValueError(f"advantages: shape {tuple(advantages.shape)} does not match expected ({logprobs.shape[0]},)")
     m = action_mask.bool()
     ratio, log_ratio = _masked_ratio(logprobs, old_logprobs, m)
     adv = advantages.detach().to(ratio.dtype).unsqueeze(1).expand_as(ratio)

@@ -22,6 +22,7 @@ Positions always come from the attention mask (:func:`position_ids`): left-padde
 right-padded copy would have, in generation and in every scoring pass alike (HF's Llama uses ``arange`` when a
 forward gets no ``position_ids``, which would score left-padded rows at shifted positions).
 """
+
 from __future__ import annotations
 
 import copy
@@ -29,7 +30,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import transformers
@@ -41,18 +42,35 @@ from hybridzero.lora import merged_weights
 from hybridzero.rlhf.demo.task import build_tokenizer, demo_model_config
 from hybridzero.runtime.engine import Engine
 
-__all__ = ["VALUE_MODEL_FILE", "ModelLoadError", "ValueHeadModel", "check_loadable", "dropout_overrides",
-           "is_value_model_dir", "last_token_index",
-           "load_causal_lm", "load_tokenizer", "load_value_model", "position_ids", "save_causal_lm",
-           "save_value_model", "write_value_model"]
+__all__ = [
+    "VALUE_MODEL_FILE",
+    "ModelLoadError",
+    "ValueHeadModel",
+    "check_loadable",
+    "dropout_overrides",
+    "is_value_model_dir",
+    "last_token_index",
+    "load_causal_lm",
+    "load_tokenizer",
+    "load_value_model",
+    "position_ids",
+    "save_causal_lm",
+    "save_value_model",
+    "write_value_model",
+]
 
 VALUE_MODEL_FILE = "value_model.safetensors"
 _MARKER = "value_model.json"
 _FORMAT = "hybridzero-value-model-v1"
 
 
-_WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                 "pytorch_model.bin.index.json", VALUE_MODEL_FILE)
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+    VALUE_MODEL_FILE,
+)
 
 
 class ModelLoadError(ValueError):
@@ -73,8 +91,10 @@ def check_loadable(path: str, what: str, causal: bool = True) -> None:
     local = Path(path)
     if local.exists():
         if not (local / "config.json").is_file():
-            raise ModelLoadError(f"{what} {path!r}: no config.json in that directory; expected a Hugging Face model "
-                                 "directory (config.json, weights, tokenizer)")
+            raise ModelLoadError(
+                f"{what} {path!r}: no config.json in that directory; expected a Hugging Face model "
+                "directory (config.json, weights, tokenizer)"
+            )
         if not any((local / name).is_file() for name in _WEIGHT_FILES):
             raise ModelLoadError(f"{what} {path!r}: no weights (none of {', '.join(_WEIGHT_FILES)})")
     elif local.is_absolute() or path.startswith(".") or path.count("/") > 1:
@@ -85,10 +105,15 @@ def check_loadable(path: str, what: str, causal: bool = True) -> None:
         offline = " (offline: HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
         where = "" if local.exists() else ": not a local directory, and"
         raise ModelLoadError(f"{what} {path!r}{where} cannot be loaded{offline}: {_first_line(exc)}") from None
-    if causal and not is_value_model_dir(path) and type(hf_config) not in \
-            transformers.AutoModelForCausalLM._model_mapping:  # HF's registry of causal-LM configs (private attribute)
-        raise ModelLoadError(f"{what} {path!r} is not a causal LM (its config is {type(hf_config).__name__}, "
-                             f"model_type {hf_config.model_type!r})")
+    if (
+        causal
+        and not is_value_model_dir(path)
+        and type(hf_config) not in transformers.AutoModelForCausalLM._model_mapping
+    ):  # HF's registry of causal-LM configs (private attribute)
+        raise ModelLoadError(
+            f"{what} {path!r} is not a causal LM (its config is {type(hf_config).__name__}, "
+            f"model_type {hf_config.model_type!r})"
+        )
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -105,8 +130,9 @@ def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
 class ValueHeadModel(nn.Module):
     """``transformer`` (an HF ``AutoModel`` trunk) and ``v_head`` (``hidden_size`` weights); see module docstring."""
 
-    def __init__(self, hf_config: PretrainedConfig, *, transformer: nn.Module | None = None,
-                 head_seed: int = 0) -> None:
+    def __init__(
+        self, hf_config: PretrainedConfig, *, transformer: nn.Module | None = None, head_seed: int = 0
+    ) -> None:
         """Build the trunk from ``hf_config`` (or take ``transformer``); head ``N(0, 1/h)`` from ``head_seed``."""
         super().__init__()
         self.config = hf_config
@@ -117,13 +143,14 @@ class ValueHeadModel(nn.Module):
             self.v_head = nn.Parameter(torch.empty(width, device="meta"))
         else:
             generator = torch.Generator().manual_seed(head_seed)
-            self.v_head = nn.Parameter(torch.randn(width, generator=generator) * width ** -0.5)
+            self.v_head = nn.Parameter(torch.randn(width, generator=generator) * width**-0.5)
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """Values ``[B, T]`` in fp32 at every position (positions from the mask, no KV cache)."""
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
-        hidden = self.transformer(input_ids=input_ids, attention_mask=mask, position_ids=position_ids(mask),
-                                  use_cache=False).last_hidden_state
+        hidden = self.transformer(
+            input_ids=input_ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False
+        ).last_hidden_state
         return (hidden.float() * self.v_head.float()).sum(-1)
 
     def score(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -134,7 +161,9 @@ class ValueHeadModel(nn.Module):
 
     def gradient_checkpointing_enable(self) -> None:
         """Activation checkpointing in the trunk (HF's own, non-reentrant)."""
-        self.transformer.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        cast(Any, self.transformer).gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False}
+        )
 
 
 def _head_width(hf_config: PretrainedConfig) -> int:
@@ -186,21 +215,25 @@ def _with_architectures(hf_config: PretrainedConfig) -> PretrainedConfig:
     if model_class is None:
         return hf_config
     named = copy.deepcopy(hf_config)
-    named.architectures = [model_class.__name__]
+    named.architectures = [str(getattr(model_class, "__name__"))]  # noqa: B009 - a class; transformers types it loosely
     return named
 
 
-def _write_dir(out: Path, files: dict[str, dict[str, torch.Tensor]], hf_config: PretrainedConfig,
-               tokenizer: PreTrainedTokenizerBase | None,
-               extra_json: dict[str, Any] | None, dtype: torch.dtype) -> None:
+def _write_dir(
+    out: Path,
+    files: dict[str, dict[str, torch.Tensor]],
+    hf_config: PretrainedConfig,
+    tokenizer: PreTrainedTokenizerBase | None,
+    extra_json: dict[str, Any] | None,
+    dtype: torch.dtype,
+) -> None:
     """Write safetensors ``files``, ``config.json``, tokenizer and ``extra_json`` into ``out`` atomically."""
     tmp = out.with_name(out.name + ".partial")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir(parents=True)
     for name, state in files.items():
-        save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(tmp / name),
-                  metadata={"format": "pt"})
+        save_file({k: v.to(dtype).contiguous() for k, v in state.items()}, str(tmp / name), metadata={"format": "pt"})
     _with_architectures(hf_config).save_pretrained(tmp)
     if tokenizer is not None:
         tokenizer.save_pretrained(tmp)
@@ -209,9 +242,13 @@ def _write_dir(out: Path, files: dict[str, dict[str, torch.Tensor]], hf_config: 
     _commit_dir(tmp, out)
 
 
-def save_causal_lm(engine: Engine, out_dir: str | os.PathLike[str], hf_config: PretrainedConfig,
-                   tokenizer: PreTrainedTokenizerBase | None = None,
-                   dtype: torch.dtype = torch.float32) -> Path:
+def save_causal_lm(
+    engine: Engine,
+    out_dir: str | os.PathLike[str],
+    hf_config: PretrainedConfig,
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
     """Write the engine's causal LM as a Hugging Face directory (every rank calls; rank 0 writes)."""
     state = merged_weights(engine.full_parameters())  # collective; LoRA adapters folded in (DS-Chat's save)
     out = Path(out_dir)
@@ -221,13 +258,21 @@ def save_causal_lm(engine: Engine, out_dir: str | os.PathLike[str], hf_config: P
     return out
 
 
-_MARKER_JSON = {"format": _FORMAT, "weights": VALUE_MODEL_FILE, "trunk_prefix": "transformer.", "head": "v_head",
-                "score": "value at the last token whose attention_mask is 1"}
+_MARKER_JSON = {
+    "format": _FORMAT,
+    "weights": VALUE_MODEL_FILE,
+    "trunk_prefix": "transformer.",
+    "head": "v_head",
+    "score": "value at the last token whose attention_mask is 1",
+}
 
 
-def write_value_model(model: ValueHeadModel, out_dir: str | os.PathLike[str],
-                      tokenizer: PreTrainedTokenizerBase | None = None,
-                      dtype: torch.dtype = torch.float32) -> Path:
+def write_value_model(
+    model: ValueHeadModel,
+    out_dir: str | os.PathLike[str],
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
     """Write an unsharded :class:`ValueHeadModel` (one process; e.g. a freshly initialised reward model)."""
     state = {k: v.detach() for k, v in model.state_dict().items() if not k.endswith("rotary_emb.inv_freq")}
     out = Path(out_dir)
@@ -235,9 +280,12 @@ def write_value_model(model: ValueHeadModel, out_dir: str | os.PathLike[str],
     return out
 
 
-def save_value_model(engine: Engine, out_dir: str | os.PathLike[str],
-                     tokenizer: PreTrainedTokenizerBase | None = None,
-                     dtype: torch.dtype = torch.float32) -> Path:
+def save_value_model(
+    engine: Engine,
+    out_dir: str | os.PathLike[str],
+    tokenizer: PreTrainedTokenizerBase | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
     """Write the engine's :class:`ValueHeadModel` (every rank calls; rank 0 writes); see module docstring."""
     module = engine.module
     if not isinstance(module, ValueHeadModel):
@@ -272,9 +320,17 @@ def load_causal_lm(path: str, tokenizer: PreTrainedTokenizerBase, seed: int) -> 
     return model, hf_config
 
 
-_DROPOUT_KEYS: tuple[str, ...] = ("dropout", "attention_dropout", "hidden_dropout", "activation_dropout",
-                                   "resid_pdrop", "embd_pdrop", "attn_pdrop", "hidden_dropout_prob",
-                                   "attention_probs_dropout_prob")
+_DROPOUT_KEYS: tuple[str, ...] = (
+    "dropout",
+    "attention_dropout",
+    "hidden_dropout",
+    "activation_dropout",
+    "resid_pdrop",
+    "embd_pdrop",
+    "attn_pdrop",
+    "hidden_dropout_prob",
+    "attention_probs_dropout_prob",
+)
 
 
 def dropout_overrides(hf_config: PretrainedConfig) -> dict[str, float]:

@@ -9,6 +9,7 @@ Dense training series are drawn twice: the raw values faint, a smoothed line (de
 average, TensorBoard's) solid on top. matplotlib is the optional ``plots`` extra: training never imports this
 module's drawing code, and asking for plots without it raises :class:`PlotsUnavailable` with the install line.
 """
+
 from __future__ import annotations
 
 import math
@@ -59,37 +60,101 @@ class PlotsUnavailable(RuntimeError):
 Figure = tuple[str, tuple[Panel, ...]]  # (figure name, panels)
 
 _FRACTION = "fraction (0-1)"
-_LOSS: Figure = ("loss", (Panel("language-model loss (training and held-out)", "nats per token",
-                                ("loss", "train_loss", "eval_loss")),))
-_PHASE_FIGURES: Mapping[str, tuple[Figure, ...]] = MappingProxyType({
-    "ppo": (
-        ("reward", (Panel("reward model score", "score", ("reward", "ema_reward")),
-                    Panel("hidden rule (never seen in training)", _FRACTION, ("rule_score", "copy_rate")))),
-        ("kl", (Panel("KL to the reference policy", "nats per token", ("kl",)),)),
-        ("losses", (Panel("actor (policy) loss", "loss", ("actor_loss",)),
+_LOSS: Figure = (
+    "loss",
+    (Panel("language-model loss (training and held-out)", "nats per token", ("loss", "train_loss", "eval_loss")),),
+)
+_PHASE_FIGURES: Mapping[str, tuple[Figure, ...]] = MappingProxyType(
+    {
+        "ppo": (
+            (
+                "reward",
+                (
+                    Panel("reward model score", "score", ("reward", "ema_reward")),
+                    Panel("hidden rule (never seen in training)", _FRACTION, ("rule_score", "copy_rate")),
+                ),
+            ),
+            ("kl", (Panel("KL to the reference policy", "nats per token", ("kl",)),)),
+            (
+                "losses",
+                (
+                    Panel("actor (policy) loss", "loss", ("actor_loss",)),
                     Panel("critic (value) loss", "loss", ("critic_loss",)),
-                    Panel("unsupervised (ptx) loss", "nats per token", ("ptx_loss",)))),
-        ("policy_update", (Panel("policy drift per update (approximate KL)", "nats per token", ("approx_kl",)),
-                           Panel("tokens whose ratio was clipped", _FRACTION, ("clip_fraction",)))),
-    ),
-    "sft": (_LOSS, ("perplexity", (Panel("perplexity", "perplexity",
-                                         ("perplexity", "train_perplexity", "eval_perplexity", "ppl", "eval_ppl")),))),
-    "reward": (
-        ("loss", (Panel("pairwise loss  -log sigmoid(chosen - rejected)", "loss",
-                        ("loss", "train_loss", "eval_loss")),)),
-        ("accuracy", (Panel("pairs ranked correctly", _FRACTION,
-                            ("accuracy", "acc", "train_accuracy", "eval_accuracy", "eval_acc")),)),
-        ("scores", (Panel("reward-model score of the chosen and the rejected answer", "score",
-                          ("chosen_score", "rejected_score", "eval_chosen_score", "eval_rejected_score")),)),
-    ),
-})
+                    Panel("unsupervised (ptx) loss", "nats per token", ("ptx_loss",)),
+                ),
+            ),
+            (
+                "policy_update",
+                (
+                    Panel("policy drift per update (approximate KL)", "nats per token", ("approx_kl",)),
+                    Panel("tokens whose ratio was clipped", _FRACTION, ("clip_fraction",)),
+                ),
+            ),
+        ),
+        "sft": (
+            _LOSS,
+            (
+                "perplexity",
+                (
+                    Panel(
+                        "perplexity",
+                        "perplexity",
+                        ("perplexity", "train_perplexity", "eval_perplexity", "ppl", "eval_ppl"),
+                    ),
+                ),
+            ),
+        ),
+        "reward": (
+            (
+                "loss",
+                (Panel("pairwise loss  -log sigmoid(chosen - rejected)", "loss", ("loss", "train_loss", "eval_loss")),),
+            ),
+            (
+                "accuracy",
+                (
+                    Panel(
+                        "pairs ranked correctly",
+                        _FRACTION,
+                        ("accuracy", "acc", "train_accuracy", "eval_accuracy", "eval_acc"),
+                    ),
+                ),
+            ),
+            (
+                "scores",
+                (
+                    Panel(
+                        "reward-model score of the chosen and the rejected answer",
+                        "score",
+                        ("chosen_score", "rejected_score", "eval_chosen_score", "eval_rejected_score"),
+                    ),
+                ),
+            ),
+        ),
+    }
+)
 _PHASE_ALIASES: Mapping[str, str] = MappingProxyType({"grpo": "ppo", "rm": "reward"})
 # Throughput keys (hybridzero.rlhf.report) are grouped in every phase.
 _COMMON_FIGURES: tuple[Figure, ...] = (
     ("throughput", (Panel("throughput", "samples per second", ("samples_per_s",)),)),
     ("tflops", (Panel("achieved compute", "TFLOP/s", ("e2e_tflops", "gen_tflops", "train_tflops")),)),
-    ("latency", (Panel("time per step", "seconds", ("e2e_latency_s", "gen_latency_s", "train_latency_s", "e2e_s",
-                                                    "generation_s", "training_s", "step_time_s")),)),
+    (
+        "latency",
+        (
+            Panel(
+                "time per step",
+                "seconds",
+                (
+                    "e2e_latency_s",
+                    "gen_latency_s",
+                    "train_latency_s",
+                    "e2e_s",
+                    "generation_s",
+                    "training_s",
+                    "step_time_s",
+                ),
+            ),
+        ),
+    ),
     ("lr", (Panel("learning rate (schedule)", "learning rate", ("lr", "actor_lr")),)),
 )
 # Report-line constants of the throughput dict (no curve to see) and timing keys that duplicate a
@@ -172,8 +237,7 @@ def chart_series(records: Sequence[Mapping[str, Any]], spec: ChartSpec) -> dict[
     """``key -> [(step, value), ...]`` sorted by step for the records of ``spec.phase`` (non-finite values kept)."""
     rows = sorted((r for r in records if r["phase"] == spec.phase), key=lambda r: int(r["step"]))
     return {
-        key: [(float(r["step"]), float(r[key])) for r in rows if key in r and _is_number(r[key])]
-        for key in spec.keys
+        key: [(float(r["step"]), float(r[key])) for r in rows if key in r and _is_number(r[key])] for key in spec.keys
     }
 
 
@@ -199,12 +263,24 @@ def smoothing_weight(n_points: int) -> float:
     return 1.0 - 2.0 / (window + 1.0)
 
 
-_LEGEND: Mapping[str, str] = MappingProxyType({
-    "e2e_latency_s": "end to end", "gen_latency_s": "generation", "train_latency_s": "training",
-    "e2e_s": "end to end", "generation_s": "generation", "training_s": "training", "step_time_s": "optimizer step",
-    "e2e_tflops": "end to end", "gen_tflops": "generation", "train_tflops": "training", "lr": "learning rate",
-    "actor_lr": "actor learning rate", "samples_per_s": "samples/s", "ema_reward": "EMA actor's reward",
-})
+_LEGEND: Mapping[str, str] = MappingProxyType(
+    {
+        "e2e_latency_s": "end to end",
+        "gen_latency_s": "generation",
+        "train_latency_s": "training",
+        "e2e_s": "end to end",
+        "generation_s": "generation",
+        "training_s": "training",
+        "step_time_s": "optimizer step",
+        "e2e_tflops": "end to end",
+        "gen_tflops": "generation",
+        "train_tflops": "training",
+        "lr": "learning rate",
+        "actor_lr": "actor learning rate",
+        "samples_per_s": "samples/s",
+        "ema_reward": "EMA actor's reward",
+    }
+)
 
 
 def _label(key: str) -> str:

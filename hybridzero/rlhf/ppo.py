@@ -13,6 +13,7 @@
 
 The math is :mod:`hybridzero.rlhf.math` (pure); this module only sequences engine calls.
 """
+
 from __future__ import annotations
 
 import time
@@ -36,16 +37,19 @@ from hybridzero.rlhf.step3 import (
 __all__ = ["compute_targets", "ppo_iteration", "ppo_update"]
 
 
-def compute_targets(exp: Experience, *, kl_coef: float, clip_reward: float, gamma: float,
-                    lam: float) -> tuple[torch.Tensor, torch.Tensor]:
+def compute_targets(
+    exp: Experience, *, kl_coef: float, clip_reward: float, gamma: float, lam: float
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``[B, T-1]`` advantages and returns: KL-penalised per-token rewards, then GAE over the action tokens."""
-    rewards = kl_penalized_rewards(exp.logprobs, exp.ref_logprobs, exp.rewards, exp.action_mask,
-                                   kl_coef=kl_coef, clip_reward=clip_reward)
+    rewards = kl_penalized_rewards(
+        exp.logprobs, exp.ref_logprobs, exp.rewards, exp.action_mask, kl_coef=kl_coef, clip_reward=clip_reward
+    )
     return gae(rewards, exp.values, exp.action_mask, gamma=gamma, lam=lam)
 
 
-def ppo_update(roles: Roles, exp: Experience, advantages: torch.Tensor, returns: torch.Tensor, *, clip: float,
-               clip_value: float) -> UpdateStats:
+def ppo_update(
+    roles: Roles, exp: Experience, advantages: torch.Tensor, returns: torch.Tensor, *, clip: float, clip_value: float
+) -> UpdateStats:
     """One PPO training step of the actor and the critic on one mini-batch of experience."""
     assert roles.critic is not None, "PPO needs a critic engine"
     mask = exp.action_mask
@@ -58,9 +62,16 @@ def ppo_update(roles: Roles, exp: Experience, advantages: torch.Tensor, returns:
     critic_loss = clipped_value_loss(values, exp.values, returns, mask, clip=clip_value)
     roles.critic.backward(critic_loss * scale)
     skipped = step_both(roles.actor, roles.critic)
-    sums = global_sum(roles.actor, [float(actor_loss.detach()) * n_tokens, float(critic_loss.detach()) * n_tokens,
-                                    float(stats.clip_fraction) * n_tokens, float(stats.approx_kl) * n_tokens,
-                                    n_tokens])
+    sums = global_sum(
+        roles.actor,
+        [
+            float(actor_loss.detach()) * n_tokens,
+            float(critic_loss.detach()) * n_tokens,
+            float(stats.clip_fraction) * n_tokens,
+            float(stats.approx_kl) * n_tokens,
+            n_tokens,
+        ],
+    )
     n = max(sums[4], 1.0)
     return UpdateStats(sums[0] / n, sums[1] / n, sums[2] / n, sums[3] / n, skipped)
 
@@ -75,15 +86,24 @@ def ppo_iteration(run: Step3, it: int) -> dict[str, float]:
         rb = run.rollout(it, b)
         gen_s += time.perf_counter() - g0
         batches.append(rb)
-        targets.append(compute_targets(rb.exp, kl_coef=s.kl_ctl, clip_reward=s.clip_reward_value, gamma=s.gamma,
-                                       lam=s.lambd))
+        targets.append(
+            compute_targets(rb.exp, kl_coef=s.kl_ctl, clip_reward=s.clip_reward_value, gamma=s.gamma, lam=s.lambd)
+        )
     t1 = time.perf_counter()
     stats, ptx_losses = [], []
     for _ in range(s.ppo_epochs):  # 3. update
         for rb, (advantages, returns) in zip(batches, targets):
             for lo, hi in run.minibatches(rb.exp):
-                stats.append(ppo_update(roles, slice_experience(rb.exp, lo, hi), advantages[lo:hi], returns[lo:hi],
-                                        clip=s.cliprange, clip_value=s.cliprange_value))
+                stats.append(
+                    ppo_update(
+                        roles,
+                        slice_experience(rb.exp, lo, hi),
+                        advantages[lo:hi],
+                        returns[lo:hi],
+                        clip=s.cliprange,
+                        clip_value=s.cliprange_value,
+                    )
+                )
                 if run.ptx is not None:
                     ptx_losses.append(ptx_update(roles.actor, run.ptx.next_batch(), s.unsup_coef))
     train_s = time.perf_counter() - t1

@@ -15,6 +15,7 @@ Units, once for the whole module:
 * TFLOPs are **per GPU**: the FLOPs of the global batch divided by ``world_size`` and by the latency;
 * generation bandwidth is **per rank**: every decode step reads the whole actor once (ZeRO-3 gathers it).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -283,15 +284,23 @@ class Reporter:
     iteration's measured times replace them. Timings are the reporting rank's; metrics are global means.
     """
 
-    def __init__(self, log: RunLog, phase: str, actor: ModelShape, critic: ModelShape | None, timing: Step3Timing,
-                 print_every: int) -> None:
+    def __init__(
+        self,
+        log: RunLog,
+        phase: str,
+        actor: ModelShape,
+        critic: ModelShape | None,
+        timing: Step3Timing,
+        print_every: int,
+    ) -> None:
         self.log, self.phase, self.actor, self.critic = log, phase, actor, critic
         self.timing, self.print_every = timing, print_every
 
     def step(self, step: int, total: int, metrics: Mapping[str, float]) -> dict[str, float]:
         """Log iteration ``step`` (1-based) with its throughput numbers; returns everything logged."""
-        timing = dataclasses.replace(self.timing, e2e_s=metrics["e2e_s"], generation_s=metrics["generation_s"],
-                                     training_s=metrics["training_s"])
+        timing = dataclasses.replace(
+            self.timing, e2e_s=metrics["e2e_s"], generation_s=metrics["generation_s"], training_s=metrics["training_s"]
+        )
         thr = step3_throughput(self.actor, self.critic, timing)
         numbers = {**metrics, **{k: v for k, v in thr.items() if k not in metrics}}
         self.log.log(step, numbers, phase=self.phase)

@@ -6,6 +6,7 @@ held-out ``eval_fraction``: loss, accuracy (share of pairs with ``chosen > rejec
 mean chosen / rejected scores, summed over ranks. The trunk starts from ``model_name_or_path`` (a causal-LM
 directory, e.g. step 1's output; ``"demo"`` builds the demo model from scratch) and the head from a seeded draw.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,8 +47,13 @@ def pair_batch(pairs: list[Pair], pad_id: int) -> tuple[torch.Tensor, torch.Tens
 def pair_stats(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
     """``(mean pairwise loss, sums)``: sums of loss, correct, chosen and rejected scores, and the pair count."""
     losses = -F.logsigmoid(chosen - rejected)
-    sums = {"loss": float(losses.detach().sum()), "correct": float((chosen > rejected).sum()),
-            "chosen": float(chosen.sum()), "rejected": float(rejected.sum()), "pairs": float(chosen.numel())}
+    sums = {
+        "loss": float(losses.detach().sum()),
+        "correct": float((chosen > rejected).sum()),
+        "chosen": float(chosen.sum()),
+        "rejected": float(rejected.sum()),
+        "pairs": float(chosen.numel()),
+    }
     return losses.mean(), sums
 
 
@@ -56,7 +62,7 @@ def _scores(engine: Engine, pairs: list[Pair], pad_id: int) -> tuple[torch.Tenso
     ids, mask = (t.to(engine.device) for t in pair_batch(pairs, pad_id))
     values = engine(input_ids=ids, attention_mask=mask)
     scores = values.gather(1, last_token_index(mask)[:, None]).squeeze(1)
-    return scores[:len(pairs)], scores[len(pairs):]
+    return scores[: len(pairs)], scores[len(pairs) :]
 
 
 def _reduce(engine: Engine, sums: dict[str, float], prefix: str = "") -> dict[str, float]:
@@ -64,8 +70,12 @@ def _reduce(engine: Engine, sums: dict[str, float], prefix: str = "") -> dict[st
     keys = ("loss", "correct", "chosen", "rejected", "pairs")
     total = dict(zip(keys, global_sum(engine, [sums[k] for k in keys])))
     n = max(total["pairs"], 1.0)
-    return {f"{prefix}loss": total["loss"] / n, f"{prefix}accuracy": total["correct"] / n,
-            f"{prefix}chosen_score": total["chosen"] / n, f"{prefix}rejected_score": total["rejected"] / n}
+    return {
+        f"{prefix}loss": total["loss"] / n,
+        f"{prefix}accuracy": total["correct"] / n,
+        f"{prefix}chosen_score": total["chosen"] / n,
+        f"{prefix}rejected_score": total["rejected"] / n,
+    }
 
 
 def _evaluate(engine: Engine, pairs: list[Pair], pad_id: int, batch: int) -> dict[str, float]:
@@ -77,7 +87,7 @@ def _evaluate(engine: Engine, pairs: list[Pair], pad_id: int, batch: int) -> dic
     engine.eval()
     with torch.no_grad():
         for i in range(rounds):
-            chunk = mine[i * batch:(i + 1) * batch]
+            chunk = mine[i * batch : (i + 1) * batch]
             chosen, rejected = _scores(engine, chunk or pairs[:1], pad_id)
             if chunk:
                 for k, v in pair_stats(chosen, rejected)[1].items():
@@ -103,14 +113,17 @@ def train_reward(s: RewardSettings) -> dict[str, Any]:
     records = phase_records(s.data_path, s.data_split, 2, PAIRWISE_COLUMNS, s.seed, s.data_root)
     train_recs, eval_recs = train_eval_split(records, s.eval_fraction, s.seed)
     engine, total, global_batch = supervised_engine(model, s, len(train_recs), "reward-model training pairs")
-    encode = [pairwise_example(tok, r["prompt"], r["chosen"], r["rejected"], s.max_seq_len)
-              for r in train_recs + eval_recs]
+    encode = [
+        pairwise_example(tok, r["prompt"], r["chosen"], r["rejected"], s.max_seq_len) for r in train_recs + eval_recs
+    ]
     pairs: list[Pair] = [(e.chosen_ids, e.rejected_ids) for e in encode]
-    train_pairs, eval_pairs = pairs[:len(train_recs)], pairs[len(train_recs):]
+    train_pairs, eval_pairs = pairs[: len(train_recs)], pairs[len(train_recs) :]
     log = open_runlog(s.output_dir, engine.comm.rank, s.enable_tensorboard, s.progress)
     cut = sum(e.n_truncated > 0 for e in encode)
-    log.print(f"reward: {len(train_pairs)} train / {len(eval_pairs)} eval pairs ({cut} truncated to "
-              f"{s.max_seq_len} tokens), {total} steps of {global_batch} pairs at world {engine.comm.world_size}")
+    log.print(
+        f"reward: {len(train_pairs)} train / {len(eval_pairs)} eval pairs ({cut} truncated to "
+        f"{s.max_seq_len} tokens), {total} steps of {global_batch} pairs at world {engine.comm.world_size}"
+    )
 
     def micro_step(indices: list[int]) -> dict[str, float]:
         chosen, rejected = _scores(engine, [train_pairs[i] for i in indices], pad_id)
@@ -119,17 +132,31 @@ def train_reward(s: RewardSettings) -> dict[str, Any]:
         engine.step()
         return sums
 
-    spec = LoopSpec(phase="reward", n_items=len(train_pairs), micro=s.per_device_train_batch_size,
-                    accumulation=s.gradient_accumulation_steps, epochs=s.num_train_epochs, total_steps=total,
-                    seed=s.seed, eval_interval=s.eval_interval, print_every=s.print_every, progress=s.progress,
-                    micro_step=micro_step, reduce=lambda sums: _reduce(engine, sums),
-                    evaluate=lambda: _evaluate(engine, eval_pairs, pad_id, s.per_device_eval_batch_size),
-                    step_line=lambda step, n, epoch, m: f"reward step {step}/{n} loss {m['loss']:.4f} "
-                                                        f"acc {m['accuracy']:.3f} chosen {m['chosen_score']:.3f} "
-                                                        f"rejected {m['rejected_score']:.3f}",
-                    eval_line=lambda epoch, ev: f"reward epoch {epoch}: held-out accuracy {ev['eval_accuracy']:.3f} "
-                                                f"loss {ev['eval_loss']:.4f} chosen {ev['eval_chosen_score']:.3f} "
-                                                f"rejected {ev['eval_rejected_score']:.3f}")
+    spec = LoopSpec(
+        phase="reward",
+        n_items=len(train_pairs),
+        micro=s.per_device_train_batch_size,
+        accumulation=s.gradient_accumulation_steps,
+        epochs=s.num_train_epochs,
+        total_steps=total,
+        seed=s.seed,
+        eval_interval=s.eval_interval,
+        print_every=s.print_every,
+        progress=s.progress,
+        micro_step=micro_step,
+        reduce=lambda sums: _reduce(engine, sums),
+        evaluate=lambda: _evaluate(engine, eval_pairs, pad_id, s.per_device_eval_batch_size),
+        step_line=lambda step, n, epoch, m: (
+            f"reward step {step}/{n} loss {m['loss']:.4f} "
+            f"acc {m['accuracy']:.3f} chosen {m['chosen_score']:.3f} "
+            f"rejected {m['rejected_score']:.3f}"
+        ),
+        eval_line=lambda epoch, ev: (
+            f"reward epoch {epoch}: held-out accuracy {ev['eval_accuracy']:.3f} "
+            f"loss {ev['eval_loss']:.4f} chosen {ev['eval_chosen_score']:.3f} "
+            f"rejected {ev['eval_rejected_score']:.3f}"
+        ),
+    )
     metrics = run_loop(engine, spec, log)
     save_value_model(engine, s.output_dir, tok)
     log.print(f"reward: model saved to {s.output_dir}")

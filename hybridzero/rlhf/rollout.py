@@ -14,6 +14,7 @@ generated tokens up to and including the first EOS; later positions are pad and 
 (every forward with positions from the attention mask, :func:`causal_kwargs`) into a typed
 :class:`~hybridzero.rlhf.experience.Experience`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -29,8 +30,17 @@ from hybridzero.rlhf.math import gather_logprobs
 from hybridzero.rlhf.models import last_token_index, position_ids
 from hybridzero.runtime.engine import Engine
 
-__all__ = ["Rollout", "SampleNoise", "answer_masks", "causal_kwargs", "make_experience", "rollout",
-           "rollout_stats", "sample_seed", "sequence_logprobs"]
+__all__ = [
+    "Rollout",
+    "SampleNoise",
+    "answer_masks",
+    "causal_kwargs",
+    "make_experience",
+    "rollout",
+    "rollout_stats",
+    "sample_seed",
+    "sequence_logprobs",
+]
 
 _MIX = 0x9E3779B97F4A7C15
 _MASK64 = (1 << 63) - 1
@@ -92,15 +102,27 @@ def _fit(tokens: torch.Tensor, width: int, pad_id: int, left: bool) -> torch.Ten
     """Pad (or cut) ``[B, n]`` to ``[B, width]`` on the left or right."""
     n = tokens.shape[1]
     if n >= width:
-        return tokens[:, n - width:] if left else tokens[:, :width]
+        return tokens[:, n - width :] if left else tokens[:, :width]
     pad = torch.full((tokens.shape[0], width - n), pad_id, dtype=tokens.dtype, device=tokens.device)
     return torch.cat([pad, tokens] if left else [tokens, pad], dim=1)
 
 
-def rollout(generate: Callable[..., torch.Tensor], prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, *,
-            sample_ids: Sequence[int], run_seed: int, prompt_width: int, answer_len: int, pad_id: int,
-            eos_id: int | None, do_sample: bool = True, temperature: float = 1.0, top_k: int = 0,
-            extra: dict[str, Any] | None = None) -> Rollout:
+def rollout(
+    generate: Callable[..., torch.Tensor],
+    prompt_ids: torch.Tensor,
+    prompt_mask: torch.Tensor,
+    *,
+    sample_ids: Sequence[int],
+    run_seed: int,
+    prompt_width: int,
+    answer_len: int,
+    pad_id: int,
+    eos_id: int | None,
+    do_sample: bool = True,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    extra: dict[str, Any] | None = None,
+) -> Rollout:
     """Generate ``answer_len`` tokens at most for each (left-padded) prompt and lay them out at fixed width.
 
     ``generate`` is ``engine.generate`` (hybrid engine) or ``module.generate`` (ZeRO-3 gathers per step); it gets
@@ -109,8 +131,14 @@ def rollout(generate: Callable[..., torch.Tensor], prompt_ids: torch.Tensor, pro
     """
     ids = _fit(prompt_ids, prompt_width, pad_id, left=True)
     mask = _fit(prompt_mask, prompt_width, 0, left=True)
-    kwargs: dict[str, Any] = {"attention_mask": mask, "max_new_tokens": answer_len, "do_sample": False,
-                              "pad_token_id": pad_id, "use_cache": True, **(extra or {})}
+    kwargs: dict[str, Any] = {
+        "attention_mask": mask,
+        "max_new_tokens": answer_len,
+        "do_sample": False,
+        "pad_token_id": pad_id,
+        "use_cache": True,
+        **(extra or {}),
+    }
     if eos_id is not None:
         kwargs["eos_token_id"] = eos_id
     if do_sample:
@@ -124,14 +152,18 @@ def rollout(generate: Callable[..., torch.Tensor], prompt_ids: torch.Tensor, pro
     sequences = torch.cat([ids, answers], dim=1)
     attention = torch.cat([mask, valid], dim=1)
     action = torch.zeros_like(attention[:, 1:])
-    action[:, prompt_width - 1:] = valid
+    action[:, prompt_width - 1 :] = valid
     return Rollout(sequences=sequences, attention_mask=attention, action_mask=action, prompt_width=prompt_width)
 
 
 def causal_kwargs(sequences: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor | bool]:
     """Forward keyword arguments for a causal LM scoring a rollout: ids, mask and mask-derived positions."""
-    return {"input_ids": sequences, "attention_mask": attention_mask,
-            "position_ids": position_ids(attention_mask), "use_cache": False}
+    return {
+        "input_ids": sequences,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids(attention_mask),
+        "use_cache": False,
+    }
 
 
 def sequence_logprobs(engine: Engine, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -149,21 +181,35 @@ def make_experience(roles: Roles, ro: Rollout) -> Experience:
                 engine.eval()
         logprobs = sequence_logprobs(roles.actor, seq, mask)
         ref_logprobs = sequence_logprobs(roles.ref, seq, mask)
-        values = roles.critic(input_ids=seq, attention_mask=mask)[:, :-1] if roles.critic is not None else \
-            torch.zeros_like(logprobs)
+        values = (
+            roles.critic(input_ids=seq, attention_mask=mask)[:, :-1]
+            if roles.critic is not None
+            else torch.zeros_like(logprobs)
+        )
         scores = roles.reward(input_ids=seq, attention_mask=mask)
         rewards = scores.gather(1, last_token_index(mask)[:, None]).squeeze(1)
         for engine in (roles.actor, roles.critic):
             if engine is not None:
                 engine.train()
-    return Experience(sequences=seq, attention_mask=mask, action_mask=ro.action_mask, logprobs=logprobs.float(),
-                      ref_logprobs=ref_logprobs.float(), values=values.float(), rewards=rewards.float()).validate()
+    return Experience(
+        sequences=seq,
+        attention_mask=mask,
+        action_mask=ro.action_mask,
+        logprobs=logprobs.float(),
+        ref_logprobs=ref_logprobs.float(),
+        values=values.float(),
+        rewards=rewards.float(),
+    ).validate()
 
 
 def rollout_stats(exp: Experience) -> dict[str, float]:
     """Local sums for the step's metrics: rewards, per-token KL and critic values, action tokens, samples."""
     mask = exp.action_mask.bool()
     kl = torch.where(mask, exp.logprobs - exp.ref_logprobs, torch.zeros_like(exp.logprobs))
-    return {"reward": float(exp.rewards.sum()), "kl": float(kl.sum()), "tokens": float(mask.sum()),
-            "samples": float(exp.batch_size),
-            "value": float(torch.where(mask, exp.values, torch.zeros_like(exp.values)).sum())}
+    return {
+        "reward": float(exp.rewards.sum()),
+        "kl": float(kl.sum()),
+        "tokens": float(mask.sum()),
+        "samples": float(exp.batch_size),
+        "value": float(torch.where(mask, exp.values, torch.zeros_like(exp.values)).sum()),
+    }

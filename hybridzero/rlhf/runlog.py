@@ -11,6 +11,7 @@ Layout of a run directory::
 Non-finite metric values are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` so every line is
 strict JSON; :func:`read_metrics` turns them back into floats.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,11 @@ def open_summary_writer(log_dir: Path) -> SummaryWriter | None:
     try:  # optional dependency: importing torch.utils.tensorboard fails without the tensorboard package
         from torch.utils.tensorboard import SummaryWriter  # noqa: PLC0415 - optional extra
     except ImportError:
-        warnings.warn("TensorBoard output skipped: the tensorboard package is not installed "
-                      "(pip install 'hybridzero[tensorboard]'); metrics.jsonl has every metric", stacklevel=3)
+        warnings.warn(
+            "TensorBoard output skipped: the tensorboard package is not installed "
+            "(pip install 'hybridzero[tensorboard]'); metrics.jsonl has every metric",
+            stacklevel=3,
+        )
         return None
     return SummaryWriter(log_dir=str(log_dir))
 
@@ -150,7 +154,8 @@ class RunLog:
 def _decode_values(record: dict[str, Any]) -> dict[str, Any]:
     """Turn the ``"nan"`` / ``"inf"`` / ``"-inf"`` strings of metric values back into floats."""
     return {
-        key: _NON_FINITE[value] if key not in RESERVED_KEYS and isinstance(value, str) and value in _NON_FINITE
+        key: _NON_FINITE[value]
+        if key not in RESERVED_KEYS and isinstance(value, str) and value in _NON_FINITE
         else value
         for key, value in record.items()
     }
@@ -177,8 +182,11 @@ def read_metrics(run_dir: Path | str) -> list[dict[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError:
             record = None
-        if not isinstance(record, dict) or not isinstance(record.get("phase"), str) \
-                or not isinstance(record.get("step"), int):
+        if (
+            not isinstance(record, dict)
+            or not isinstance(record.get("phase"), str)
+            or not isinstance(record.get("step"), int)
+        ):
             skipped += 1
             continue
         key = (record["phase"], int(record["step"]))

@@ -25,19 +25,28 @@ Special values: ``data_path`` entry ``"demo"`` is the dataset that ships with th
 saved copy under ``data_root`` (:mod:`hybridzero.rlhf.data.dschat`); ``model_name_or_path`` ``"demo"`` builds the
 demo's tiny Llama from its config and trains it from scratch (with the demo tokenizer).
 """
+
 from __future__ import annotations
 
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["HF_SCHEDULES", "GRPOSettings", "PPOSettings", "RewardSettings", "SFTSettings", "StepSettings",
-           "SupervisedSettings"]
+__all__ = [
+    "HF_SCHEDULES",
+    "GRPOSettings",
+    "PPOSettings",
+    "RewardSettings",
+    "SFTSettings",
+    "StepSettings",
+    "SupervisedSettings",
+]
 
 Dtype = Literal["fp32", "bf16", "fp16"]
 HF_SCHEDULES = ("linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup")
-Schedule = Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-                   "warmup_cosine"]
+Schedule = Literal[
+    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "warmup_cosine"
+]
 Stage = Literal[0, 1, 2, 3]
 LearningRate = Annotated[float, Field(gt=0.0)]
 WeightDecay = Annotated[float, Field(ge=0.0)]
@@ -52,8 +61,11 @@ class StepSettings(BaseModel):
 
     data_path: list[str] = Field(default_factory=lambda: ["Dahoas/rm-static"], min_length=1)
     data_split: str = "2,4,4"
-    data_root: str | None = Field(None, description="folder holding local copies of DeepSpeed-Chat's datasets "
-                                  "(DATA_ROOT/Dahoas/rm-static, ...); default: $HYBRIDZERO_DATA_ROOT")
+    data_root: str | None = Field(
+        None,
+        description="folder holding local copies of DeepSpeed-Chat's datasets "
+        "(DATA_ROOT/Dahoas/rm-static, ...); default: $HYBRIDZERO_DATA_ROOT",
+    )
     output_dir: str = "runs/step"
     seed: int = 1234
     dtype: Dtype = "fp16"
@@ -116,8 +128,11 @@ class SFTSettings(SupervisedSettings):
 
     output_dir: str = "runs/step1_sft"
     sft_only_data_path: list[str] = Field(default_factory=list, description="datasets used whole in step 1 only")
-    eot_token: str = Field("<|endoftext|>", description="DeepSpeed-Chat's end-of-turn token; used only with "
-                           "--add_eot_token (answers end with the tokenizer's eos token)")
+    eot_token: str = Field(
+        "<|endoftext|>",
+        description="DeepSpeed-Chat's end-of-turn token; used only with "
+        "--add_eot_token (answers end with the tokenizer's eos token)",
+    )
     print_loss: bool = Field(False, description="print every rank's loss at every step")
 
 
@@ -160,8 +175,9 @@ class PPOSettings(StepSettings, Step3LoRA):
     enable_ema: bool = False
     ema_beta: float = Field(0.992, gt=0.0, lt=1.0)
     unsupervised_dataset_name: str | None = None
-    unsupervised_dataset_config_name: str | None = Field(None, description="ptx is on only when both this and "
-                                                         "unsupervised_dataset_name are given (DeepSpeed-Chat)")
+    unsupervised_dataset_config_name: str | None = Field(
+        None, description="ptx is on only when both this and unsupervised_dataset_name are given (DeepSpeed-Chat)"
+    )
     unsup_coef: float = Field(27.8, ge=0.0)
     kl_ctl: float = Field(0.1, ge=0.0)
     clip_reward_value: float = Field(5.0, gt=0.0)
@@ -197,8 +213,10 @@ class PPOSettings(StepSettings, Step3LoRA):
         """The generation batch must split into whole training mini-batches."""
         gen, train = self.per_device_generation_batch_size, self.per_device_training_batch_size
         if gen % train:
-            raise ValueError(f"per_device_generation_batch_size = {gen} is not a multiple of "
-                             f"per_device_training_batch_size = {train}; use a divisor of {gen}")
+            raise ValueError(
+                f"per_device_generation_batch_size = {gen} is not a multiple of "
+                f"per_device_training_batch_size = {train}; use a divisor of {gen}"
+            )
         return self
 
 
@@ -214,6 +232,8 @@ class GRPOSettings(PPOSettings):
         """Every prompt's group lives on one rank and in one training mini-batch."""
         gen, train, k = self.per_device_generation_batch_size, self.per_device_training_batch_size, self.group_size
         if gen % k or train % k:
-            raise ValueError(f"group_size = {k} must divide per_device_generation_batch_size = {gen} and "
-                             f"per_device_training_batch_size = {train}")
+            raise ValueError(
+                f"group_size = {k} must divide per_device_generation_batch_size = {gen} and "
+                f"per_device_training_batch_size = {train}"
+            )
         return self

@@ -7,6 +7,7 @@ Evaluation reports the token-mean loss and perplexity over the held-out ``eval_f
 summed over ranks. The result is a Hugging Face directory in ``output_dir`` (weights, config, tokenizer) plus
 ``metrics.jsonl`` and TensorBoard scalars.
 """
+
 from __future__ import annotations
 
 import math
@@ -36,8 +37,9 @@ def sft_batch(examples: list[tuple[list[int], list[int]]], pad_id: int) -> dict[
     return {"input_ids": ids, "attention_mask": mask, "labels": labels}
 
 
-def _tokenize(records: list[dict[str, str]], tok: PreTrainedTokenizerBase,
-              max_len: int) -> tuple[list[tuple[list[int], list[int]]], int]:
+def _tokenize(
+    records: list[dict[str, str]], tok: PreTrainedTokenizerBase, max_len: int
+) -> tuple[list[tuple[list[int], list[int]]], int]:
     """``(examples, truncated)``: SFT examples (``response``, or ``chosen`` of pairwise records)."""
     out, truncated = [], 0
     for r in records:
@@ -47,8 +49,7 @@ def _tokenize(records: list[dict[str, str]], tok: PreTrainedTokenizerBase,
     return out, truncated
 
 
-def _evaluate(engine: Engine, examples: list[tuple[list[int], list[int]]], pad_id: int,
-              batch: int) -> dict[str, float]:
+def _evaluate(engine: Engine, examples: list[tuple[list[int], list[int]]], pad_id: int, batch: int) -> dict[str, float]:
     """Token-mean loss and perplexity over ``examples`` (this rank's strided share, summed over ranks).
 
     Every rank runs the same number of forwards (ZeRO-3 forwards are collective): a rank whose share ran out
@@ -61,14 +62,19 @@ def _evaluate(engine: Engine, examples: list[tuple[list[int], list[int]]], pad_i
     engine.eval()
     with torch.no_grad():
         for i in range(rounds):
-            chunk = mine[i * batch:(i + 1) * batch]
+            chunk = mine[i * batch : (i + 1) * batch]
             weight = 1 if chunk else 0
             b = sft_batch(chunk or examples[:1], pad_id)
-            logits = engine(input_ids=b["input_ids"].to(engine.device),
-                            attention_mask=b["attention_mask"].to(engine.device)).logits.float()
+            logits = engine(
+                input_ids=b["input_ids"].to(engine.device), attention_mask=b["attention_mask"].to(engine.device)
+            ).logits.float()
             labels = b["labels"][:, 1:].to(engine.device)
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]),
-                                                     labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum")
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].reshape(-1, logits.shape[-1]),
+                labels.reshape(-1),
+                ignore_index=IGNORE_INDEX,
+                reduction="sum",
+            )
             nll += weight * float(loss)
             tokens += weight * int((labels != IGNORE_INDEX).sum())
     engine.train()
@@ -91,29 +97,43 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
     train_ex, cut = _tokenize(train_recs, tok, s.max_seq_len)
     eval_ex, _ = _tokenize(eval_recs, tok, s.max_seq_len)
     log = open_runlog(s.output_dir, engine.comm.rank, s.enable_tensorboard, s.progress)
-    log.print(f"SFT: {len(train_ex)} train / {len(eval_ex)} eval examples ({cut} truncated to {s.max_seq_len} "
-              f"tokens), {total} steps of {global_batch} sequences at world {engine.comm.world_size}")
+    log.print(
+        f"SFT: {len(train_ex)} train / {len(eval_ex)} eval examples ({cut} truncated to {s.max_seq_len} "
+        f"tokens), {total} steps of {global_batch} sequences at world {engine.comm.world_size}"
+    )
 
     def micro_step(indices: list[int]) -> dict[str, float]:
         b = {n: v.to(engine.device) for n, v in sft_batch([train_ex[i] for i in indices], pad_id).items()}
         loss = engine(**b).loss
         if s.print_loss:
-            print(f"Epoch: {engine.global_steps // max(total_per_epoch, 1)}, Step: {engine.global_steps}, "
-                  f"Rank: {engine.comm.rank}, loss = {float(loss.detach())}", flush=True)
+            print(
+                f"Epoch: {engine.global_steps // max(total_per_epoch, 1)}, Step: {engine.global_steps}, "
+                f"Rank: {engine.comm.rank}, loss = {float(loss.detach())}",
+                flush=True,
+            )
         engine.backward(loss)
         engine.step()
         return {"loss": float(loss.detach()) / s.gradient_accumulation_steps}
 
-    spec = LoopSpec(phase="sft", n_items=len(train_ex), micro=s.per_device_train_batch_size,
-                    accumulation=s.gradient_accumulation_steps, epochs=s.num_train_epochs, total_steps=total,
-                    seed=s.seed, eval_interval=s.eval_interval, print_every=s.print_every, progress=s.progress,
-                    micro_step=micro_step,
-                    reduce=lambda sums: {"loss": global_sum(engine, [sums["loss"]])[0] / engine.comm.world_size},
-                    evaluate=lambda: _evaluate(engine, eval_ex, pad_id, s.per_device_eval_batch_size),
-                    step_line=lambda step, n, epoch, m: f"sft step {step}/{n} epoch {epoch} loss {m['loss']:.4f} "
-                                                        f"lr {m['lr']:.2e}",
-                    eval_line=lambda epoch, ev: f"sft epoch {epoch}: eval loss {ev['eval_loss']:.4f} "
-                                                f"perplexity {ev['perplexity']:.3f}")
+    spec = LoopSpec(
+        phase="sft",
+        n_items=len(train_ex),
+        micro=s.per_device_train_batch_size,
+        accumulation=s.gradient_accumulation_steps,
+        epochs=s.num_train_epochs,
+        total_steps=total,
+        seed=s.seed,
+        eval_interval=s.eval_interval,
+        print_every=s.print_every,
+        progress=s.progress,
+        micro_step=micro_step,
+        reduce=lambda sums: {"loss": global_sum(engine, [sums["loss"]])[0] / engine.comm.world_size},
+        evaluate=lambda: _evaluate(engine, eval_ex, pad_id, s.per_device_eval_batch_size),
+        step_line=lambda step, n, epoch, m: f"sft step {step}/{n} epoch {epoch} loss {m['loss']:.4f} lr {m['lr']:.2e}",
+        eval_line=lambda epoch, ev: (
+            f"sft epoch {epoch}: eval loss {ev['eval_loss']:.4f} perplexity {ev['perplexity']:.3f}"
+        ),
+    )
     metrics = run_loop(engine, spec, log)
     save_causal_lm(engine, s.output_dir, hf_config, tok)
     log.print(f"SFT: model saved to {s.output_dir}")

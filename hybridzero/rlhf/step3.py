@@ -11,10 +11,12 @@ Conventions of every update:
   moves its loss scale, the other is skipped without touching its scale), as DeepSpeed-Chat's ``align_overflow``.
 * Every metric is a per-sample or per-token global mean (sums all-reduced, then divided by global counts).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import torch
 import transformers
@@ -30,8 +32,18 @@ from hybridzero.rlhf.rollout import make_experience, rollout, rollout_stats
 from hybridzero.rlhf.settings import PPOSettings
 from hybridzero.runtime.engine import Engine
 
-__all__ = ["Monitor", "RolloutBatch", "Step3", "UpdateStats", "global_scale", "mean_update_stats", "model_context",
-           "ptx_update", "slice_experience", "step_both"]
+__all__ = [
+    "Monitor",
+    "RolloutBatch",
+    "Step3",
+    "UpdateStats",
+    "global_scale",
+    "mean_update_stats",
+    "model_context",
+    "ptx_update",
+    "slice_experience",
+    "step_both",
+]
 
 Monitor = Callable[[list[str], list[str]], dict[str, float]]  # (prompts, answers) -> per-sample sums
 
@@ -99,11 +111,23 @@ class Step3:
         prompt_ids = [order[q] for q in positions for _ in range(plan.k)]
         ids, mask = prompt_tensors(self.tok, [self.prompts[i] for i in prompt_ids], self.pad_id)
         actor = self.roles.actor
-        generate = actor.generate if s.enable_hybrid_engine else actor.module.generate
-        ro = rollout(generate, ids.to(actor.device), mask.to(actor.device),
-                     sample_ids=plan.sample_ids(positions, epoch), run_seed=s.seed,
-                     prompt_width=s.max_prompt_seq_len, answer_len=s.max_answer_seq_len, pad_id=self.pad_id,
-                     eos_id=self.eos_id, do_sample=s.do_sample, temperature=s.temperature, top_k=s.top_k)
+        generate: Callable[..., torch.Tensor] = (
+            actor.generate if s.enable_hybrid_engine else cast(Any, actor.module).generate
+        )
+        ro = rollout(
+            generate,
+            ids.to(actor.device),
+            mask.to(actor.device),
+            sample_ids=plan.sample_ids(positions, epoch),
+            run_seed=s.seed,
+            prompt_width=s.max_prompt_seq_len,
+            answer_len=s.max_answer_seq_len,
+            pad_id=self.pad_id,
+            eos_id=self.eos_id,
+            do_sample=s.do_sample,
+            temperature=s.temperature,
+            top_k=s.top_k,
+        )
         return RolloutBatch(make_experience(self.roles, ro), prompt_ids)
 
     def minibatches(self, exp: Experience) -> Iterator[tuple[int, int]]:
@@ -124,8 +148,9 @@ class Step3:
                 for k, v in self.monitor(*self.texts(rb)).items():
                     extra[k] = extra.get(k, 0.0) + v
         names = list(keys) + sorted(extra)
-        total = dict(zip(names, global_sum(self.roles.actor, [local[k] for k in keys] +
-                                           [extra[k] for k in sorted(extra)])))
+        total = dict(
+            zip(names, global_sum(self.roles.actor, [local[k] for k in keys] + [extra[k] for k in sorted(extra)]))
+        )
         n, tokens = max(total["samples"], 1.0), max(total["tokens"], 1.0)
         out = {"reward": total["reward"] / n, "kl": total["kl"] / tokens, "answer_len": total["tokens"] / n}
         if with_values:
@@ -136,8 +161,10 @@ class Step3:
     def texts(self, rb: RolloutBatch) -> tuple[list[str], list[str]]:
         """Prompts (as given) and decoded answers (special tokens skipped) of a rollout batch."""
         width = self.s.max_prompt_seq_len
-        answers = [self.tok.decode(row[width:][m[width:].bool()].tolist(), skip_special_tokens=True)
-                   for row, m in zip(rb.exp.sequences.cpu(), rb.exp.attention_mask.cpu())]
+        answers = [
+            str(self.tok.decode(row[width:][m[width:].bool()].tolist(), skip_special_tokens=True))
+            for row, m in zip(rb.exp.sequences.cpu(), rb.exp.attention_mask.cpu())
+        ]
         return [self.prompts[i] for i in rb.prompt_ids], answers
 
 
@@ -148,7 +175,7 @@ def slice_experience(exp: Experience, lo: int, hi: int) -> Experience:
 
 def global_scale(engine: Engine, n_local: float) -> float:
     """``n_local * W / N_global`` (see module docstring); 0 when the global count is 0."""
-    total, = global_sum(engine, [n_local])
+    (total,) = global_sum(engine, [n_local])
     return 0.0 if total == 0 else n_local * engine.comm.world_size / total
 
 
@@ -178,8 +205,9 @@ def ptx_update(actor: Engine, batch: dict[str, torch.Tensor], coef: float) -> fl
     return total / max(count, 1.0)
 
 
-def mean_update_stats(stats: Sequence[UpdateStats], ptx_losses: Sequence[float] | None,
-                      with_critic: bool) -> dict[str, float]:
+def mean_update_stats(
+    stats: Sequence[UpdateStats], ptx_losses: Sequence[float] | None, with_critic: bool
+) -> dict[str, float]:
     """Means over an iteration's updates (``skipped_steps``: their count); ``ptx_loss`` only with a ptx stream."""
     n = max(len(stats), 1)
     out = {"actor_loss": sum(st.actor_loss for st in stats) / n}

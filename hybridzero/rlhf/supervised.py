@@ -6,6 +6,7 @@ runs ``accumulation`` micro-steps through ``micro_step(indices) -> local sums``;
 the summed local numbers into global means (one counted all-reduce). Evaluation is collective too (every rank calls
 ``evaluate``), so every rank returns the same numbers.
 """
+
 from __future__ import annotations
 
 import time
@@ -57,8 +58,15 @@ def supervised_engine(model: nn.Module, s: SupervisedSettings, n_train: int, wha
     if s.max_steps is not None:
         total = min(total, s.max_steps)
     optim = OptimSpec(s.learning_rate, s.weight_decay, s.lr_scheduler_type, s.num_warmup_steps, total)
-    cfg = ds_config(stage=s.zero_stage, dtype=s.dtype, micro_batch=s.per_device_train_batch_size, world_size=world,
-                    grad_accum=s.gradient_accumulation_steps, optim=optim, clipping=s.gradient_clipping)
+    cfg = ds_config(
+        stage=s.zero_stage,
+        dtype=s.dtype,
+        micro_batch=s.per_device_train_batch_size,
+        world_size=world,
+        grad_accum=s.gradient_accumulation_steps,
+        optim=optim,
+        clipping=s.gradient_clipping,
+    )
     head = ("v_head",) if isinstance(model, ValueHeadModel) else ()  # step 2 trains its head (DS-Chat)
     lora = LoRASpec(s.lora_dim, s.lora_module_name, s.only_optimize_lora, s.lora_learning_rate, s.seed, head)
     engine = build_engine(model, cfg, checkpointing=s.gradient_checkpointing, optim=optim, lora=lora)
@@ -70,7 +78,7 @@ def _one_step(engine: Engine, spec: LoopSpec, mine: list[int]) -> dict[str, floa
     t0 = time.perf_counter()
     sums: Sums = {}
     for k in range(spec.accumulation):
-        for key, value in spec.micro_step(mine[k * spec.micro:(k + 1) * spec.micro]).items():
+        for key, value in spec.micro_step(mine[k * spec.micro : (k + 1) * spec.micro]).items():
             sums[key] = sums.get(key, 0.0) + value
     return {**spec.reduce(sums), "lr": engine.get_lr()[0], "step_time_s": time.perf_counter() - t0}
 
@@ -89,7 +97,7 @@ def run_loop(engine: Engine, spec: LoopSpec, log: RunLog) -> dict[str, float]:
         for start in range(0, len(order) - span + 1, span):
             if step >= spec.total_steps:
                 break
-            metrics = _one_step(engine, spec, rank_slice(order[start:start + span], rank, world))
+            metrics = _one_step(engine, spec, rank_slice(order[start : start + span], rank, world))
             step += 1
             if spec.eval_interval and step % spec.eval_interval == 0:
                 metrics.update(spec.evaluate())

@@ -7,6 +7,7 @@ critic, EMA) go to ``output_dir/checkpoints`` every ``save_interval`` iterations
 sampling depends only on sample ids and data orders only on seeds, so the resumed run continues the same curve.
 Final models: ``output_dir/actor`` (HF directory), ``output_dir/critic`` (value model), ``output_dir/actor_ema``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -34,11 +35,20 @@ def timing_template(run: Step3) -> Step3Timing:
     """The run's constant report numbers (per-rank batch, lengths, world, dtype, ptx rows) with zero times."""
     s = run.s
     ptx_rows = s.per_device_training_batch_size * run.updates_per_iteration if run.ptx is not None else 0
-    return Step3Timing(e2e_s=0.0, generation_s=0.0, training_s=0.0,
-                       batch_size=s.per_device_generation_batch_size * s.generation_batches,
-                       prompt_len=s.max_prompt_seq_len, answer_len=s.max_answer_seq_len, world_size=run.world,
-                       gradient_checkpointing=s.actor_gradient_checkpointing, dtype_bytes=_BYTES[s.dtype],
-                       unsup_batch_size=ptx_rows, generation_batches=s.generation_batches, ppo_epochs=s.ppo_epochs)
+    return Step3Timing(
+        e2e_s=0.0,
+        generation_s=0.0,
+        training_s=0.0,
+        batch_size=s.per_device_generation_batch_size * s.generation_batches,
+        prompt_len=s.max_prompt_seq_len,
+        answer_len=s.max_answer_seq_len,
+        world_size=run.world,
+        gradient_checkpointing=s.actor_gradient_checkpointing,
+        dtype_bytes=_BYTES[s.dtype],
+        unsup_batch_size=ptx_rows,
+        generation_batches=s.generation_batches,
+        ppo_epochs=s.ppo_epochs,
+    )
 
 
 def _shapes(run: Step3) -> tuple[ModelShape, ModelShape | None]:
@@ -67,8 +77,10 @@ def train_step3(s: PPOSettings, monitor: Monitor | None = None) -> dict[str, Any
     log = open_runlog(s.output_dir, run.rank, s.enable_tensorboard, s.progress)
     reporter = Reporter(log, name, *_shapes(run), timing_template(run), s.print_every)
     total = run.plan.total_iterations
-    log.print(f"{name.upper()}: {len(run.prompts)} prompts (prompt filter {run.prompt_counts}), {total} iterations "
-              f"at world {run.world}, hybrid engine {'on' if s.enable_hybrid_engine else 'off'}")
+    log.print(
+        f"{name.upper()}: {len(run.prompts)} prompts (prompt filter {run.prompt_counts}), {total} iterations "
+        f"at world {run.world}, hybrid engine {'on' if s.enable_hybrid_engine else 'off'}"
+    )
     checkpoints = RoleCheckpoints(Path(s.output_dir) / "checkpoints", run.roles.trained())
     start = checkpoints.resume(log.print) if s.resume else 0
     if run.ptx is not None:  # the ptx stream is a function of batches drawn: re-position it

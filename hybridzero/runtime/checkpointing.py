@@ -16,6 +16,7 @@ Invariants:
   written and checksummed and the tag is published. Inside a gradient-accumulation window the consistent state
   is saved (parameters, optimizer state, counters as of the window's start); the partial gradients are not.
 """
+
 from __future__ import annotations
 
 import logging
@@ -95,8 +96,9 @@ def agree(comm: Comm, error: str | None, what: str) -> None:
     errors = comm.all_gather_object(error, phase=_PHASE)
     failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None]
     if failed:
-        raise CheckpointError(f"{what} failed on {len(failed)} of {len(errors)} ranks, nothing was changed: "
-                              + "; ".join(failed))
+        raise CheckpointError(
+            f"{what} failed on {len(failed)} of {len(errors)} ranks, nothing was changed: " + "; ".join(failed)
+        )
 
 
 def describe(exc: BaseException) -> str:
@@ -149,26 +151,56 @@ def _meta(engine: Checkpointable, tag: str, ranks: list[dict[str, Any]], exclude
             if g.name not in saved or (exclude_frozen and not slot.trainable):
                 excluded.append(slot.spec.name)
                 continue
-            params[slot.spec.name] = {"group": g.name, "offset": slot.spec.offset, "numel": slot.spec.numel,
-                                      "shape": list(slot.spec.shape), "aliases": aliases[slot.spec.name]}
+            params[slot.spec.name] = {
+                "group": g.name,
+                "offset": slot.spec.offset,
+                "numel": slot.spec.numel,
+                "shape": list(slot.spec.shape),
+                "aliases": aliases[slot.spec.name],
+            }
     hf: Any = getattr(engine.module, "config", None)
     gas = engine.gradient_accumulation_steps
-    return {"format": 2, "tag": tag, "world_size": engine.comm.world_size, "stage": engine.config.zero.stage,
-            "global_steps": engine.global_steps, "micro_steps": engine.micro_steps - engine.micro_steps % gas,
-            "skipped_steps": engine.skipped_steps, "params": params, "excluded": excluded,
-            "groups": {g.name: {"padded_numel": g.layout.padded_numel, "mode": g.mode.value}
-                       for g in engine.groups if g.name in saved},
-            "ranks": ranks, "optimizer": type(engine.optimizer).__name__ if engine.optimizer is not None else None,
-            "hf_config": hf.to_dict() if hasattr(hf, "to_dict") else None, "model_class": type(engine.module).__name__}
+    return {
+        "format": 2,
+        "tag": tag,
+        "world_size": engine.comm.world_size,
+        "stage": engine.config.zero.stage,
+        "global_steps": engine.global_steps,
+        "micro_steps": engine.micro_steps - engine.micro_steps % gas,
+        "skipped_steps": engine.skipped_steps,
+        "params": params,
+        "excluded": excluded,
+        "groups": {
+            g.name: {"padded_numel": g.layout.padded_numel, "mode": g.mode.value}
+            for g in engine.groups
+            if g.name in saved
+        },
+        "ranks": ranks,
+        "optimizer": type(engine.optimizer).__name__ if engine.optimizer is not None else None,
+        "hf_config": hf.to_dict() if hasattr(hf, "to_dict") else None,
+        "model_class": type(engine.module).__name__,
+    }
 
 
-def _write_rank0(engine: Checkpointable, partial: Path, tag: str, client_state: Any, other: dict[str, Any],
-                 ranks: list[dict[str, Any]], digests: dict[str, str], exclude_frozen: bool) -> None:
+def _write_rank0(
+    engine: Checkpointable,
+    partial: Path,
+    tag: str,
+    client_state: Any,
+    other: dict[str, Any],
+    ranks: list[dict[str, Any]],
+    digests: dict[str, str],
+    exclude_frozen: bool,
+) -> None:
     opt = engine.optimizer
-    state = {"optimizer": None if opt is None else {"class": type(opt).__name__, "state": other,
-                                                    "param_groups": optim_state.hyperparameters(opt)},
-             "scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
-             "loss_scaler": engine.loss_scaler.state_dict(), "client_state": client_state}
+    state = {
+        "optimizer": None
+        if opt is None
+        else {"class": type(opt).__name__, "state": other, "param_groups": optim_state.hyperparameters(opt)},
+        "scheduler": engine.lr_scheduler.state_dict() if engine.lr_scheduler is not None else None,
+        "loss_scaler": engine.loss_scaler.state_dict(),
+        "client_state": client_state,
+    }
     tensors: dict[str, torch.Tensor] = {}
     (partial / STATE_JSON).write_text(dumps(encode(state, tensors, "")))
     save_file(tensors, str(partial / STATE_TENSORS))
@@ -178,8 +210,17 @@ def _write_rank0(engine: Checkpointable, partial: Path, tag: str, client_state: 
     (partial / MANIFEST).write_text(manifest_text(digests, tag))
 
 
-def _finish(engine: Checkpointable, root: Path, partial: Path, tag: str, nonce: str, client_state: Any,
-            gathered: list[Any], save_latest: bool, exclude_frozen: bool) -> None:
+def _finish(
+    engine: Checkpointable,
+    root: Path,
+    partial: Path,
+    tag: str,
+    nonce: str,
+    client_state: Any,
+    gathered: list[Any],
+    save_latest: bool,
+    exclude_frozen: bool,
+) -> None:
     """Rank 0, after every rank wrote its file: state, meta, manifest, publication, ``latest``."""
     failed = [f"rank {r}: {res}" for r, (res, _) in enumerate(gathered) if isinstance(res, str)]
     if failed:
@@ -195,9 +236,14 @@ def _finish(engine: Checkpointable, root: Path, partial: Path, tag: str, nonce: 
         write_latest(root, tag, nonce)
 
 
-def save(engine: Checkpointable, save_dir: str | os.PathLike[str], tag: str | None = None,
-         client_state: dict[str, Any] | None = None, save_latest: bool = True,
-         exclude_frozen_parameters: bool = False) -> bool:
+def save(
+    engine: Checkpointable,
+    save_dir: str | os.PathLike[str],
+    tag: str | None = None,
+    client_state: dict[str, Any] | None = None,
+    save_latest: bool = True,
+    exclude_frozen_parameters: bool = False,
+) -> bool:
     """Write a checkpoint of ``engine`` (collective: every rank calls it with the same arguments); True on success."""
     engine.release_held()
     engine.assert_quiescent()
@@ -213,10 +259,13 @@ def save(engine: Checkpointable, save_dir: str | os.PathLike[str], tag: str | No
         error = describe(exc)
     agree(comm, error, f"save_checkpoint(tag={tag!r}) in {root}")
     if engine.micro_steps % engine.gradient_accumulation_steps and comm.rank == 0:
-        _LOG.warning("save_checkpoint inside a gradient-accumulation window (micro-step %d of %d): parameters, "
-                     "optimizer state and counters as of the window's start are saved; the partially accumulated "
-                     "gradients are not", engine.micro_steps % engine.gradient_accumulation_steps,
-                     engine.gradient_accumulation_steps)
+        _LOG.warning(
+            "save_checkpoint inside a gradient-accumulation window (micro-step %d of %d): parameters, "
+            "optimizer state and counters as of the window's start are saved; the partially accumulated "
+            "gradients are not",
+            engine.micro_steps % engine.gradient_accumulation_steps,
+            engine.gradient_accumulation_steps,
+        )
     nonce = comm.all_gather_object(uuid.uuid4().hex if comm.rank == 0 else None, phase=_PHASE)[0]
     partial = root / f"{tag}{PARTIAL}{nonce}"
     result: tuple[str, dict[str, Any]] | str
@@ -230,8 +279,9 @@ def save(engine: Checkpointable, save_dir: str | os.PathLike[str], tag: str | No
     error = None
     if comm.rank == 0:
         try:
-            _finish(engine, root, partial, tag, nonce, client_state or {}, gathered, save_latest,
-                    exclude_frozen_parameters)
+            _finish(
+                engine, root, partial, tag, nonce, client_state or {}, gathered, save_latest, exclude_frozen_parameters
+            )
         except (OSError, TypeError, ValueError, RuntimeError) as exc:
             shutil.rmtree(partial, ignore_errors=True)
             error = describe(exc)
@@ -266,33 +316,40 @@ def _missing_params(engine: Checkpointable, tag: SavedTag, strict: bool) -> set[
         hit = next((n for n in names if n in saved), None)
         if hit is None:
             if strict and name not in excluded:
-                raise ValueError(f"{where}: no parameter '{name}' (aliases {names}): a different model? "
-                                 "(load_module_strict=False keeps the model's value)")
+                raise ValueError(
+                    f"{where}: no parameter '{name}' (aliases {names}): a different model? "
+                    "(load_module_strict=False keeps the model's value)"
+                )
             missing.add(name)
             continue
         used.add(id(saved[hit]))
         if saved[hit]["shape"] != shapes[name]:
-            raise ValueError(f"{where}: parameter '{name}' has shape {shapes[name]} in the model but "
-                             f"{saved[hit]['shape']} in the checkpoint")
+            raise ValueError(
+                f"{where}: parameter '{name}' has shape {shapes[name]} in the model but "
+                f"{saved[hit]['shape']} in the checkpoint"
+            )
     unexpected = [n for n, info in meta["params"].items() if id(info) not in used]
     if strict and unexpected:
-        raise ValueError(f"{where}: parameters {unexpected[:5]} are not in the model (load_module_strict=False "
-                         "ignores them)")
+        raise ValueError(
+            f"{where}: parameters {unexpected[:5]} are not in the model (load_module_strict=False ignores them)"
+        )
     return missing
 
 
 def _check_state_keys(what: str, saved: Any, current: dict[str, Any], where: Path) -> dict[str, Any]:
     if saved is None:
-        raise ValueError(f"{where}: no {what} state saved (load with load_lr_scheduler_states=False to keep the "
-                         "engine's)")
+        raise ValueError(
+            f"{where}: no {what} state saved (load with load_lr_scheduler_states=False to keep the engine's)"
+        )
     if not isinstance(saved, dict) or set(saved) != set(current):
         got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(f"{where}: {what} state has keys {got}, the engine's has {sorted(current)}")
     return saved
 
 
-def _stage(engine: Checkpointable, path: Path, strict: bool, load_optimizer: bool, load_scheduler: bool,
-           module_only: bool) -> StagedLoad:
+def _stage(
+    engine: Checkpointable, path: Path, strict: bool, load_optimizer: bool, load_scheduler: bool, module_only: bool
+) -> StagedLoad:
     tag = open_tag(path)
     missing = _missing_params(engine, tag, strict)
     aliases = param_aliases(engine.module)
@@ -309,12 +366,12 @@ def _stage(engine: Checkpointable, path: Path, strict: bool, load_optimizer: boo
         return staged
     where = path / STATE_JSON
     if load_optimizer and engine.optimizer is not None:
-        staged.optimizer = optim_state.stage_optimizer_state(engine.optimizer, engine.groups, engine.comm.rank, tag,
-                                                             state["optimizer"], aliases, missing)
+        staged.optimizer = optim_state.stage_optimizer_state(
+            engine.optimizer, engine.groups, engine.comm.rank, tag, state["optimizer"], aliases, missing
+        )
     if load_scheduler and engine.lr_scheduler is not None:
         staged.scheduler = _check_state_keys("scheduler", state["scheduler"], engine.lr_scheduler.state_dict(), where)
-    staged.loss_scaler = _check_state_keys("loss scaler", state["loss_scaler"], engine.loss_scaler.state_dict(),
-                                           where)
+    staged.loss_scaler = _check_state_keys("loss scaler", state["loss_scaler"], engine.loss_scaler.state_dict(), where)
     probe = LossScaler(engine.loss_scaler.config)
     probe.load_state_dict(staged.loss_scaler)  # its own invariant checks, on a throwaway scaler
     m = tag.meta
@@ -328,9 +385,15 @@ def _stage(engine: Checkpointable, path: Path, strict: bool, load_optimizer: boo
     return staged
 
 
-def prepare_load(engine: Checkpointable, load_dir: str | os.PathLike[str], tag: str | None = None,
-                 load_module_strict: bool = True, load_optimizer_states: bool = True,
-                 load_lr_scheduler_states: bool = True, load_module_only: bool = False) -> StagedLoad | None:
+def prepare_load(
+    engine: Checkpointable,
+    load_dir: str | os.PathLike[str],
+    tag: str | None = None,
+    load_module_strict: bool = True,
+    load_optimizer_states: bool = True,
+    load_lr_scheduler_states: bool = True,
+    load_module_only: bool = False,
+) -> StagedLoad | None:
     """Read and verify a checkpoint on every rank and agree on the outcome; None when there is nothing to load
     (no ``latest``, or no such tag: DeepSpeed's ``(None, None)`` case). Changes nothing on the engine."""
     engine.release_held()
@@ -339,18 +402,22 @@ def prepare_load(engine: Checkpointable, load_dir: str | os.PathLike[str], tag: 
     try:
         path = find_tag(load_dir, tag)
         if path is not None:
-            staged = _stage(engine, path, load_module_strict, load_optimizer_states, load_lr_scheduler_states,
-                            load_module_only)
+            staged = _stage(
+                engine, path, load_module_strict, load_optimizer_states, load_lr_scheduler_states, load_module_only
+            )
     except Exception as exc:  # noqa: BLE001 - any failure while reading untrusted files is agreed on, not fatal
         error = describe(exc)
     agree(engine.comm, error, f"load_checkpoint({str(load_dir)!r}, tag={tag!r})")
     found = engine.comm.all_gather_object(staged is not None, phase=_PHASE)
     if any(found) and not all(found):
-        raise CheckpointError(f"load_checkpoint({str(load_dir)!r}, tag={tag!r}): the checkpoint exists on ranks "
-                              f"{[r for r, f in enumerate(found) if f]} only (not a shared directory?)")
+        raise CheckpointError(
+            f"load_checkpoint({str(load_dir)!r}, tag={tag!r}): the checkpoint exists on ranks "
+            f"{[r for r, f in enumerate(found) if f]} only (not a shared directory?)"
+        )
     if staged is None and engine.comm.rank == 0:
-        _LOG.warning("load_checkpoint: nothing to load in %s (tag %r: no 'latest' file or no such tag directory)",
-                     load_dir, tag)
+        _LOG.warning(
+            "load_checkpoint: nothing to load in %s (tag %r: no 'latest' file or no such tag directory)", load_dir, tag
+        )
     return staged
 
 

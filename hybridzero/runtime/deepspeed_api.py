@@ -16,6 +16,7 @@ Differences from DeepSpeed, on purpose (README, "Coming from DeepSpeed"):
 * ``no_sync()`` raises: gradients are reduced into shards every micro-step at every stage (DeepSpeed raises at
   ZeRO 2/3 for the same reason).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -154,14 +155,21 @@ class DeepSpeedEngineAPI:
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Not supported: gradients are reduced into shards at every micro-step (see the module docstring)."""
-        raise RuntimeError("engine.no_sync() is not supported: hybridzero reduces gradients into shards at every "
-                           "micro-step at every ZeRO stage (DeepSpeed raises at stages 2-3); accumulate with "
-                           "gradient_accumulation_steps instead")
+        raise RuntimeError(
+            "engine.no_sync() is not supported: hybridzero reduces gradients into shards at every "
+            "micro-step at every ZeRO stage (DeepSpeed raises at stages 2-3); accumulate with "
+            "gradient_accumulation_steps instead"
+        )
         yield  # pragma: no cover
 
     # --- state dicts ----------------------------------------------------------------------------------------------
-    def module_state_dict(self, destination: dict[str, Any] | None = None, prefix: str = "",
-                          keep_vars: bool = False, exclude_frozen_parameters: bool = False) -> dict[str, Any]:
+    def module_state_dict(
+        self,
+        destination: dict[str, Any] | None = None,
+        prefix: str = "",
+        keep_vars: bool = False,
+        exclude_frozen_parameters: bool = False,
+    ) -> dict[str, Any]:
         """The wrapped module's state dict with full values in the compute dtype, as the module computes with them
         (a collective at ZeRO-3: every rank calls it). ``safe_get_full_fp32_param`` gives the fp32 masters."""
         base = self.module.state_dict(prefix=prefix, keep_vars=True)
@@ -178,21 +186,25 @@ class DeepSpeedEngineAPI:
             out[key] = value if keep_vars or not isinstance(value, torch.Tensor) else value.detach()
         return out
 
-    def state_dict(self, *args: Any, destination: dict[str, Any] | None = None, prefix: str = "",
-                   keep_vars: bool = False) -> dict[str, Any]:
+    def state_dict(
+        self, *args: Any, destination: dict[str, Any] | None = None, prefix: str = "", keep_vars: bool = False
+    ) -> dict[str, Any]:
         """``nn.Module.state_dict`` of the engine (keys ``module.<name>``), with full values (see module docstring)."""
         if args:
             raise TypeError("engine.state_dict() takes keyword arguments only (destination=, prefix=, keep_vars=)")
         return self.module_state_dict(destination, prefix + _PREFIX, keep_vars)
 
-    def load_state_dict(self, state_dict: Mapping[str, Any], strict: bool = True,
-                        assign: bool = False) -> _IncompatibleKeys:
+    def load_state_dict(
+        self, state_dict: Mapping[str, Any], strict: bool = True, assign: bool = False
+    ) -> _IncompatibleKeys:
         """Load full values (keys as :meth:`state_dict` returns them) into the masters, group by group, through
         ``write_shard``; buffers are copied. Every rank calls it with the same values."""
         if assign:
-            raise ValueError("engine.load_state_dict(assign=True) is not supported: parameters are views into "
-                             "sharded buffers; load values with assign=False")
-        values = {k[len(_PREFIX):]: v for k, v in state_dict.items() if k.startswith(_PREFIX)}
+            raise ValueError(
+                "engine.load_state_dict(assign=True) is not supported: parameters are views into "
+                "sharded buffers; load values with assign=False"
+            )
+        values = {k[len(_PREFIX) :]: v for k, v in state_dict.items() if k.startswith(_PREFIX)}
         unexpected = [k for k in state_dict if not k.startswith(_PREFIX)]
         expected = self.module.state_dict(keep_vars=True)
         unexpected += [_PREFIX + k for k in values if k not in expected]
@@ -204,8 +216,10 @@ class DeepSpeedEngineAPI:
             for slot in group.slots:
                 value = by_param.get(id(slot.param))
                 if value is not None and tuple(value.shape) != tuple(slot.spec.shape):
-                    raise ValueError(f"engine.load_state_dict: {slot.spec.name!r} has shape {tuple(value.shape)}, "
-                                     f"the parameter has {tuple(slot.spec.shape)}")
+                    raise ValueError(
+                        f"engine.load_state_dict: {slot.spec.name!r} has shape {tuple(value.shape)}, "
+                        f"the parameter has {tuple(slot.spec.shape)}"
+                    )
         with torch.no_grad():
             for key, tensor in expected.items():
                 if key in values and not isinstance(tensor, nn.Parameter):
@@ -220,6 +234,6 @@ class DeepSpeedEngineAPI:
                     flat = by_param[id(slot.param)].detach().reshape(-1).to(group.master)
                     a, b = max(lo, slot.spec.offset), min(hi, slot.spec.end)
                     if a < b:
-                        group.master[a - lo:b - lo].copy_(flat[a - slot.spec.offset:b - slot.spec.offset])
+                        group.master[a - lo : b - lo].copy_(flat[a - slot.spec.offset : b - slot.spec.offset])
                 group.write_shard()
         return _IncompatibleKeys(missing, unexpected)

@@ -9,6 +9,7 @@ Invariants: ``step()`` updates only at the gradient-accumulation boundary; after
 engine is quiescent; an exception in an engine call is posted to every peer and tears the process group down so
 that no peer hangs.
 """
+
 from __future__ import annotations
 
 import logging
@@ -52,10 +53,19 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
     """Wraps ``module`` for sharded training; see :func:`hybridzero.initialize`. An ``nn.Module`` whose one
     submodule is ``module`` (DeepSpeed's engine surface: :mod:`hybridzero.runtime.deepspeed_api`)."""
 
-    def __init__(self, module: nn.Module, config: Config, comm: Comm, *, optimizer: torch.optim.Optimizer | None = None,
-                 model_parameters: Iterable[Any] | None = None, lr_scheduler: Any = None,
-                 blocks: list[str] | None = None, record_events: bool = False,
-                 source: TensorSource | None = None) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        config: Config,
+        comm: Comm,
+        *,
+        optimizer: torch.optim.Optimizer | None = None,
+        model_parameters: Iterable[Any] | None = None,
+        lr_scheduler: Any = None,
+        blocks: list[str] | None = None,
+        record_events: bool = False,
+        source: TensorSource | None = None,
+    ) -> None:
         nn.Module.__init__(self)
         self.config = config
         self.comm = comm
@@ -75,9 +85,18 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.last_grad_norm: float | None = None
         f16 = config.fp16
         self.loss_scaler = LossScaler(
-            ScalerConfig.from_fp16(f16.enabled, f16.loss_scale, f16.initial_scale_power, f16.loss_scale_window,
-                                   f16.hysteresis, f16.consecutive_hysteresis, f16.min_loss_scale),
-            rank=comm.rank, log=_LOG.warning if comm.rank == 0 else None)
+            ScalerConfig.from_fp16(
+                f16.enabled,
+                f16.loss_scale,
+                f16.initial_scale_power,
+                f16.loss_scale_window,
+                f16.hysteresis,
+                f16.consecutive_hysteresis,
+                f16.min_loss_scale,
+            ),
+            rank=comm.rank,
+            log=_LOG.warning if comm.rank == 0 else None,
+        )
         self.skipped_steps = 0
         self.overflow = False
         # fp32/bf16: skip (on every rank) a boundary step whose gradients hold inf/nan anywhere, as fp16 does
@@ -85,19 +104,28 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.nonfinite_skipped_steps = 0
         self.hpz = self._hpz_comm()
         off_opt, off_param = config.zero.offload_optimizer, config.zero.offload_param
-        self.placement = Placement.build(self.device, off_opt.device, off_param.device,
-                                         off_opt.pin_memory or off_param.pin_memory)
+        self.placement = Placement.build(
+            self.device, off_opt.device, off_param.device, off_opt.pin_memory or off_param.pin_memory
+        )
         index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
         self.groups = self._build_groups(blocks, index_of, source)
         self._cast_buffers()
         z = config.zero
         self.prefetcher = Prefetcher(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
-        scales = reduction_scales(config.gradient_allreduce_op, config.prescale_gradients,
-                                  config.gradient_predivide_factor, comm.world_size)
-        self.reducer = GradReducer(comm, z.reduce_bucket_size, overlap=z.overlap_comm, quantized=self._qgz(),
-                                   scales=scales)
-        self.coordinator = ZeroCoordinator(self.module, self.groups, self.reducer, self.prefetcher, self.events,
-                                           check_unused=z.stage in (1, 2) and not z.ignore_unused_parameters)
+        scales = reduction_scales(
+            config.gradient_allreduce_op, config.prescale_gradients, config.gradient_predivide_factor, comm.world_size
+        )
+        self.reducer = GradReducer(
+            comm, z.reduce_bucket_size, overlap=z.overlap_comm, quantized=self._qgz(), scales=scales
+        )
+        self.coordinator = ZeroCoordinator(
+            self.module,
+            self.groups,
+            self.reducer,
+            self.prefetcher,
+            self.events,
+            check_unused=z.stage in (1, 2) and not z.ignore_unused_parameters,
+        )
         self.param_owner = TensorFragments(ZeroParamOwner(self.coordinator, comm), self)
         REGISTRY.register(self.param_owner.zero.params(), self.param_owner)  # GatheredParameters, utils.safe_*
         self.training_dataloader: Any = None  # set by initialize when training_data is given
@@ -111,14 +139,17 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
             views = sharded.split_views(views, z.sub_group_size)
         self._leaves = sharded.make_leaf_params(views)
         self.optimizer = self._build_optimizer(optimizer, overrides)
-        self.swapper = (StateSwapper(self.optimizer, str(off_opt.nvme_path), comm.rank, z.sub_group_size,
-                                     off_opt.buffer_count)
-                        if self.placement.state_in_files and self.optimizer is not None else None)
+        self.swapper = (
+            StateSwapper(self.optimizer, str(off_opt.nvme_path), comm.rank, z.sub_group_size, off_opt.buffer_count)
+            if self.placement.state_in_files and self.optimizer is not None
+            else None
+        )
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
 
     # --- construction -------------------------------------------------------------------------------------------
-    def _build_groups(self, blocks: list[str] | None, index_of: dict[str, int],
-                      source: TensorSource | None) -> list[ShardedGroup]:
+    def _build_groups(
+        self, blocks: list[str] | None, index_of: dict[str, int], source: TensorSource | None
+    ) -> list[ShardedGroup]:
         """One :class:`ShardedGroup` per planned group; a meta-device model is materialized group by group (from
         ``source`` when given, else by the model's own init), so no rank ever holds the whole model."""
         stage = self.config.zero.stage
@@ -132,19 +163,36 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         groups = []
         for i, plan in enumerate(plan_groups(self.module, threshold, blocks)):
             if meta:
-                params = materialize.materialize_group(self.module, [aliases[n] for n in plan.param_names],
-                                                       self.device, init_fn if source is None else None)
+                params = materialize.materialize_group(
+                    self.module,
+                    [aliases[n] for n in plan.param_names],
+                    self.device,
+                    init_fn if source is None else None,
+                )
             else:
                 params = [self.module.get_parameter(n) for n in plan.param_names]
             named = sharded.order_for_optimizer(list(zip(plan.param_names, params)), index_of)
             group_mode = ShardMode.PERSISTENT if plan.replicated else mode
             # zero.Init: this rank's pieces of the group, gathered one parameter at a time from the Init store
             group_source = stage_group(named, group_mode, self.comm, self._init_stores) if self._init_stores else source
-            groups.append(ShardedGroup(i, plan.name, plan.owner, named, self.comm, self.compute_dtype,
-                                       self.reduce_dtype, self.device, mode=group_mode, source=group_source,
-                                       aliases={n: aliases[n] for n, _ in named}, hpz=self.hpz,
-                                       quantize_block=self._qwz_block(plan.name, named),
-                                       placement=self.placement))
+            groups.append(
+                ShardedGroup(
+                    i,
+                    plan.name,
+                    plan.owner,
+                    named,
+                    self.comm,
+                    self.compute_dtype,
+                    self.reduce_dtype,
+                    self.device,
+                    mode=group_mode,
+                    source=group_source,
+                    aliases={n: aliases[n] for n, _ in named},
+                    hpz=self.hpz,
+                    quantize_block=self._qwz_block(plan.name, named),
+                    placement=self.placement,
+                )
+            )
         release_from_init(self._init_stores, [slot.param for group in groups for slot in group.slots])
         self._init_stores = []  # released: the engine is the only owner now
         return groups
@@ -178,8 +226,12 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         local = topology.local_world_size(world_size=world)
         nodes = topology.node_groups(world, local)
         cross = [[node[j] for node in nodes] for j in range(local)]
-        return HierarchicalQuantizedReduce(self.comm.split(nodes, name="node"), self.comm.split(cross, name="cross"),
-                                           z.quantized_gradients_bits, z.quantization_block_size)
+        return HierarchicalQuantizedReduce(
+            self.comm.split(nodes, name="node"),
+            self.comm.split(cross, name="cross"),
+            z.quantized_gradients_bits,
+            z.quantization_block_size,
+        )
 
     def _cast_buffers(self) -> None:
         if self.compute_dtype == torch.float32:
@@ -189,8 +241,9 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
                 if buf is not None and buf.is_floating_point():
                     setattr(buf_owner, name, buf.to(self.compute_dtype))
 
-    def _build_optimizer(self, client: torch.optim.Optimizer | None,
-                         overrides: list[dict[str, Any]]) -> torch.optim.Optimizer | None:
+    def _build_optimizer(
+        self, client: torch.optim.Optimizer | None, overrides: list[dict[str, Any]]
+    ) -> torch.optim.Optimizer | None:
         leaves = [[p for p, _ in group] for group in self._leaves]
         if client is not None:
             return rebuild_optimizer(client, leaves)
@@ -297,8 +350,13 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.nonfinite_skipped_steps += 1
         self.zero_grad()
         if self.comm.rank == 0:
-            _LOG.warning("[hybridzero] OVERFLOW! Rank 0 Skipping step %d. Non-finite (inf/nan) gradients with %s; "
-                         "skipped steps: %d", self.global_steps + 1, self.compute_dtype, self.skipped_steps)
+            _LOG.warning(
+                "[hybridzero] OVERFLOW! Rank 0 Skipping step %d. Non-finite (inf/nan) gradients with %s; "
+                "skipped steps: %d",
+                self.global_steps + 1,
+                self.compute_dtype,
+                self.skipped_steps,
+            )
         return True
 
     def check_overflow(self) -> bool:

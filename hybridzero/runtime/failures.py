@@ -4,6 +4,7 @@ Invariant: an exception that escapes a call which issues collectives is either a
 same point, :meth:`Comm.agree`) or fails the group (:meth:`Comm.fail`), so no rank goes on issuing collectives that
 pair with a peer's different ones. See "Failures" in docs/architecture.md.
 """
+
 from __future__ import annotations
 
 import contextlib

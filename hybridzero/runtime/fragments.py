@@ -18,6 +18,7 @@ DeepSpeed, and every rank gets the full value); every write to a master goes thr
 are refused while it is gathered. Gradients are the reduced, averaged fp32 gradients in the shards (valid after
 ``backward`` at the accumulation boundary, before ``step``; zero after ``step``), divided by the fp16 loss scale.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -105,14 +106,20 @@ class TensorFragments:
         if opt is None:
             return set()
         with self.host.optimizer_state_resident():
-            return {k for leaf, st in opt.state.items() for k, v in st.items()
-                    if isinstance(v, torch.Tensor) and v.shape == leaf.shape}
+            return {
+                k
+                for leaf, st in opt.state.items()
+                for k, v in st.items()
+                if isinstance(v, torch.Tensor) and v.shape == leaf.shape
+            }
 
     def _check_key(self, key: str, what: str) -> None:
         keys = self._state_keys()
         if key not in keys:
-            raise KeyError(f"{what}: optimizer state has no per-element key {key!r}; valid: {sorted(keys)} (state "
-                           f"is created by the first optimizer step)")
+            raise KeyError(
+                f"{what}: optimizer state has no per-element key {key!r}; valid: {sorted(keys)} (state "
+                f"is created by the first optimizer step)"
+            )
 
     def _local_state(self, group: ShardedGroup, key: str) -> torch.Tensor:
         """``key``'s state in this rank's master coordinates (zero where no leaf covers: frozen, padding)."""
@@ -123,7 +130,7 @@ class TensorFragments:
             for lo, leaf in self._leaves(group):
                 value = opt.state.get(leaf, {}).get(key)
                 if isinstance(value, torch.Tensor) and value.shape == leaf.shape:
-                    out[lo:lo + leaf.numel()] = value
+                    out[lo : lo + leaf.numel()] = value
         return out
 
     # --- full values (collectives) --------------------------------------------------------------------------------
@@ -131,7 +138,7 @@ class TensorFragments:
         """The parameter's fp32 master value, whole, on every rank."""
         group, slot = self.zero.locate(param)
         flat = _full(group, group.master, group.master_is_whole)
-        return flat[slot.spec.offset:slot.spec.end].view(slot.spec.shape).clone()
+        return flat[slot.spec.offset : slot.spec.end].view(slot.spec.shape).clone()
 
     def full_grad(self, param: torch.Tensor) -> torch.Tensor | None:
         """The reduced, averaged fp32 gradient, whole, on every rank (None for a frozen parameter)."""
@@ -139,7 +146,7 @@ class TensorFragments:
         if not slot.trainable:
             return None
         flat = _full(group, group.grad_shard, group.replicated)
-        return flat[slot.spec.offset:slot.spec.end].view(slot.spec.shape) / self.host.loss_scale
+        return flat[slot.spec.offset : slot.spec.end].view(slot.spec.shape) / self.host.loss_scale
 
     def full_optimizer_state(self, param: torch.Tensor, key: str) -> torch.Tensor | None:
         """Optimizer state ``key`` (e.g. ``exp_avg``), whole, on every rank (None for a frozen parameter)."""
@@ -148,12 +155,14 @@ class TensorFragments:
             return None
         self._check_key(key, "safe_get_full_optimizer_state")
         flat = _full(group, self._local_state(group, key), group.master_is_whole)
-        return flat[slot.spec.offset:slot.spec.end].view(slot.spec.shape).clone()
+        return flat[slot.spec.offset : slot.spec.end].view(slot.spec.shape).clone()
 
     def _check_value(self, slot: Slot, value: torch.Tensor, what: str) -> torch.Tensor:
         if tuple(value.shape) != tuple(slot.spec.shape):
-            raise ValueError(f"{what}: value of shape {tuple(value.shape)} for parameter {slot.spec.name!r} of shape "
-                             f"{tuple(slot.spec.shape)}")
+            raise ValueError(
+                f"{what}: value of shape {tuple(value.shape)} for parameter {slot.spec.name!r} of shape "
+                f"{tuple(slot.spec.shape)}"
+            )
         return value.detach().reshape(-1)
 
     def set_full_fp32(self, param: torch.Tensor, value: torch.Tensor) -> None:
@@ -164,7 +173,7 @@ class TensorFragments:
         part = _param_part(master_range(group), slot)
         with torch.no_grad():
             if part is not None:
-                group.master[part[0]:part[1]].copy_(flat[part[2]:part[3]])
+                group.master[part[0] : part[1]].copy_(flat[part[2] : part[3]])
             group.write_shard()
 
     def set_full_optimizer_state(self, param: torch.Tensor, value: torch.Tensor, key: str) -> None:
@@ -176,7 +185,7 @@ class TensorFragments:
         self._check_key(key, "safe_set_full_optimizer_state")
         part = _param_part(master_range(group), slot)
         if part is not None:
-            self._write_state(group, key, part[0], flat[part[2]:part[3]])
+            self._write_state(group, key, part[0], flat[part[2] : part[3]])
 
     def _write_state(self, group: ShardedGroup, key: str, lo: int, values: torch.Tensor) -> None:
         """Write ``values`` at master coordinate ``lo`` into the state of the leaves that cover it."""
@@ -188,14 +197,14 @@ class TensorFragments:
                 state = opt.state.get(leaf, {}).get(key)
                 if hit is not None and isinstance(state, torch.Tensor):
                     with torch.no_grad():
-                        state[hit[0] - leaf_lo:hit[1] - leaf_lo].copy_(values[hit[0] - lo:hit[1] - lo])
+                        state[hit[0] - leaf_lo : hit[1] - leaf_lo].copy_(values[hit[0] - lo : hit[1] - lo])
 
     # --- this rank's part (no collective but write_shard's) ------------------------------------------------------
     def local_fp32(self, param: torch.Tensor) -> torch.Tensor:
         """This rank's part of the parameter's fp32 master, flattened (possibly empty)."""
         group, slot = self.zero.locate(param)
         part = _param_part(master_range(group), slot)
-        return group.master[part[0]:part[1]].clone() if part else group.master.new_empty(0)
+        return group.master[part[0] : part[1]].clone() if part else group.master.new_empty(0)
 
     def local_grad(self, param: torch.Tensor) -> torch.Tensor | None:
         """This rank's part of the reduced fp32 gradient, flattened (None for a frozen parameter)."""
@@ -203,7 +212,7 @@ class TensorFragments:
         if not slot.trainable:
             return None
         part = _param_part(grad_range(group), slot)
-        local = group.grad_shard[part[0]:part[1]] if part else group.grad_shard.new_empty(0)
+        local = group.grad_shard[part[0] : part[1]] if part else group.grad_shard.new_empty(0)
         return local / self.host.loss_scale
 
     def local_optimizer_state(self, param: torch.Tensor, key: str) -> torch.Tensor | None:
@@ -213,15 +222,18 @@ class TensorFragments:
             return None
         self._check_key(key, "safe_get_local_optimizer_state")
         part = _param_part(master_range(group), slot)
-        return self._local_state(group, key)[part[0]:part[1]] if part else group.master.new_empty(0)
+        return self._local_state(group, key)[part[0] : part[1]] if part else group.master.new_empty(0)
 
-    def _check_local(self, group: ShardedGroup, slot: Slot, value: torch.Tensor,
-                     what: str) -> tuple[tuple[int, int, int, int] | None, torch.Tensor]:
+    def _check_local(
+        self, group: ShardedGroup, slot: Slot, value: torch.Tensor, what: str
+    ) -> tuple[tuple[int, int, int, int] | None, torch.Tensor]:
         part = _param_part(master_range(group), slot)
         expected = 0 if part is None else part[1] - part[0]
         if value.numel() != expected:
-            raise ValueError(f"{what}: value has {value.numel()} elements, this rank's part of {slot.spec.name!r} "
-                             f"has {expected} (see safe_get_local_fp32_param)")
+            raise ValueError(
+                f"{what}: value has {value.numel()} elements, this rank's part of {slot.spec.name!r} "
+                f"has {expected} (see safe_get_local_fp32_param)"
+            )
         return part, value.detach().reshape(-1)
 
     def set_local_fp32(self, param: torch.Tensor, value: torch.Tensor) -> None:
@@ -232,15 +244,14 @@ class TensorFragments:
         self.zero.check_not_gathered(group, "safe_set_local_fp32_param")
         with torch.no_grad():
             if part is not None:
-                group.master[part[0]:part[1]].copy_(flat)
+                group.master[part[0] : part[1]].copy_(flat)
             group.write_shard()
 
     def set_local_optimizer_state(self, param: torch.Tensor, value: torch.Tensor, key: str) -> None:
         """Write this rank's part of optimizer state ``key`` (shaped as :meth:`local_optimizer_state`)."""
         group, slot = self.zero.locate(param)
         if not slot.trainable:
-            raise ValueError(f"safe_set_local_optimizer_state: {slot.spec.name!r} is frozen and has no optimizer "
-                             f"state")
+            raise ValueError(f"safe_set_local_optimizer_state: {slot.spec.name!r} is frozen and has no optimizer state")
         part, flat = self._check_local(group, slot, value, "safe_set_local_optimizer_state")
         self._check_key(key, "safe_set_local_optimizer_state")
         if part is not None:

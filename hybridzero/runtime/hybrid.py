@@ -16,13 +16,14 @@ nothing of the engine is needed):
   forward gathers group by group (the engine's ordinary ZeRO-3 path with trace prefetch); HF's synced generation
   keeps ranks in step, and every gather is counted in the ledger.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, cast
 
-from torch import nn
+import torch
 
 from hybridzero.lora import merged_lora
 from hybridzero.zero.coordinator import ZeroCoordinator
@@ -34,7 +35,7 @@ def gathered_bytes(coordinator: ZeroCoordinator) -> int:
     return sum(g.numel * g.compute_dtype.itemsize for g in coordinator.groups if not g.always_full)
 
 
-def _in_groups(groups: list[ShardedGroup]) -> Callable[[nn.Parameter], bool]:
+def _in_groups(groups: list[ShardedGroup]) -> Callable[[torch.Tensor], bool]:
     """Whether a parameter's bound storage is one of ``groups``' gathered buffers (transient: released on exit, so
     LoRA may merge into it in place; anything else, e.g. a persistent group's master, gets a merged copy)."""
     ids = {id(slot.param) for g in groups for slot in g.slots}
@@ -66,7 +67,7 @@ def generation_mode(coordinator: ZeroCoordinator, max_gathered_bytes: int | None
             g.wait("generate")
         coordinator.bypass = True
         if synced_flag is not None:
-            module._is_fsdp_managed_module = False  # nothing to synchronize: HF generate need not sync
+            setattr(module, "_is_fsdp_managed_module", False)  # noqa: B010 - nothing to synchronize: HF need not sync
         with merged_lora(module, _in_groups(groups)):  # LoRA: W + s·R@L in the gathered buffers
             yield "full"
     finally:
@@ -85,15 +86,18 @@ def check_out_tokens(limit: int, args: tuple[Any, ...], kwargs: dict[str, Any]) 
     ids = kwargs.get("input_ids", args[0] if args else None)
     new = kwargs.get("max_new_tokens")
     if ids is not None and new is not None and ids.shape[-1] + int(new) > limit:
-        raise ValueError(f"prompt length {ids.shape[-1]} + max_new_tokens {new} exceeds hybrid_engine.max_out_tokens="
-                         f"{limit}; raise hybrid_engine.max_out_tokens or generate fewer tokens")
+        raise ValueError(
+            f"prompt length {ids.shape[-1]} + max_new_tokens {new} exceeds hybrid_engine.max_out_tokens="
+            f"{limit}; raise hybrid_engine.max_out_tokens or generate fewer tokens"
+        )
 
 
-def hybrid_generate(coordinator: ZeroCoordinator, max_out_tokens: int, *args: Any,
-                    max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
+def hybrid_generate(
+    coordinator: ZeroCoordinator, max_out_tokens: int, *args: Any, max_gathered_bytes: int | None = None, **kwargs: Any
+) -> Any:
     """``module.generate`` inside :func:`generation_mode`; checks ``hybrid_engine.max_out_tokens``."""
     check_out_tokens(max_out_tokens, args, kwargs)
     with generation_mode(coordinator, max_gathered_bytes) as mode:
         if mode == "full":
             kwargs.setdefault("synced_gpus", False)  # nothing to synchronize: no collective until exit
-        return coordinator.module.generate(*args, **kwargs)
+        return cast(Any, coordinator.module).generate(*args, **kwargs)  # an HF model's generate

@@ -4,6 +4,7 @@ Invariant: every rank either returns an engine or raises; a failure on one rank 
 before any parameter collective (so peers raise the same error instead of hanging), and a failure after that point
 fails the process group on every rank (see :func:`hybridzero.runtime.failures.failure_guard`).
 """
+
 from __future__ import annotations
 
 import logging
@@ -34,10 +35,12 @@ def agree(comm: Comm, error: BaseException | None, what: str) -> None:
 
 
 def _dataloader(data: Dataset, cfg: Config, comm: Comm, collate_fn: Callable[..., Any] | None) -> DataLoader:
-    sampler: DistributedSampler[Any] = DistributedSampler(data, num_replicas=comm.world_size, rank=comm.rank,
-                                                          shuffle=True, seed=cfg.seed or 0, drop_last=True)
-    return DataLoader(data, batch_size=cfg.train_micro_batch_size_per_gpu, sampler=sampler,
-                      collate_fn=collate_fn, drop_last=True)
+    sampler: DistributedSampler[Any] = DistributedSampler(
+        data, num_replicas=comm.world_size, rank=comm.rank, shuffle=True, seed=cfg.seed or 0, drop_last=True
+    )
+    return DataLoader(
+        data, batch_size=cfg.train_micro_batch_size_per_gpu, sampler=sampler, collate_fn=collate_fn, drop_last=True
+    )
 
 
 def _config_source(args: Any, config: Any, config_params: Any) -> Any:
@@ -49,30 +52,45 @@ def _config_source(args: Any, config: Any, config_params: Any) -> Any:
     deepscale = getattr(args, "deepscale_config", None)
     if deepscale is not None:
         if from_args is not None:
-            raise ValueError("initialize(): args has both deepscale_config (deprecated) and deepspeed_config; "
-                             "keep only --deepspeed_config")
+            raise ValueError(
+                "initialize(): args has both deepscale_config (deprecated) and deepspeed_config; "
+                "keep only --deepspeed_config"
+            )
         _LOG.warning("--deepscale_config is deprecated, use --deepspeed_config")
         from_args = deepscale
     if from_args is not None:
         if config is not None:
-            raise ValueError("initialize(): a config was given both in args.deepspeed_config and as config=; "
-                             "pass only one")
+            raise ValueError(
+                "initialize(): a config was given both in args.deepspeed_config and as config=; pass only one"
+            )
         config = from_args
     if config is None:
-        raise ValueError("initialize() needs a config: config= (a DeepSpeed JSON dict or path) or "
-                         "args.deepspeed_config (--deepspeed_config, see add_config_arguments)")
+        raise ValueError(
+            "initialize() needs a config: config= (a DeepSpeed JSON dict or path) or "
+            "args.deepspeed_config (--deepspeed_config, see add_config_arguments)"
+        )
     return config
 
 
-def initialize(args: Any = None, model: nn.Module | None = None,
-               optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None = None,
-               model_parameters: Iterable[Any] | None = None, training_data: Dataset | None = None,
-               lr_scheduler: Any = None, distributed_port: int = 29500, mpu: Any = None,
-               dist_init_required: bool | None = None, collate_fn: Callable[..., Any] | None = None,
-               config: Mapping[str, Any] | str | os.PathLike[str] | None = None, mesh_param: Any = None,
-               config_params: Mapping[str, Any] | str | os.PathLike[str] | None = None, *,
-               blocks: list[str] | None = None, record_events: bool = False,
-               checkpoint_source: TensorSource | None = None) -> tuple[Engine, Any, DataLoader | None, Any]:
+def initialize(
+    args: Any = None,
+    model: nn.Module | None = None,
+    optimizer: torch.optim.Optimizer | Callable[..., torch.optim.Optimizer] | None = None,
+    model_parameters: Iterable[Any] | None = None,
+    training_data: Dataset | None = None,
+    lr_scheduler: Any = None,
+    distributed_port: int = 29500,
+    mpu: Any = None,
+    dist_init_required: bool | None = None,
+    collate_fn: Callable[..., Any] | None = None,
+    config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    mesh_param: Any = None,
+    config_params: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+    *,
+    blocks: list[str] | None = None,
+    record_events: bool = False,
+    checkpoint_source: TensorSource | None = None,
+) -> tuple[Engine, Any, DataLoader | None, Any]:
     """Build a sharded engine; returns ``(engine, optimizer, training_dataloader, lr_scheduler)`` like DeepSpeed.
 
     DeepSpeed's signature and rules: ``config`` is a DeepSpeed JSON dict or path (``config_params`` is its older
@@ -88,11 +106,14 @@ def initialize(args: Any = None, model: nn.Module | None = None,
         raise ValueError("initialize() needs model= (the torch.nn.Module to train)")
     for name, value in (("mpu", mpu), ("mesh_param", mesh_param)):
         if value is not None:
-            raise ValueError(f"initialize({name}=...) is not supported: hybridzero is data-parallel only (ZeRO); "
-                             f"pass {name}=None")
+            raise ValueError(
+                f"initialize({name}=...) is not supported: hybridzero is data-parallel only (ZeRO); pass {name}=None"
+            )
     if dist_init_required is False and not comm_api.is_initialized():
-        raise RuntimeError("initialize(dist_init_required=False) but torch.distributed is not initialized; call "
-                           "hybridzero.init_distributed() first or leave dist_init_required=None")
+        raise RuntimeError(
+            "initialize(dist_init_required=False) but torch.distributed is not initialized; call "
+            "hybridzero.init_distributed() first or leave dist_init_required=None"
+        )
     comm_api.init_distributed(distributed_port=distributed_port)
     comm = Comm(Ledger())
     cfg: Config | None = None
@@ -112,9 +133,17 @@ def initialize(args: Any = None, model: nn.Module | None = None,
     with failure_guard(comm):
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed)
-        engine = Engine(model, cfg, comm, optimizer=client_optimizer, model_parameters=model_parameters,
-                        lr_scheduler=lr_scheduler, blocks=blocks, record_events=record_events,
-                        source=checkpoint_source)
+        engine = Engine(
+            model,
+            cfg,
+            comm,
+            optimizer=client_optimizer,
+            model_parameters=model_parameters,
+            lr_scheduler=lr_scheduler,
+            blocks=blocks,
+            record_events=record_events,
+            source=checkpoint_source,
+        )
     if training_data is not None:
         engine.training_dataloader = _dataloader(training_data, cfg, comm, collate_fn)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -12,6 +12,7 @@ A *leaf* is the optimizer's view of one param group's part of a gather group's m
 Invariant: staging reads and checks everything and returns new state objects; nothing is written to the
 optimizer until :func:`apply_optimizer_state`.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
@@ -42,12 +43,12 @@ def leaf_ranges(optimizer: torch.optim.Optimizer | None, groups: Sequence[Sharde
 
 def is_per_element(key: str, value: Any, leaf: torch.Tensor) -> bool:
     """True for state stored per element (see the module docstring)."""
-    return (isinstance(value, torch.Tensor) and key != "step" and value.is_floating_point()
-            and value.shape == leaf.shape)
+    return isinstance(value, torch.Tensor) and key != "step" and value.is_floating_point() and value.shape == leaf.shape
 
 
-def capture_per_element(optimizer: torch.optim.Optimizer | None, groups: Sequence[ShardedGroup],
-                        ranges: Mapping[str, tuple[int, int]]) -> dict[str, dict[str, torch.Tensor]]:
+def capture_per_element(
+    optimizer: torch.optim.Optimizer | None, groups: Sequence[ShardedGroup], ranges: Mapping[str, tuple[int, int]]
+) -> dict[str, dict[str, torch.Tensor]]:
     """Per saved group name: each per-element state key as a tensor over the group's saved range ``[lo, hi)``."""
     out: dict[str, dict[str, torch.Tensor]] = {}
     state = optimizer.state if optimizer is not None else {}
@@ -96,8 +97,14 @@ def _saved_keys(tag: SavedTag) -> dict[str, dict[str, str]]:
     return out
 
 
-def _keys_for(by_alias: Mapping[str, str], g: ShardedGroup, lo: int, hi: int, aliases: Mapping[str, Sequence[str]],
-              keys: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+def _keys_for(
+    by_alias: Mapping[str, str],
+    g: ShardedGroup,
+    lo: int,
+    hi: int,
+    aliases: Mapping[str, Sequence[str]],
+    keys: Mapping[str, Mapping[str, str]],
+) -> dict[str, str]:
     """Per-element keys saved for any parameter overlapping flat range ``[lo, hi)`` of ``g`` (``by_alias``: saved
     parameter name -> saved group)."""
     out: dict[str, str] = {}
@@ -108,25 +115,39 @@ def _keys_for(by_alias: Mapping[str, str], g: ShardedGroup, lo: int, hi: int, al
     return out
 
 
-def stage_optimizer_state(optimizer: torch.optim.Optimizer, groups: Sequence[ShardedGroup], rank: int,
-                          tag: SavedTag, saved: Any, aliases: Mapping[str, Sequence[str]],
-                          missing: Collection[str]) -> tuple[dict[torch.Tensor, dict[str, Any]], list[dict[str, Any]]]:
+def stage_optimizer_state(
+    optimizer: torch.optim.Optimizer,
+    groups: Sequence[ShardedGroup],
+    rank: int,
+    tag: SavedTag,
+    saved: Any,
+    aliases: Mapping[str, Sequence[str]],
+    missing: Collection[str],
+) -> tuple[dict[torch.Tensor, dict[str, Any]], list[dict[str, Any]]]:
     """New state per leaf and new hyperparameters per group, read and checked; the optimizer is not touched."""
     where = f"{tag.path}/state.json: optimizer"
     if not isinstance(saved, dict) or not {"class", "param_groups", "state"} <= set(saved):
         raise ValueError(f"{where}: no optimizer state saved; load with load_optimizer_states=False")
     if saved["class"] != type(optimizer).__name__:
-        raise ValueError(f"{where}: saved by {saved['class']}, the engine has {type(optimizer).__name__}; "
-                         "load with load_optimizer_states=False to keep the new optimizer's fresh state")
+        raise ValueError(
+            f"{where}: saved by {saved['class']}, the engine has {type(optimizer).__name__}; "
+            "load with load_optimizer_states=False to keep the new optimizer's fresh state"
+        )
     pgs = saved["param_groups"]
-    if not isinstance(pgs, list) or len(pgs) != len(optimizer.param_groups) or not all(isinstance(p, dict)
-                                                                                      for p in pgs):
-        raise ValueError(f"{where}: {len(pgs) if isinstance(pgs, list) else '?'} param groups saved, the engine's "
-                         f"optimizer has {len(optimizer.param_groups)}")
+    if (
+        not isinstance(pgs, list)
+        or len(pgs) != len(optimizer.param_groups)
+        or not all(isinstance(p, dict) for p in pgs)
+    ):
+        raise ValueError(
+            f"{where}: {len(pgs) if isinstance(pgs, list) else '?'} param groups saved, the engine's "
+            f"optimizer has {len(optimizer.param_groups)}"
+        )
     other = saved["state"]
-    if not isinstance(other, dict) or not all(isinstance(v, dict) and all(
-            isinstance(e, dict) and {"value", "on_param_device"} <= set(e) for e in v.values())
-            for v in other.values()):
+    if not isinstance(other, dict) or not all(
+        isinstance(v, dict) and all(isinstance(e, dict) and {"value", "on_param_device"} <= set(e) for e in v.values())
+        for v in other.values()
+    ):
         raise ValueError(f"{where}: malformed per-group state")
     keys = _saved_keys(tag)
     by_alias = {a: info["group"] for info in tag.meta["params"].values() for a in info["aliases"]}
@@ -147,8 +168,9 @@ def stage_optimizer_state(optimizer: torch.optim.Optimizer, groups: Sequence[Sha
     return new, pgs
 
 
-def apply_optimizer_state(optimizer: torch.optim.Optimizer, state: dict[torch.Tensor, dict[str, Any]],
-                          param_groups: list[dict[str, Any]]) -> None:
+def apply_optimizer_state(
+    optimizer: torch.optim.Optimizer, state: dict[torch.Tensor, dict[str, Any]], param_groups: list[dict[str, Any]]
+) -> None:
     """Replace the optimizer's state and hyperparameters with staged ones (cannot fail on staged input)."""
     optimizer.state.clear()
     for leaf, st in state.items():

@@ -4,6 +4,7 @@ The model skeleton is built on the meta device from the checkpoint's config (no 
 reads only the elements its shards own from the safetensors files (single file or sharded with an index). No rank
 ever holds the full model.
 """
+
 from __future__ import annotations
 
 import os
@@ -37,9 +38,14 @@ def check_model_matches(source: HFCheckpointSource, model: nn.Module) -> None:
     check_against_model(source, params, buffers, ignore)
 
 
-def from_pretrained(path: str | os.PathLike[str], config: Mapping[str, Any] | str | os.PathLike[str], *,
-                    model_cls: Any = None, config_overrides: Mapping[str, Any] | None = None,
-                    **initialize_kwargs: Any) -> tuple[Any, Any, Any, Any]:
+def from_pretrained(
+    path: str | os.PathLike[str],
+    config: Mapping[str, Any] | str | os.PathLike[str],
+    *,
+    model_cls: Any = None,
+    config_overrides: Mapping[str, Any] | None = None,
+    **initialize_kwargs: Any,
+) -> tuple[Any, Any, Any, Any]:
     """``initialize`` on the checkpoint at ``path``: returns ``(engine, optimizer, dataloader, lr_scheduler)``."""
     model = meta_model(path, model_cls, **dict(config_overrides or {}))
     with HFCheckpointSource(path) as source:  # every shard is read during initialize; then the files close

@@ -4,6 +4,7 @@ hybrid engine's generation, checkpoints (DeepSpeed's ``save_checkpoint`` / ``loa
 entry point over the module that does the work (:mod:`.hybrid`, :mod:`.checkpointing`, :mod:`.weights16`,
 :mod:`.memory`); the mixin holds no state of its own.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -60,8 +61,7 @@ class EngineServices:
             return hybrid_generate(self.coordinator, limit, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
         with failure_guard(self.comm):
             try:
-                return hybrid_generate(self.coordinator, limit, *args, max_gathered_bytes=max_gathered_bytes,
-                                       **kwargs)
+                return hybrid_generate(self.coordinator, limit, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)
             except Exception as exc:
                 # HF syncs when asked, or by default for a module that declares itself sharded (ZeRO-3 here)
                 if kwargs.get("synced_gpus", getattr(self.module, "_is_fsdp_managed_module", False)):
@@ -72,37 +72,59 @@ class EngineServices:
         """``with engine.generation_mode():`` — the module runs on fully gathered parameters inside the block."""
         return generation_mode(self.coordinator, max_gathered_bytes)
 
-    def save_checkpoint(self, save_dir: str, tag: str | None = None, client_state: dict[str, Any] | None = None,
-                        save_latest: bool = True, exclude_frozen_parameters: bool = False) -> bool:
+    def save_checkpoint(
+        self,
+        save_dir: str,
+        tag: str | None = None,
+        client_state: dict[str, Any] | None = None,
+        save_latest: bool = True,
+        exclude_frozen_parameters: bool = False,
+    ) -> bool:
         """DeepSpeed's ``save_checkpoint``: a sharded, checksummed, atomic checkpoint (every rank calls it; also
         inside an accumulation window, without the partial gradients). See :mod:`hybridzero.runtime.checkpointing`."""
         with self.optimizer_state_resident():  # NVMe offload: the state is read through memory, never the swap files
-            return checkpointing.save(self._checkpointable(), save_dir, tag, client_state, save_latest,
-                                      exclude_frozen_parameters)
+            return checkpointing.save(
+                self._checkpointable(), save_dir, tag, client_state, save_latest, exclude_frozen_parameters
+            )
 
-    def load_checkpoint(self, load_dir: str, tag: str | None = None, load_module_strict: bool = True,
-                        load_optimizer_states: bool = True, load_lr_scheduler_states: bool = True,
-                        load_module_only: bool = False) -> tuple[str | None, Any]:
+    def load_checkpoint(
+        self,
+        load_dir: str,
+        tag: str | None = None,
+        load_module_strict: bool = True,
+        load_optimizer_states: bool = True,
+        load_lr_scheduler_states: bool = True,
+        load_module_only: bool = False,
+    ) -> tuple[str | None, Any]:
         """DeepSpeed's ``load_checkpoint``: ``(load_path, client_state)``, ``(None, None)`` when there is nothing to
         load. Verified on every rank before anything changes: a bad checkpoint raises ``CheckpointError`` on every
         rank and leaves the engine as it was."""
         with self.optimizer_state_resident():  # NVMe offload: loaded state goes to the swap files on exit
-            staged = checkpointing.prepare_load(self._checkpointable(), load_dir, tag, load_module_strict,
-                                                load_optimizer_states, load_lr_scheduler_states, load_module_only)
+            staged = checkpointing.prepare_load(
+                self._checkpointable(),
+                load_dir,
+                tag,
+                load_module_strict,
+                load_optimizer_states,
+                load_lr_scheduler_states,
+                load_module_only,
+            )
             if staged is None:
                 return None, None
             with failure_guard(self.comm):
                 return checkpointing.apply_load(self._checkpointable(), staged)
 
-    def save_16bit_model(self, save_dir: str, save_filename: str = "pytorch_model.bin",
-                         exclude_frozen_parameters: bool = False) -> bool:
+    def save_16bit_model(
+        self, save_dir: str, save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False
+    ) -> bool:
         """DeepSpeed's ``save_16bit_model``: consolidated weights in the compute dtype, written by rank 0 (every
         rank calls it); False and nothing written at stage 3 without ``stage3_gather_16bit_weights_on_model_save``."""
         self.release_held()
         gather = self.config.zero.stage != 3 or self.config.zero.gather_16bit_weights_on_model_save
         full = self.full_parameters() if gather else None
-        return weights16.save_16bit_model(self._checkpointable(), full, save_dir, save_filename,
-                                          exclude_frozen_parameters)
+        return weights16.save_16bit_model(
+            self._checkpointable(), full, save_dir, save_filename, exclude_frozen_parameters
+        )
 
     def optimizer_state_resident(self) -> contextlib.AbstractContextManager[None]:
         """Every leaf's optimizer state in ``optimizer.state`` for the block; with NVMe offload it is read from the
@@ -112,8 +134,9 @@ class EngineServices:
     def memory_report(self) -> dict[str, Any]:
         """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank,
         and under ``"placement"`` where each category lives (device / host / file) with its bytes."""
-        return memory_report(self.groups, self.optimizer, self.placement,
-                             self.swapper.file_bytes() if self.swapper is not None else 0)
+        return memory_report(
+            self.groups, self.optimizer, self.placement, self.swapper.file_bytes() if self.swapper is not None else 0
+        )
 
     def gathered_parameters(self, params: Any, modifier_rank: int | None = None) -> Any:
         """``with engine.gathered_parameters(params, modifier_rank=0):`` — see :mod:`hybridzero.zero.gathered`."""
@@ -129,7 +152,7 @@ class EngineServices:
                 flat = torch.empty(group.layout.padded_numel, dtype=torch.float32, device=self.device)
                 self.comm.all_gather(flat, move(group.master, self.device), phase="consolidate")
             for slot in group.slots:
-                out[slot.spec.name] = flat[slot.spec.offset:slot.spec.end].view(slot.spec.shape).clone()
+                out[slot.spec.name] = flat[slot.spec.offset : slot.spec.end].view(slot.spec.shape).clone()
         return out
 
     def ema_update_from(self, source: EngineServices, beta: float) -> None:
@@ -139,8 +162,10 @@ class EngineServices:
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"ema_update_from: beta = {beta!r} must be in [0, 1]")
         if len(self.groups) != len(source.groups):
-            raise ValueError(f"ema_update_from: this engine has {len(self.groups)} groups, the source "
-                             f"{len(source.groups)}: build both from the same model with the same ZeRO stage")
+            raise ValueError(
+                f"ema_update_from: this engine has {len(self.groups)} groups, the source "
+                f"{len(source.groups)}: build both from the same model with the same ZeRO stage"
+            )
         for mine, theirs in zip(self.groups, source.groups):
             if mine.master.shape != theirs.master.shape or mine.layout.specs != theirs.layout.specs:
                 raise ValueError(f"ema_update_from: group {mine.name!r} does not match the source's layout")

@@ -3,6 +3,7 @@
 Invariant: every rank calls it; the outcome (True, False at stage 3 without the gather flag, or an error) is the same
 on every rank; the file appears atomically (written under a temporary name, then renamed).
 """
+
 from __future__ import annotations
 
 import logging
@@ -20,8 +21,13 @@ from hybridzero.zero.partition import param_aliases
 _LOG = logging.getLogger("hybridzero")
 
 
-def save_16bit_model(engine: Checkpointable, full: dict[str, torch.Tensor] | None, save_dir: str | os.PathLike[str],
-                     save_filename: str = "pytorch_model.bin", exclude_frozen_parameters: bool = False) -> bool:
+def save_16bit_model(
+    engine: Checkpointable,
+    full: dict[str, torch.Tensor] | None,
+    save_dir: str | os.PathLike[str],
+    save_filename: str = "pytorch_model.bin",
+    exclude_frozen_parameters: bool = False,
+) -> bool:
     """DeepSpeed's ``save_16bit_model``: the module's consolidated ``state_dict`` (every parameter name, tied ones
     included, in the compute dtype, plus persistent buffers) written by rank 0 to ``save_dir/save_filename`` —
     ``torch.save`` format, or safetensors when the name ends in ``.safetensors``. ``full`` is the engine's
@@ -29,8 +35,10 @@ def save_16bit_model(engine: Checkpointable, full: dict[str, torch.Tensor] | Non
     ``stage3_gather_16bit_weights_on_model_save``: then, as DeepSpeed does, nothing is written and False returned."""
     if full is None:
         if engine.comm.rank == 0:
-            _LOG.warning("save_16bit_model: zero_optimization.stage3_gather_16bit_weights_on_model_save is false, "
-                         "nothing saved (DeepSpeed behaviour); enable it, or use save_checkpoint + hybridzero export")
+            _LOG.warning(
+                "save_16bit_model: zero_optimization.stage3_gather_16bit_weights_on_model_save is false, "
+                "nothing saved (DeepSpeed behaviour); enable it, or use save_checkpoint + hybridzero export"
+            )
         return False
     error = None
     if engine.comm.rank == 0:
@@ -62,8 +70,11 @@ def _write_weights(root: Path, name: str, tensors: dict[str, torch.Tensor]) -> N
     tmp = root / f".{name}{PARTIAL}{uuid.uuid4().hex}"
     try:
         if name.endswith(".safetensors"):
-            save_file({k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}, str(tmp),
-                      metadata={"format": "pt"})
+            save_file(
+                {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()},
+                str(tmp),
+                metadata={"format": "pt"},
+            )
         else:
             torch.save({k: v.detach().cpu() for k, v in tensors.items()}, tmp)
         os.replace(tmp, root / name)

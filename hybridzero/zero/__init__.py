@@ -1,4 +1,5 @@
 """``hybridzero.zero``: DeepSpeed's ``deepspeed.zero`` names (and the package of the sharding machinery)."""
+
 from __future__ import annotations
 
 from hybridzero.zero.gathered import GatheredParameters

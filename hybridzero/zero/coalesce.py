@@ -13,6 +13,7 @@ values are bit-identical, only the number of collectives changes. All groups hol
 pending gather until it waits or releases; ``recv`` lives until the last group has copied its part.
 Ineligible groups, or a batch of one, gather on their own.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,8 +30,12 @@ __all__ = ["start_gathers"]
 
 
 def _eligible(group: ShardedGroup) -> bool:
-    return (group.state is GroupState.SHARDED and not group.always_full and not group.secondary_valid()
-            and group.quantize_block is None)
+    return (
+        group.state is GroupState.SHARDED
+        and not group.always_full
+        and not group.secondary_valid()
+        and group.quantize_block is None
+    )
 
 
 def start_gathers(groups: Sequence[ShardedGroup], phase: str, comm: Comm) -> None:

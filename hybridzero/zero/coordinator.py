@@ -28,6 +28,7 @@ Phases come from the engine's own root-level events (DESIGN invariant 3)::
 
 After each phase end :meth:`ZeroCoordinator.is_quiescent` holds (checked by ``engine.assert_quiescent()``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -72,9 +73,15 @@ def iter_tensors(obj: Any) -> Iterator[torch.Tensor]:
 class ZeroCoordinator:
     """Owns the hooks on one module and drives its groups through the phases."""
 
-    def __init__(self, module: nn.Module, groups: list[ShardedGroup], reducer: GradReducer,
-                 prefetcher: Prefetcher, events: list[tuple[str, str, str]] | None = None,
-                 check_unused: bool = False) -> None:
+    def __init__(
+        self,
+        module: nn.Module,
+        groups: list[ShardedGroup],
+        reducer: GradReducer,
+        prefetcher: Prefetcher,
+        events: list[tuple[str, str, str]] | None = None,
+        check_unused: bool = False,
+    ) -> None:
         self.module = module
         # ``ignore_unused_parameters: false`` (DeepSpeed, stages 1/2): a trainable parameter without a gradient at
         # the end of a backward is an error. ``_delivered`` holds (group, slot) of the gradients of this backward.
@@ -135,8 +142,11 @@ class ZeroCoordinator:
         if group.state is not GroupState.GATHERED:
             self._event("gather", group)
         group.wait(kind)
-        live = sum(g.numel * g.compute_dtype.itemsize for g in self.groups
-                   if not g.always_full and g.state is not GroupState.SHARDED)
+        live = sum(
+            g.numel * g.compute_dtype.itemsize
+            for g in self.groups
+            if not g.always_full and g.state is not GroupState.SHARDED
+        )
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, live)
 
     def _prefetch(self, upcoming: list[int], current: ShardedGroup, kind: str) -> None:
@@ -248,6 +258,7 @@ class ZeroCoordinator:
                 return None
             self.use(group, "forward")
             return self._with_post_backward(group, args)
+
         return hook
 
     def _block_post_hook(self, group: ShardedGroup) -> Callable[[nn.Module, Any, Any], None]:
@@ -262,6 +273,7 @@ class ZeroCoordinator:
                 group.build_secondary()  # hpZ: backward will gather this node-locally
             if not self.prefetcher.reused_soon(group.index, lambda gid: self.groups[gid].numel):
                 self.release(group)
+
         return hook
 
     # --- entry points outside the root forward --------------------------------------------------------------------
@@ -314,16 +326,19 @@ class ZeroCoordinator:
 
     def _post_backward_hook(self, group: ShardedGroup) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
-            delivered = all((group.index, i) in self._delivered for i, slot in enumerate(group.slots)
-                            if slot.trainable)  # released before a gradient arrived would break its accumulation
+            delivered = all(
+                (group.index, i) in self._delivered for i, slot in enumerate(group.slots) if slot.trainable
+            )  # released before a gradient arrived would break its accumulation
             if self.phase is Phase.BACKWARD and delivered and group.grad_full is None:
                 self.release(group)
+
         return hook
 
     def _pre_backward_hook(self, group: ShardedGroup) -> Callable[[torch.Tensor], None]:
         def hook(grad: torch.Tensor) -> None:
             self._begin_backward()
             self.use(group, "backward")
+
         return hook
 
     def _begin_backward(self) -> None:
@@ -342,16 +357,20 @@ class ZeroCoordinator:
             assert grad is not None
             self._delivered.add((group.index, slot_index))
             if group.accept_grad(slot_index, grad):
-                self.reducer.submit(group, group.take_grad_full())
+                full = group.take_grad_full()
+                assert full is not None  # accept_grad returned True: the group's gradient buffer is complete
+                self.reducer.submit(group, full)
                 if not group.has_frozen:
                     self.release(group)
+
         return hook
 
     def _end_backward(self) -> None:
         unused = self._unused_parameters()
         for group in self.groups:
-            if group.grad_full is not None:
-                self.reducer.submit(group, group.take_grad_full())
+            full = group.take_grad_full() if group.grad_full is not None else None
+            if full is not None:
+                self.reducer.submit(group, full)
         self.reducer.drain()
         for group in self.groups:
             group.drop_secondary()  # consumed: the next forward builds fresh ones
@@ -360,15 +379,20 @@ class ZeroCoordinator:
             raise RuntimeError(
                 f"{len(unused)} trainable parameter(s) got no gradient in this backward: {', '.join(unused)}; "
                 "zero_optimization.ignore_unused_parameters is false, so this is an error (as in DeepSpeed). Set it "
-                "to true (the default) if parts of the model are unused on purpose, or freeze those parameters")
+                "to true (the default) if parts of the model are unused on purpose, or freeze those parameters"
+            )
 
     def _unused_parameters(self) -> list[str]:
         """Names of trainable parameters with no gradient in this backward (only when checking); resets the record."""
         delivered, self._delivered = self._delivered, set()
         if not self.check_unused:
             return []
-        return [slot.spec.name for group in self.groups for i, slot in enumerate(group.slots)
-                if slot.trainable and (group.index, i) not in delivered]
+        return [
+            slot.spec.name
+            for group in self.groups
+            for i, slot in enumerate(group.slots)
+            if slot.trainable and (group.index, i) not in delivered
+        ]
 
     # --- checks -------------------------------------------------------------------------------------------------
     def release_held(self) -> None:
@@ -383,12 +407,13 @@ class ZeroCoordinator:
 
     def is_quiescent(self) -> bool:
         """IDLE, nothing gathered but always-whole groups, nothing pending, nothing unreduced."""
-        return (self.phase is Phase.IDLE and self.reducer.is_quiescent()
-                and all(g.is_quiescent() for g in self.groups))
+        return self.phase is Phase.IDLE and self.reducer.is_quiescent() and all(g.is_quiescent() for g in self.groups)
 
     def describe(self) -> str:
         """Human-readable state, for assertion messages."""
         parts = [f"phase={self.phase.value}", f"reducer_quiescent={self.reducer.is_quiescent()}"]
-        parts += [f"{g.name}:{g.state.value}{'+handle' if g.handle else ''}{'+grad' if g.grad_full is not None else ''}"
-                  for g in self.groups]
+        parts += [
+            f"{g.name}:{g.state.value}{'+handle' if g.handle else ''}{'+grad' if g.grad_full is not None else ''}"
+            for g in self.groups
+        ]
         return ", ".join(parts)

@@ -6,6 +6,7 @@ is read from a checkpoint or a Hugging Face directory, whatever world size or gr
 the group's :class:`~hybridzero.zero.layout.ParamSpec` metadata, values from the source by parameter name (any
 alias). Alignment gaps and padding stay zero; specs listed in ``skip`` are left as ``out`` held them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
@@ -16,9 +17,15 @@ from hybridzero.tensor_source import TensorSource, resolve_name
 from hybridzero.zero.layout import ParamSpec, intersect
 
 
-def read_range(specs: Sequence[ParamSpec], lo: int, hi: int, source: TensorSource,
-               aliases: Mapping[str, Sequence[str]], out: torch.Tensor | None = None,
-               skip: Collection[str] = ()) -> torch.Tensor:
+def read_range(
+    specs: Sequence[ParamSpec],
+    lo: int,
+    hi: int,
+    source: TensorSource,
+    aliases: Mapping[str, Sequence[str]],
+    out: torch.Tensor | None = None,
+    skip: Collection[str] = (),
+) -> torch.Tensor:
     """Elements ``[lo, hi)`` of a flat buffer laid out by ``specs`` (fp32 unless ``out`` says otherwise).
 
     Without ``skip`` the result is exactly the source's values with zero padding (``out`` is zeroed first); with
@@ -34,5 +41,5 @@ def read_range(specs: Sequence[ParamSpec], lo: int, hi: int, source: TensorSourc
             continue
         key = resolve_name(source, aliases.get(spec.name, (spec.name,)))
         piece = source.read_flat(key, hit[0] - spec.offset, hit[1] - spec.offset)
-        out[hit[0] - lo:hit[1] - lo].copy_(piece)
+        out[hit[0] - lo : hit[1] - lo].copy_(piece)
     return out

@@ -20,6 +20,7 @@ Semantics of one owner's block (:meth:`ZeroParamOwner.gathered`):
 
 Every rank must enter and leave the block together (the gathers, broadcasts and the agreement are collectives).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
@@ -48,7 +49,7 @@ def content_checksum(t: torch.Tensor) -> torch.Tensor:
     bits = t.detach().reshape(-1).view(_BITS[t.element_size()])
     out = torch.zeros(2, dtype=torch.int64, device=t.device)
     for start in range(0, bits.numel(), _CHUNK):
-        chunk = bits[start:start + _CHUNK].to(torch.int64)
+        chunk = bits[start : start + _CHUNK].to(torch.int64)
         weights = torch.arange(start + 1, start + 1 + chunk.numel(), dtype=torch.int64, device=t.device)
         out[0] += chunk.sum()
         out[1] += (chunk * weights).sum()
@@ -57,8 +58,10 @@ def content_checksum(t: torch.Tensor) -> torch.Tensor:
 
 def _slots_checksum(group: ShardedGroup, slots: Sequence[Slot]) -> torch.Tensor:
     assert group.full is not None
-    return sum((content_checksum(group.full[s.spec.offset:s.spec.end]) for s in slots),
-               torch.zeros(2, dtype=torch.int64, device=group.device))
+    return sum(
+        (content_checksum(group.full[s.spec.offset : s.spec.end]) for s in slots),
+        torch.zeros(2, dtype=torch.int64, device=group.device),
+    )
 
 
 class ZeroParamOwner:
@@ -73,7 +76,8 @@ class ZeroParamOwner:
         self.coordinator = coordinator
         self.comm = comm
         self._where: dict[int, tuple[ShardedGroup, Slot]] = {
-            id(slot.param): (group, slot) for group in coordinator.groups for slot in group.slots}
+            id(slot.param): (group, slot) for group in coordinator.groups for slot in group.slots
+        }
 
     @property
     def groups(self) -> list[ShardedGroup]:
@@ -104,8 +108,10 @@ class ZeroParamOwner:
     def check_not_gathered(self, group: ShardedGroup, what: str) -> None:
         """Writes to the master of a ZeRO-3 group need it released (its gathered buffer would go stale)."""
         if not group.always_full and group.state is not GroupState.SHARDED:
-            raise RuntimeError(f"{what}: group '{group.name}' is gathered (inside a forward or a GatheredParameters "
-                               f"block); call it outside, or edit inside GatheredParameters(..., modifier_rank=r)")
+            raise RuntimeError(
+                f"{what}: group '{group.name}' is gathered (inside a forward or a GatheredParameters "
+                f"block); call it outside, or edit inside GatheredParameters(..., modifier_rank=r)"
+            )
 
     def each_gathered(self, phase: str) -> Iterator[ShardedGroup]:
         """Every group in order, each gathered (and pinned) while it is current and released after unless it was
@@ -128,11 +134,14 @@ class ZeroParamOwner:
         found = {id(s.param) for _, slots in touched for s in slots}
         missing = [i for i, p in enumerate(params) if id(p) not in found]
         if missing:
-            raise ValueError(f"GatheredParameters: parameters at positions {missing} do not belong to this engine's "
-                             f"module")
+            raise ValueError(
+                f"GatheredParameters: parameters at positions {missing} do not belong to this engine's module"
+            )
         if modifier_rank is not None and not 0 <= modifier_rank < self.comm.world_size:
-            raise ValueError(f"GatheredParameters: modifier_rank={modifier_rank} is not a rank of a world of size "
-                             f"{self.comm.world_size} (valid: None or 0..{self.comm.world_size - 1})")
+            raise ValueError(
+                f"GatheredParameters: modifier_rank={modifier_rank} is not a rank of a world of size "
+                f"{self.comm.world_size} (valid: None or 0..{self.comm.world_size - 1})"
+            )
         was_gathered = {g.index for g, _ in touched if g.state is GroupState.GATHERED}
         for group, _ in touched:
             group.pins += 1  # all pinned before any gather, so the exit never unpins what it did not pin
@@ -154,8 +163,14 @@ class ZeroParamOwner:
         finally:
             self._exit(touched, modifier_rank, sums, was_gathered, failed=body_failed)
 
-    def _exit(self, touched: list[tuple[ShardedGroup, list[Slot]]], modifier_rank: int | None,
-              sums: list[tuple[int, torch.Tensor]] | None, was_gathered: set[int], failed: bool) -> None:
+    def _exit(
+        self,
+        touched: list[tuple[ShardedGroup, list[Slot]]],
+        modifier_rank: int | None,
+        sums: list[tuple[int, torch.Tensor]] | None,
+        was_gathered: set[int],
+        failed: bool,
+    ) -> None:
         """Unpin, write back (modifier) or check for unowned edits, release; after a failed body only the local
         part runs (no collective), and the group is already failed for every peer."""
         editors: list[int] = []
@@ -179,21 +194,26 @@ class ZeroParamOwner:
             raise RuntimeError(
                 f"GatheredParameters: parameters were modified inside the block on rank(s) {editors} without a "
                 f"modifier_rank, so the edit cannot be kept consistently; it was undone on every rank. Pass "
-                f"modifier_rank=<the rank whose values to keep> (its values are broadcast to every rank).")
+                f"modifier_rank=<the rank whose values to keep> (its values are broadcast to every rank)."
+            )
 
-    def _editors(self, touched: list[tuple[ShardedGroup, list[Slot]]],
-                 sums: list[tuple[int, torch.Tensor]]) -> list[int]:
+    def _editors(
+        self, touched: list[tuple[ShardedGroup, list[Slot]]], sums: list[tuple[int, torch.Tensor]]
+    ) -> list[int]:
         """Ranks whose named parameters changed inside the block (agreed on by every rank: one all-reduce). A group
         whose master was written through ``write_shard`` inside the block (its version moved) changed legitimately."""
-        mine = any(g.version == version and not torch.equal(_slots_checksum(g, slots), before)
-                   for (g, slots), (version, before) in zip(touched, sums))
+        mine = any(
+            g.version == version and not torch.equal(_slots_checksum(g, slots), before)
+            for (g, slots), (version, before) in zip(touched, sums)
+        )
         flags = torch.zeros(self.comm.world_size, dtype=torch.float32, device=touched[0][0].device)
         flags[self.comm.rank] = float(mine)
         self.comm.all_reduce(flags, phase=_PHASE)
         return [r for r in range(self.comm.world_size) if flags[r] > 0]
 
-    def _restore(self, touched: list[tuple[ShardedGroup, list[Slot]]], editors: list[int],
-                 was_gathered: set[int]) -> None:
+    def _restore(
+        self, touched: list[tuple[ShardedGroup, list[Slot]]], editors: list[int], was_gathered: set[int]
+    ) -> None:
         """Undo an edit made without a modifier, identically on every rank: whole groups are re-derived from the
         master (a master the edit wrote through — fp32 whole groups — first from the lowest rank that did not
         edit); ZeRO-3 groups are dropped and, if they must stay gathered, gathered again from the shards."""
@@ -231,9 +251,15 @@ class GatheredParameters:
     no external-parameter registration). ``engine=`` names the owner explicitly (older hybridzero code); then every
     parameter must belong to it."""
 
-    def __init__(self, params: torch.Tensor | Iterable[torch.Tensor] | None, modifier_rank: int | None = None,
-                 fwd_module: nn.Module | None = None, enabled: bool = True, *,
-                 engine: HasParamOwner | None = None) -> None:
+    def __init__(
+        self,
+        params: torch.Tensor | Iterable[torch.Tensor] | None,
+        modifier_rank: int | None = None,
+        fwd_module: nn.Module | None = None,
+        enabled: bool = True,
+        *,
+        engine: HasParamOwner | None = None,
+    ) -> None:
         self.params = _as_list(params)
         self.modifier_rank = modifier_rank
         self.fwd_module = fwd_module
@@ -269,8 +295,9 @@ class GatheredParameters:
             raise
         self._stack = stack
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> bool | None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> bool | None:
         stack, self._stack = self._stack, None
         if stack is None:
             return None

@@ -19,6 +19,7 @@ Invariants (each tested):
 * Every write to the shard goes through :meth:`ShardedGroup.write_shard` (invariant 5: one write path).
 * Shapes come from the :class:`FlatLayout` metadata, never from the local shard's size.
 """
+
 from __future__ import annotations
 
 import enum
@@ -70,11 +71,23 @@ class Slot:
 class ShardedGroup:
     """Flat, padded, sharded parameters of one gather group, with their gradient and master shards."""
 
-    def __init__(self, index: int, name: str, owner: str | None, params: Sequence[tuple[str, nn.Parameter]],
-                 comm: Comm, compute_dtype: torch.dtype, reduce_dtype: torch.dtype, device: torch.device,
-                 mode: ShardMode = ShardMode.ZERO3, source: TensorSource | None = None,
-                 aliases: Mapping[str, Sequence[str]] | None = None, hpz: Comm | None = None,
-                 quantize_block: int | None = None, placement: Placement | None = None) -> None:
+    def __init__(
+        self,
+        index: int,
+        name: str,
+        owner: str | None,
+        params: Sequence[tuple[str, nn.Parameter]],
+        comm: Comm,
+        compute_dtype: torch.dtype,
+        reduce_dtype: torch.dtype,
+        device: torch.device,
+        mode: ShardMode = ShardMode.ZERO3,
+        source: TensorSource | None = None,
+        aliases: Mapping[str, Sequence[str]] | None = None,
+        hpz: Comm | None = None,
+        quantize_block: int | None = None,
+        placement: Placement | None = None,
+    ) -> None:
         self.index = index
         # master, gradient shard (and so the optimizer state) live on the placement's host (ZeRO-Offload)
         self.placement = placement or Placement.build(device)
@@ -91,8 +104,9 @@ class ShardedGroup:
         self.device = device
         world = 1 if self.replicated else comm.world_size
         self.layout: FlatLayout = build_layout([n for n, _ in params], [p.shape for _, p in params], world)
-        self.slots: tuple[Slot, ...] = tuple(Slot(p, spec, p.requires_grad)
-                                             for (_, p), spec in zip(params, self.layout.specs))
+        self.slots: tuple[Slot, ...] = tuple(
+            Slot(p, spec, p.requires_grad) for (_, p), spec in zip(params, self.layout.specs)
+        )
         self.n_trainable = sum(s.trainable for s in self.slots)
         self.has_frozen = self.n_trainable < len(self.slots)
         self.state = GroupState.SHARDED
@@ -118,8 +132,7 @@ class ShardedGroup:
         frozen_only = self.n_trainable == 0 and mode is not ShardMode.DDP
         self.grad_shard = self._host_zeros(0 if frozen_only else self.layout.shard_numel)
         # DDP steps the whole master copy: its gradient is the all-gathered grad shards (assembled at step time).
-        self.opt_grad = (self._host_zeros(self.layout.padded_numel)
-                         if mode is ShardMode.DDP else self.grad_shard)
+        self.opt_grad = self._host_zeros(self.layout.padded_numel) if mode is ShardMode.DDP else self.grad_shard
         if self.always_full:
             self.full = self.compute_shard() if whole_master else self._gathered_copy(self.compute_shard())
             self._bind(self.full)
@@ -132,8 +145,9 @@ class ShardedGroup:
         pin = self.placement.pin_memory and self.host.type == "cpu"
         return torch.zeros(numel, dtype=torch.float32, device=self.host, pin_memory=pin)
 
-    def _init_master(self, source: TensorSource | None, aliases: Mapping[str, Sequence[str]],
-                     whole: bool) -> torch.Tensor:
+    def _init_master(
+        self, source: TensorSource | None, aliases: Mapping[str, Sequence[str]], whole: bool
+    ) -> torch.Tensor:
         """fp32 master (this rank's shard, or the whole buffer when ``whole``).
 
         From the module's current values, broadcast from rank 0 so every rank agrees; or, with ``source`` (a
@@ -145,7 +159,7 @@ class ShardedGroup:
         flat = torch.zeros(self.layout.padded_numel, dtype=torch.float32, device=self.device)
         with torch.no_grad():
             for slot in self.slots:
-                flat[slot.spec.offset:slot.spec.end].copy_(slot.param.detach().reshape(-1))
+                flat[slot.spec.offset : slot.spec.end].copy_(slot.param.detach().reshape(-1))
         self.comm.broadcast(flat, 0, phase="init")
         return self._to_host(flat if whole else flat[lo:hi].clone())
 
@@ -169,7 +183,7 @@ class ShardedGroup:
             return
         self.full = torch.empty(self.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
         if self.secondary_valid():
-            assert self.hpz is not None
+            assert self.hpz is not None and self.secondary is not None
             self._send = self.secondary  # node-local gather: never leaves the node
             self.handle = self.hpz.all_gather(self.full, self._send, phase=phase, async_op=True)
         elif self.quantize_block is not None:
@@ -192,12 +206,14 @@ class ShardedGroup:
         def decode() -> None:
             n = wire.numel()
             for r in range(self.comm.world_size):
-                q = from_wire(recv[r * n:(r + 1) * n], shard_numel, 8, block)
-                dequantize_blockwise(q, out=full[r * shard_numel:(r + 1) * shard_numel])
+                q = from_wire(recv[r * n : (r + 1) * n], shard_numel, 8, block)
+                dequantize_blockwise(q, out=full[r * shard_numel : (r + 1) * shard_numel])
+
         self._decode = decode
 
-    def join_coalesced(self, handle: PendingCollective, send: torch.Tensor, recv: torch.Tensor, offset: int,
-                       stride: int) -> None:
+    def join_coalesced(
+        self, handle: PendingCollective, send: torch.Tensor, recv: torch.Tensor, offset: int, stride: int
+    ) -> None:
         """SHARDED → GATHERING on a shared, coalesced all-gather (:mod:`hybridzero.zero.coalesce`): ``recv`` holds
         ``world`` chunks of ``stride`` elements, this group's shard at ``offset`` in each; ``wait`` copies them
         out rank by rank into this group's own full buffer (bit-identical to a gather of its own)."""
@@ -207,7 +223,8 @@ class ShardedGroup:
         self.full, self.handle, self._send = full, handle, send
 
         def decode() -> None:
-            full.view(world, size).copy_(recv.view(world, stride)[:, offset:offset + size])
+            full.view(world, size).copy_(recv.view(world, stride)[:, offset : offset + size])
+
         self._decode = decode
         self.state = GroupState.GATHERING
 
@@ -241,7 +258,7 @@ class ShardedGroup:
 
     def _bind(self, full: torch.Tensor) -> None:
         for slot in self.slots:
-            slot.param.data = full[slot.spec.offset:slot.spec.end].view(slot.spec.shape)
+            slot.param.data = full[slot.spec.offset : slot.spec.end].view(slot.spec.shape)
 
     def _unbind(self) -> None:
         for slot in self.slots:
@@ -259,7 +276,7 @@ class ShardedGroup:
             self.grad_full = torch.zeros(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.device)
             self._grads_seen = set()
         spec = self.slots[slot_index].spec
-        self.grad_full[spec.offset:spec.end].add_(grad.reshape(-1))  # add: a parameter may deliver twice
+        self.grad_full[spec.offset : spec.end].add_(grad.reshape(-1))  # add: a parameter may deliver twice
         self._grads_seen.add(slot_index)
         return len(self._grads_seen) == self.n_trainable
 
@@ -281,7 +298,7 @@ class ShardedGroup:
             return
         assert self.full is not None
         part = self.layout.padded_numel // self.hpz.world_size
-        self.secondary = self.full[self.hpz.rank * part:(self.hpz.rank + 1) * part].clone()
+        self.secondary = self.full[self.hpz.rank * part : (self.hpz.rank + 1) * part].clone()
         self.secondary_version = self.version
 
     def drop_secondary(self) -> None:
@@ -298,7 +315,7 @@ class ShardedGroup:
         for slot in slots:
             hit = intersect((lo, hi), (slot.spec.offset, slot.spec.end))
             if hit is not None:
-                self.master[hit[0] - lo:hit[1] - lo].copy_(self.full[hit[0]:hit[1]])
+                self.master[hit[0] - lo : hit[1] - lo].copy_(self.full[hit[0] : hit[1]])
         self.write_shard()
 
     def write_shard(self) -> None:

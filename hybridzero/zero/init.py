@@ -24,6 +24,7 @@ leaves no parameter open (the context's exit issues no collective on that path).
 partitions (its hooks run first and a parameter is claimed only while nobody owns it); inner ones only see parameters
 they own.
 """
+
 from __future__ import annotations
 
 import os
@@ -103,25 +104,46 @@ class Init:
     quantized-weight construction are not supported and raise. Call ``hybridzero.initialize`` after the block.
     """
 
-    def __init__(self, module: nn.Module | None = None, data_parallel_group: Any = None,
-                 mem_efficient_linear: bool = True, remote_device: str | None = None, pin_memory: bool = False,
-                 config_dict_or_path: Mapping[str, Any] | str | os.PathLike[str] | None = None,
-                 config: Mapping[str, Any] | str | os.PathLike[str] | None = None, enabled: bool = True,
-                 dtype: torch.dtype | None = None, mpu: Any = None, zero_param_parallel_group: Any = None,
-                 zero_quantized_weights: bool = False, zero_quantized_nontrainable_weights: bool = False,
-                 sequence_data_parallel_group: Any = None, param_swapper: Any = None) -> None:
-        unsupported = {"mpu": mpu, "zero_param_parallel_group": zero_param_parallel_group,
-                       "sequence_data_parallel_group": sequence_data_parallel_group, "param_swapper": param_swapper}
+    def __init__(
+        self,
+        module: nn.Module | None = None,
+        data_parallel_group: Any = None,
+        mem_efficient_linear: bool = True,
+        remote_device: str | None = None,
+        pin_memory: bool = False,
+        config_dict_or_path: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        config: Mapping[str, Any] | str | os.PathLike[str] | None = None,
+        enabled: bool = True,
+        dtype: torch.dtype | None = None,
+        mpu: Any = None,
+        zero_param_parallel_group: Any = None,
+        zero_quantized_weights: bool = False,
+        zero_quantized_nontrainable_weights: bool = False,
+        sequence_data_parallel_group: Any = None,
+        param_swapper: Any = None,
+    ) -> None:
+        unsupported = {
+            "mpu": mpu,
+            "zero_param_parallel_group": zero_param_parallel_group,
+            "sequence_data_parallel_group": sequence_data_parallel_group,
+            "param_swapper": param_swapper,
+        }
         for key, value in unsupported.items():
             if value is not None:
-                raise ValueError(f"zero.Init({key}=...) is not supported by hybridzero (no model/sequence parallelism "
-                                 f"or parameter swapping); pass {key}=None")
+                raise ValueError(
+                    f"zero.Init({key}=...) is not supported by hybridzero (no model/sequence parallelism "
+                    f"or parameter swapping); pass {key}=None"
+                )
         if zero_quantized_weights or zero_quantized_nontrainable_weights:
-            raise ValueError("zero.Init(zero_quantized_weights=True) is not supported: construction keeps full "
-                             "precision; set zero_quantized_weights in the engine config instead")
+            raise ValueError(
+                "zero.Init(zero_quantized_weights=True) is not supported: construction keeps full "
+                "precision; set zero_quantized_weights in the engine config instead"
+            )
         if remote_device not in (None, "cpu", "none"):
-            raise ValueError(f"zero.Init(remote_device={remote_device!r}) is not supported; valid: None, 'cpu' "
-                             f"(NVMe offload is not implemented)")
+            raise ValueError(
+                f"zero.Init(remote_device={remote_device!r}) is not supported; valid: None, 'cpu' "
+                f"(NVMe offload is not implemented)"
+            )
         if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
             raise ValueError(f"zero.Init(dtype={dtype!r}) must be a floating torch.dtype or None")
         if config_dict_or_path is not None and config is not None:
@@ -153,14 +175,17 @@ class Init:
         if self.store.active:
             raise RuntimeError("this zero.Init context is already active; nest a new zero.Init(...) instead")
         self.store.active = True
-        self._hooks = [nn.modules.module.register_module_module_registration_hook(self._on_module),
-                       nn.modules.module.register_module_parameter_registration_hook(self._on_parameter)]
+        self._hooks = [
+            nn.modules.module.register_module_module_registration_hook(self._on_module),
+            nn.modules.module.register_module_parameter_registration_hook(self._on_parameter),
+        ]
         self._mode = _OpenOnUse(self.store)
         self._mode.__enter__()
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.store is None:
             return
         store, mode = self.store, self._mode
@@ -212,4 +237,3 @@ class Init:
         if self.store is None:
             raise RuntimeError("zero.Init(enabled=False) partitions nothing")
         return self.store.gathered(params, modifier_rank)
-

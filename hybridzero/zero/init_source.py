@@ -10,6 +10,7 @@ Invariants: at most one parameter is whole at a time (plus this rank's staged pi
 parameters nobody partitioned are broadcast from rank 0 like eager-built ones; afterwards the stores forget the
 parameters (:func:`release_from_init`), so the engine is their only owner.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
@@ -30,8 +31,9 @@ __all__ = ["StagedSource", "init_store_of", "init_stores", "release_from_init", 
 class StagedSource:
     """The pieces of a group's parameters one rank needs, by name: ``name -> (first element, values)``."""
 
-    def __init__(self, shapes: dict[str, torch.Size], dtypes: dict[str, torch.dtype],
-                 pieces: dict[str, tuple[int, torch.Tensor]]) -> None:
+    def __init__(
+        self, shapes: dict[str, torch.Size], dtypes: dict[str, torch.dtype], pieces: dict[str, tuple[int, torch.Tensor]]
+    ) -> None:
         self._shapes, self._dtypes, self._pieces = shapes, dtypes, pieces
 
     def names(self) -> list[str]:
@@ -47,9 +49,11 @@ class StagedSource:
         check_range(name, int(self._shapes[name].numel()), lo, hi)
         start, values = self._pieces.get(name, (0, torch.empty(0, dtype=self._dtypes[name])))
         if lo < start or hi > start + values.numel():
-            raise ValueError(f"{name}: elements [{lo}, {hi}) were not staged for this rank "
-                             f"(staged [{start}, {start + values.numel()}))")
-        return values[lo - start:hi - start].clone()
+            raise ValueError(
+                f"{name}: elements [{lo}, {hi}) were not staged for this rank "
+                f"(staged [{start}, {start + values.numel()}))"
+            )
+        return values[lo - start : hi - start].clone()
 
 
 def init_store_of(param: torch.Tensor) -> InitStore | None:
@@ -64,13 +68,16 @@ def init_stores(module: nn.Module) -> list[InitStore]:
     cannot hide a store from it."""
     stores = {id(s): s for s in (init_store_of(p) for p in module.parameters()) if s is not None}
     if any(s.active for s in stores.values()):
-        raise RuntimeError("hybridzero.initialize() was called inside the zero.Init block that built the model; "
-                           "call it after the block")
+        raise RuntimeError(
+            "hybridzero.initialize() was called inside the zero.Init block that built the model; "
+            "call it after the block"
+        )
     return list(stores.values())
 
 
-def stage_group(named: Sequence[tuple[str, nn.Parameter]], mode: ShardMode, comm: Comm,
-                stores: Sequence[InitStore]) -> StagedSource:
+def stage_group(
+    named: Sequence[tuple[str, nn.Parameter]], mode: ShardMode, comm: Comm, stores: Sequence[InitStore]
+) -> StagedSource:
     """This rank's pieces of a group of ``mode`` whose parameters are ``named`` in layout order (a collective).
 
     The range mirrors :class:`~hybridzero.zero.groups.ShardedGroup`: the whole buffer for DDP and persistent

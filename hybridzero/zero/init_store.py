@@ -20,6 +20,7 @@ Invariants:
 * The store lives as long as any parameter it holds (a ``weakref.finalize`` per parameter references it, the
   registry only weakly), not as long as the ``with`` statement: ``with Init(): model = M()`` keeps its shards.
 """
+
 from __future__ import annotations
 
 import weakref
@@ -68,8 +69,14 @@ class _Entry:
 class InitStore:
     """Per-parameter shards of one ``zero.Init`` context (see the module docstring)."""
 
-    def __init__(self, comm: Comm, comm_device: torch.device, shard_device: torch.device | None = None,
-                 dtype: torch.dtype | None = None, pin_memory: bool = False) -> None:
+    def __init__(
+        self,
+        comm: Comm,
+        comm_device: torch.device,
+        shard_device: torch.device | None = None,
+        dtype: torch.dtype | None = None,
+        pin_memory: bool = False,
+    ) -> None:
         self.comm = comm
         self.comm_device = comm_device  # where collectives run (CUDA under NCCL)
         self.shard_device = shard_device  # None: keep each slice where its parameter was built
@@ -120,7 +127,7 @@ class InitStore:
         with self._working():
             full = self._gather(entry)
             entry.full = full
-            param.data = full[:entry.numel].view(entry.shape)
+            param.data = full[: entry.numel].view(entry.shape)
             self._open[id(param)] = param
 
     def close(self, param: nn.Parameter, src: int | None = 0) -> None:
@@ -155,7 +162,7 @@ class InitStore:
             else:
                 self.open(p)
         unpinned = [(pid, p) for pid, p in self._open.items() if self._entries[p].pins == 0]
-        for pid, p in unpinned[:max(0, len(unpinned) - max(max_open, len(wanted)))]:
+        for pid, p in unpinned[: max(0, len(unpinned) - max(max_open, len(wanted)))]:
             if pid not in wanted:
                 self.close(p)
 
@@ -173,7 +180,7 @@ class InitStore:
         entry = self._entries[param]
         with self._working():
             full = self._gather(entry)
-        return full[:entry.numel].view(entry.shape)
+        return full[: entry.numel].view(entry.shape)
 
     # --- ParamOwner (hybridzero.zero.registry) ----------------------------------------------------------------
     @contextmanager
@@ -219,7 +226,7 @@ class InitStore:
         flat[:numel].copy_(data.reshape(-1))
         if w > 1:
             self.comm.broadcast(flat, src, phase="zero_init")
-        shard = flat[r * (size // w):(r + 1) * (size // w)].to(self.shard_device or data.device, copy=True)
+        shard = flat[r * (size // w) : (r + 1) * (size // w)].to(self.shard_device or data.device, copy=True)
         if self.pin_memory and torch.cuda.is_available() and shard.device.type == "cpu":
             shard = shard.pin_memory()
         entry.shape, entry.dtype, entry.device, entry.shard = torch.Size(data.shape), data.dtype, data.device, shard

@@ -16,6 +16,7 @@ Invariants (unit-tested):
 * Every element of ``[0, padded_numel)`` belongs to exactly one shard.
 * Shapes always come from :class:`ParamSpec` metadata, never from the size of a local shard.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -93,5 +94,6 @@ def build_layout(names: Sequence[str], shapes: Sequence[torch.Size], world_size:
         offset = -(-offset // ALIGN) * ALIGN
         specs.append(ParamSpec(name=name, shape=torch.Size(shape), offset=offset, numel=n))
         offset += n
-    return FlatLayout(specs=tuple(specs), numel=offset, padded_numel=padded_numel(offset, world_size),
-                      world_size=world_size)
+    return FlatLayout(
+        specs=tuple(specs), numel=offset, padded_numel=padded_numel(offset, world_size), world_size=world_size
+    )

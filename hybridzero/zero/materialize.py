@@ -9,6 +9,7 @@ Invariants: a tied parameter gets one new ``nn.Parameter`` installed under every
 ``requires_grad`` is preserved; non-parameter buffers (rotary tables, masks) are materialized up front (they are
 small) and initialized the same way; a buffer the init cannot fill raises, naming it.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -36,6 +37,7 @@ def default_init_fn(model: nn.Module) -> InitFn:
             hf_init(module)
         elif callable(reset):
             reset()
+
     return init
 
 
@@ -73,8 +75,9 @@ def materialize_buffers(model: nn.Module, device: torch.device, init_fn: InitFn)
                 raise RuntimeError(f"buffer {type(mod).__name__}.{n} could not be materialized from the meta device")
 
 
-def materialize_group(model: nn.Module, aliases: Sequence[Sequence[str]], device: torch.device,
-                      init_fn: InitFn | None) -> list[nn.Parameter]:
+def materialize_group(
+    model: nn.Module, aliases: Sequence[Sequence[str]], device: torch.device, init_fn: InitFn | None
+) -> list[nn.Parameter]:
     """Real parameters for one group (given as the alias lists of its parameters), in order; initialized by
     ``init_fn``, or left uninitialized (``torch.empty``: no pages touched) when values come from a checkpoint."""
     touched: dict[int, nn.Module] = {}

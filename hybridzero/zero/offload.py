@@ -10,6 +10,7 @@ explicit and are what :func:`hybridzero.runtime.memory.memory_report` reports.
 Invariant: every copy between device and host goes through :func:`move` (pinned staging for host-bound copies and
 non-blocking transfers when CUDA is present and ``pin_memory`` is set; the identity when nothing changes).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,9 @@ class Placement:
     pin_memory: bool = False
 
     @classmethod
-    def build(cls, device: torch.device, optimizer: str = "none", params: str = "none",
-              pin_memory: bool = False) -> Placement:
+    def build(
+        cls, device: torch.device, optimizer: str = "none", params: str = "none", pin_memory: bool = False
+    ) -> Placement:
         """The placement for a compute device and the two offload blocks' devices."""
         host = torch.device("cpu") if optimizer != "none" else device
         return cls(device, host, optimizer, params, pin_memory and torch.cuda.is_available())
@@ -59,8 +61,9 @@ class Placement:
         return "device"
 
 
-def move(t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None,
-         pin_memory: bool = False) -> torch.Tensor:
+def move(
+    t: torch.Tensor, device: torch.device, dtype: torch.dtype | None = None, pin_memory: bool = False
+) -> torch.Tensor:
     """``t`` on ``device`` (and in ``dtype``): ``t`` itself when it already is; a host-bound copy is pinned when
     ``pin_memory`` and CUDA is present; copies from pinned memory are non-blocking (ordered on the current stream)."""
     dtype = dtype or t.dtype

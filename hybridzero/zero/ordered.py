@@ -1,4 +1,5 @@
 """The one summation order of every gradient reduction: rows added strictly in rank order, in fp32."""
+
 from __future__ import annotations
 
 import torch

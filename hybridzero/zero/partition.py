@@ -14,6 +14,7 @@ Default plan, generic for any Hugging Face causal LM (nothing is special-cased p
 Invariant: every trainable or frozen parameter of the module is in exactly one group, named by its first name in
 ``module.named_parameters()``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -10,6 +10,7 @@ the observed order becomes the trace next time.
 Invariants: :meth:`Prefetcher.observe` is pure bookkeeping (it issues nothing); suggestions never cross a phase
 end (``end()`` closes the phase, the coordinator drains every gather at phase end).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -54,7 +55,7 @@ class Prefetcher:
             return []
         trace = self.traces[self._kind]
         if pos < len(trace) and trace[pos] == group_id:
-            return list(trace[pos + 1:])
+            return list(trace[pos + 1 :])
         self._valid = False
         self.invalidations += 1
         return []
@@ -65,7 +66,7 @@ class Prefetcher:
             return False
         trace = self.traces[self._kind]
         distance = 0
-        for gid in trace[len(self._observed):]:
+        for gid in trace[len(self._observed) :]:
             if gid == group_id:
                 return True
             distance += numel_of(gid)
@@ -78,7 +79,7 @@ class Prefetcher:
         valid trace): how far away, in the backward that mirrors this forward, the current group's reuse is."""
         if not self._valid or self._kind is None:
             return None
-        rest = set(self.traces[self._kind][len(self._observed):])
+        rest = set(self.traces[self._kind][len(self._observed) :])
         return sum(numel_of(gid) for gid in rest)
 
     def end(self) -> None:

@@ -13,6 +13,7 @@ Cross-node traffic is one quantized partial sum per node instead of every rank's
 is about ``1 / (4 L)`` of a flat fp32 reduce-scatter's cross-node bytes. The result is the plain sum (the caller
 divides by the world size once).
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,8 +37,9 @@ def _exchange(comm: Comm, rows: torch.Tensor, bits: int, block: int) -> torch.Te
     recv = torch.empty_like(send)
     comm.exchange_for_reduce(recv, send, phase="backward")
     size = wires[0].numel()
-    return torch.stack([dequantize_blockwise(from_wire(recv[p * size:(p + 1) * size], n, bits, block))
-                        for p in range(peers)])
+    return torch.stack(
+        [dequantize_blockwise(from_wire(recv[p * size : (p + 1) * size], n, bits, block)) for p in range(peers)]
+    )
 
 
 class HierarchicalQuantizedReduce:

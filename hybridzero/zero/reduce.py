@@ -25,6 +25,7 @@ Invariants:
 * The replicated (persistent) group is reduced at drain time, after all reduce-scatters: its (small) gradient is
   all-gathered and summed in rank order, as above.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -85,8 +86,14 @@ class _Piece:
 class GradReducer:
     """Buckets group gradients and reduce-scatters them; owns every reduction it has in flight."""
 
-    def __init__(self, comm: Comm, bucket_elems: int, overlap: bool,
-                 quantized: HierarchicalQuantizedReduce | None = None, scales: ReductionScales | None = None) -> None:
+    def __init__(
+        self,
+        comm: Comm,
+        bucket_elems: int,
+        overlap: bool,
+        quantized: HierarchicalQuantizedReduce | None = None,
+        scales: ReductionScales | None = None,
+    ) -> None:
         self.comm = comm
         self.scales = ReductionScales(post=comm.world_size) if scales is None else scales  # default: mean
         self.world = comm.world_size
@@ -107,7 +114,7 @@ class GradReducer:
         col, total = 0, group.layout.shard_numel
         while col < total:
             take = min(total - col, self.cap_cols - self._pending_cols)
-            self._pieces.append(_Piece(group, grid[:, col:col + take], col))
+            self._pieces.append(_Piece(group, grid[:, col : col + take], col))
             self._pending_cols += take
             col += take
             if self._pending_cols >= self.cap_cols:
@@ -149,7 +156,7 @@ class GradReducer:
         for p in pieces:
             take = p.cols.shape[1]
             dst = p.group.grad_shard  # on the host with ZeRO-Offload: the reduced gradient goes there as it arrives
-            dst[p.col_offset:p.col_offset + take].add_(move(reduced[start:start + take], dst.device))
+            dst[p.col_offset : p.col_offset + take].add_(move(reduced[start : start + take], dst.device))
             start += take
 
     @staticmethod

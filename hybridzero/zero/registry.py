@@ -17,6 +17,7 @@ Invariants:
 :data:`REGISTRY` is the one process-wide instance. It is the single piece of module-level mutable state in the
 package, and it exists because the public API it serves has no other argument to carry the owner.
 """
+
 from __future__ import annotations
 
 import weakref

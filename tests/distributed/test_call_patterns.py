@@ -1,6 +1,7 @@
 """Call patterns that broke ZeRO-3 elsewhere: train-mode ``no_grad`` forwards, eval forwards and ``generate``
 interleaved with training, with and without activation checkpointing. Every phase ends quiescent, prefetch on and
 off agree bit for bit, and checkpointing does not change a single bit."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """Checkpoints: bit-exact resume, resharding to other world sizes, crash safety, clear errors on bad input."""
+
 from __future__ import annotations
 
 import hashlib
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from hybridzero.checkpoint import list_tags
-from tests.workers.ckpt import load_and_consolidate, run_with_checkpoint, save_then_crash, try_load
 from tests.harness.parity import RunSpec, reference_run, step_losses
 from tests.harness.spawn import RemoteError
+from tests.workers.ckpt import load_and_consolidate, run_with_checkpoint, save_then_crash, try_load
 
 
 def _equal(a: dict, b: dict) -> None:
@@ -24,15 +25,24 @@ def _equal(a: dict, b: dict) -> None:
 
 @pytest.mark.parametrize(("stage", "dtype"), [(3, "fp32"), (3, "bf16"), (2, "fp32"), (1, "bf16")])
 def test_resume_is_bitwise_equal_to_uninterrupted(world, tmp_path: Path, stage: int, dtype: str) -> None:
-    spec = RunSpec(model="gpt2_tied", steps=5, accumulation=2, stage=stage, dtype=dtype, scheduler=True,
-                   clipping=0.5, optimizer="client", persistence_threshold=100)
+    spec = RunSpec(
+        model="gpt2_tied",
+        steps=5,
+        accumulation=2,
+        stage=stage,
+        dtype=dtype,
+        scheduler=True,
+        clipping=0.5,
+        optimizer="client",
+        persistence_threshold=100,
+    )
     pool = world(2)
     full = pool.run(run_with_checkpoint, spec, str(tmp_path), None, False)
     saved = pool.run(run_with_checkpoint, spec, str(tmp_path), 2, False)
     resumed = pool.run(run_with_checkpoint, spec, str(tmp_path), None, True)
     assert (tmp_path / "latest").read_text() == "global_step2"
     for r_full, r_res in zip(full, resumed):
-        assert r_res["losses"] == r_full["losses"][2 * spec.accumulation:]
+        assert r_res["losses"] == r_full["losses"][2 * spec.accumulation :]
     _equal(resumed[0]["params"], full[0]["params"])
     _equal(resumed[0]["state"], full[0]["state"])
     _equal(saved[0]["params"], full[0]["params"])
@@ -104,8 +114,9 @@ def test_save_inside_accumulation_window_saves_the_window_start(world, tmp_path:
     window's start), the partially accumulated gradients are not saved; a resumed engine starts the window anew."""
     from tests.workers.ckpt import save_inside_accumulation_window
 
-    out = world(2).run(save_inside_accumulation_window, RunSpec(model="opt", accumulation=3, steps=1),
-                       str(tmp_path / "c"))
+    out = world(2).run(
+        save_inside_accumulation_window, RunSpec(model="opt", accumulation=3, steps=1), str(tmp_path / "c")
+    )
     for saved, loaded in out:
         assert saved["micro_steps"] == 4 and loaded["micro_steps"] == 3 and loaded["global_steps"] == 1
         _equal(loaded["params"], saved["params"])

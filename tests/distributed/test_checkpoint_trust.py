@@ -1,6 +1,7 @@
 """A checkpoint is a trust boundary: hostile files never run code, hostile tags and ``latest`` contents never
 leave the save directory, every corruption is refused on every rank naming the file with the engine bitwise
 unchanged, and a save killed at any point leaves the previous checkpoint loadable."""
+
 from __future__ import annotations
 
 import hashlib
@@ -86,8 +87,14 @@ def refused(world, ckpt: Path, good: Path, *needles: str, tag: str | None = None
 
 
 # --- crafted pickles never execute ---------------------------------------------------------------------------
-PICKLE_TARGETS = ["rank_00000.safetensors", "rank_00001.safetensors", "meta.json", "state.json",
-                  "state.safetensors", "manifest.json"]
+PICKLE_TARGETS = [
+    "rank_00000.safetensors",
+    "rank_00001.safetensors",
+    "meta.json",
+    "state.json",
+    "state.safetensors",
+    "manifest.json",
+]
 
 
 @pytest.mark.parametrize("target", quick_first(PICKLE_TARGETS))
@@ -99,8 +106,9 @@ def test_pickle_in_checkpoint_never_runs_on_load(world, ckpt: Path, good: Path, 
 
 
 @pytest.mark.parametrize("target", quick_first(PICKLE_TARGETS))
-def test_pickle_in_checkpoint_never_runs_on_export(ckpt: Path, tmp_path: Path, target: str,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_pickle_in_checkpoint_never_runs_on_export(
+    ckpt: Path, tmp_path: Path, target: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     marker = tmp_path / "pwned"
     (ckpt / TAG / target).write_bytes(payload_bytes(str(marker)))
     assert main(["export", str(ckpt), str(tmp_path / "out")]) == 1
@@ -108,8 +116,9 @@ def test_pickle_in_checkpoint_never_runs_on_export(ckpt: Path, tmp_path: Path, t
     assert not marker.exists() and not (tmp_path / "out").exists()
 
 
-def test_old_pickle_format_is_refused_without_unpickling(world, good: Path, tmp_path: Path,
-                                                         capsys: pytest.CaptureFixture[str]) -> None:
+def test_old_pickle_format_is_refused_without_unpickling(
+    world, good: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     marker = tmp_path / "pwned"
     old = tmp_path / "old"
     (old / TAG).mkdir(parents=True)
@@ -124,8 +133,19 @@ def test_old_pickle_format_is_refused_without_unpickling(world, good: Path, tmp_
 
 
 # --- hostile tags and latest -----------------------------------------------------------------------------------
-HOSTILE_TAGS = ["../escaped", "/tmp/abs-tag", "a/b", ".", "..", "x.partial-1", "bell\x07", "new\nline", "", "latest",
-                "back\\slash"]
+HOSTILE_TAGS = [
+    "../escaped",
+    "/tmp/abs-tag",
+    "a/b",
+    ".",
+    "..",
+    "x.partial-1",
+    "bell\x07",
+    "new\nline",
+    "",
+    "latest",
+    "back\\slash",
+]
 
 
 @pytest.mark.parametrize("tag", quick_first(HOSTILE_TAGS))
@@ -147,8 +167,12 @@ def test_hostile_tag_refused_on_load(world, ckpt: Path, good: Path, tag: str) ->
     assert digest(ckpt.parent) == before
 
 
-@pytest.mark.parametrize("content", quick_first([b"../ckpt/global_step1", b"/etc", b"a/b", b"..", b"", b"\xff\xfe",
-                                                 b"global_step1.partial-x", b"x" * 5000]))
+@pytest.mark.parametrize(
+    "content",
+    quick_first(
+        [b"../ckpt/global_step1", b"/etc", b"a/b", b"..", b"", b"\xff\xfe", b"global_step1.partial-x", b"x" * 5000]
+    ),
+)
 def test_hostile_latest_refused(world, ckpt: Path, good: Path, content: bytes) -> None:
     (ckpt / "latest").write_bytes(content)
     before = digest(ckpt.parent)
@@ -181,8 +205,9 @@ def _flip(file: Path, at: int) -> None:
     file.write_bytes(bytes(data))
 
 
-@pytest.mark.parametrize("target", quick_first(["rank_00001.safetensors", "meta.json", "state.json",
-                                                "state.safetensors"]))
+@pytest.mark.parametrize(
+    "target", quick_first(["rank_00001.safetensors", "meta.json", "state.json", "state.safetensors"])
+)
 def test_flipped_byte(world, ckpt: Path, good: Path, target: str) -> None:
     _flip(ckpt / TAG / target, -20)
     refused(world, ckpt, good, target, "checksum mismatch")
@@ -209,6 +234,7 @@ def _set_param(key: str, fn: Any) -> Any:
         info = meta["params"][_first_param(meta)]
         info[key] = fn(info)
         return meta
+
     return edit
 
 
@@ -217,6 +243,7 @@ def _rank1(fn: Any) -> Any:
         part = next(p for p in meta["ranks"][1].values() if p["hi"] > p["lo"] + 32)
         fn(part)
         return meta
+
     return edit
 
 
@@ -245,9 +272,10 @@ def test_inconsistent_metadata(world, ckpt: Path, good: Path, case: str) -> None
 
 
 STATE_DAMAGE = {
-    "param_groups": (lambda s: {**s, "optimizer": {**s["optimizer"],
-                                                   "param_groups": s["optimizer"]["param_groups"][:1]}},
-                     "param groups saved"),
+    "param_groups": (
+        lambda s: {**s, "optimizer": {**s["optimizer"], "param_groups": s["optimizer"]["param_groups"][:1]}},
+        "param groups saved",
+    ),
     "optimizer_class": (lambda s: {**s, "optimizer": {**s["optimizer"], "class": "SGD"}}, "saved by SGD"),
     "scheduler": (lambda s: {**s, "scheduler": {"last_epoch": 1}}, "scheduler state has keys"),
     "loss_scaler": (lambda s: {**s, "loss_scaler": {"scale": 1.0}}, "loss scaler state has keys"),
@@ -299,8 +327,11 @@ def test_optimizer_state_keeps_shape_and_dtype(world, tmp_path: Path) -> None:
     out = world(2).run(odd_state_round_trip, RunSpec(model="llama", steps=3, optimizer="client"), str(tmp_path))
     for r in out:
         assert r["n_leaves"] > 0 and r["state_equal"] and r["params_equal"], r
-        assert r["kinds"] == [("count", "torch.int64", ()), ("hist", "torch.float64", (5,)),
-                              ("step", "torch.float32", (1,))]
+        assert r["kinds"] == [
+            ("count", "torch.int64", ()),
+            ("hist", "torch.float64", (5,)),
+            ("step", "torch.float32", (1,)),
+        ]
 
 
 @pytest.mark.parametrize("name", ["pytorch_model.bin", "model.safetensors"])

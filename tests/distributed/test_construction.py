@@ -1,14 +1,15 @@
 """Sharded construction and memory: HF checkpoints load straight into shards; a model built on the meta device
 is materialized one group at a time and never whole on a rank; the memory report matches 16Ψ/N (bf16 + Adam)
 and a process-level measurement of live tensor storage."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from tests.workers.construction import logits_from_pretrained, train_meta_model
 from tests.harness.parity import RunSpec, build_model
+from tests.workers.construction import logits_from_pretrained, train_meta_model
 
 
 @pytest.mark.parametrize("model", ["llama", "gpt2_tied", "opt"])

@@ -1,6 +1,7 @@
 """DeepSpeed's engine-free API on hybridzero: ``zero.GatheredParameters`` without an engine, the ``utils``
 tensor-fragment functions, ``comm``, ``initialize(args=...)`` and the engine as an ``nn.Module``, each checked
 against a single-process reference or the plain model."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -27,8 +28,15 @@ EDITS = ("model.layers.1.mlp.up_proj.weight", "model.embed_tokens.weight", "mode
 
 def _spec(stage: int, accumulation: int = 1) -> RunSpec:
     # embed_tokens frozen (a frozen parameter in the root group); small norms persistent at stage 3
-    return RunSpec(model="llama", steps=3, stage=stage, accumulation=accumulation, edit=EDITS,
-                   persistence_threshold=50, frozen=("layers.0.self_attn.q_proj",))
+    return RunSpec(
+        model="llama",
+        steps=3,
+        stage=stage,
+        accumulation=accumulation,
+        edit=EDITS,
+        persistence_threshold=50,
+        frozen=("layers.0.self_attn.q_proj",),
+    )
 
 
 def reference_grads(spec: RunSpec, world_size: int, step: int) -> dict[str, torch.Tensor]:
@@ -71,12 +79,15 @@ def _check_fragments(results: list[dict[str, Any]], spec: RunSpec, world_size: i
                 if name in frozen:
                     assert got is None, name
                     continue
-                torch.testing.assert_close(got, want[name], rtol=1e-6, atol=1e-7,
-                                           msg=lambda m, n=name, s=step: f"step {s} {n}: {m}")
+                torch.testing.assert_close(
+                    got, want[name], rtol=1e-6, atol=1e-7, msg=lambda m, n=name, s=step: f"step {s} {n}: {m}"
+                )
     for name in results[0]["final"]:
         full = results[0]["final"][name]
-        for key, parts in (("local_params", [r["local_params"][name] for r in results]),
-                           ("local_grads", [r["local_grads"][-1][name] for r in results])):
+        for key, parts in (
+            ("local_params", [r["local_params"][name] for r in results]),
+            ("local_grads", [r["local_grads"][-1][name] for r in results]),
+        ):
             if name in frozen and key == "local_grads":
                 assert all(p is None for p in parts)
                 continue
@@ -91,8 +102,9 @@ def _check_fragments(results: list[dict[str, Any]], spec: RunSpec, world_size: i
         g0 = results[0]["grads"][0][name]
         torch.testing.assert_close(exp_full, 0.1 * g0, rtol=1e-5, atol=1e-8)  # AdamW's first moment after step 1
         locals_ = torch.cat([r["exp_avg"][name][1] for r in results])
-        assert torch.equal(locals_, exp_full.reshape(-1)) or torch.equal(results[0]["exp_avg"][name][1],
-                                                                        exp_full.reshape(-1))
+        assert torch.equal(locals_, exp_full.reshape(-1)) or torch.equal(
+            results[0]["exp_avg"][name][1], exp_full.reshape(-1)
+        )
 
 
 @pytest.mark.parametrize("edit_via", ["gathered", "safe_set"])
@@ -180,11 +192,15 @@ def test_engine_is_a_module(world, stage: int) -> None:
 def test_comm_face(world) -> None:
     got = world(3).run(comm_face)
     assert [g["rank"] for g in got] == [0, 1, 2]
-    assert all(g["world"] == 3 and g["sum"] == 6.0 and g["gathered"] == [0.0, 1.0, 2.0] and g["bcast"] == 7.0
-               and g["init"] for g in got)
+    assert all(
+        g["world"] == 3 and g["sum"] == 6.0 and g["gathered"] == [0.0, 1.0, 2.0] and g["bcast"] == 7.0 and g["init"]
+        for g in got
+    )
 
 
 def test_initialize_with_args(world, tmp_path) -> None:
     got = world(2).run(initialize_with_args, str(tmp_path))
-    assert got == [{"args": (True, False, None), "tuple": (True, True, True), "micro": 2,
-                    "errors": [True, True, True]}] * 2
+    assert (
+        got
+        == [{"args": (True, False, None), "tuple": (True, True, True), "micro": 2, "errors": [True, True, True]}] * 2
+    )

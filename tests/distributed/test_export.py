@@ -1,5 +1,6 @@
 """Export of engine checkpoints: consolidated fp32 tensors and Hugging Face directories that ``from_pretrained``
 loads to the engine's exact model; streaming memory; the ``hybridzero export`` command."""
+
 from __future__ import annotations
 
 import json
@@ -17,10 +18,16 @@ import torch
 from hybridzero.checkpoint import export
 from hybridzero.checkpoint.export import consolidated_state_dict, export_hf
 from hybridzero.cli import main
-from tests.workers.ckpt import edit_json, run_with_checkpoint
-from tests.workers.export_checks import (export_peak_bytes, index_of, load_exported, logits, reference_model,
-                                              save_big_checkpoint)
 from tests.harness.parity import RunSpec
+from tests.workers.ckpt import edit_json, run_with_checkpoint
+from tests.workers.export_checks import (
+    export_peak_bytes,
+    index_of,
+    load_exported,
+    logits,
+    reference_model,
+    save_big_checkpoint,
+)
 
 MODELS = ("llama", "gpt2_tied", "opt")
 TIED = {"gpt2_tied", "opt"}
@@ -103,8 +110,10 @@ def test_export_streams_under_a_memory_budget(world, tmp_path: Path) -> None:
     assert len(index_of(tmp_path / "small")["weight_map"]) == 6 * 9 + 3
     # the measurement sees what export holds: exporting into one file holds the whole model
     whole = export_peak_bytes(str(tmp_path / "ckpt"), str(tmp_path / "whole"), 2 * model_bytes)
-    print(f"model {model_bytes / 2**20:.1f} MiB fp32; peak held: {small['bytes'] / 2**20:.1f} MiB with "
-          f"{shard / 2**20:.1f} MiB shards, {whole['bytes'] / 2**20:.1f} MiB into one file")
+    print(
+        f"model {model_bytes / 2**20:.1f} MiB fp32; peak held: {small['bytes'] / 2**20:.1f} MiB with "
+        f"{shard / 2**20:.1f} MiB shards, {whole['bytes'] / 2**20:.1f} MiB into one file"
+    )
     assert whole["bytes"] >= model_bytes
     assert small["bytes"] <= shard + largest < 0.5 * model_bytes
 
@@ -146,8 +155,14 @@ def test_export_without_hf_config_fails_clearly(saved, tmp_path: Path) -> None:
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "hybridzero", "export", *args], capture_output=True, text=True,
-                          env=env, timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "hybridzero", "export", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=False,
+    )
 
 
 def test_cli_export(saved, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

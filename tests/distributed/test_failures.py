@@ -1,4 +1,5 @@
 """Bad input fails fast and loud on every rank; a rank that dies mid-step does not hang its peers."""
+
 from __future__ import annotations
 
 import time
@@ -18,13 +19,16 @@ from tests.workers.failures import (
 )
 
 
-@pytest.mark.parametrize(("bad", "words"), [
-    ({"zero_optimization": {"stage": 4}}, ["zero_optimization.stage", "4"]),
-    ({"train_batch_size": 7}, ["train_batch_size", "7"]),
-    ({"zero_optimization": {"stage": 3, "reduce_bucket_size": -5}}, ["reduce_bucket_size", "-5"]),
-    ({"optimizer": {"type": "Adamax", "params": {}}}, ["Adamax"]),
-    ({"zero_optimisation": {"stage": 3}}, ["zero_optimisation", "zero_optimization"]),
-])
+@pytest.mark.parametrize(
+    ("bad", "words"),
+    [
+        ({"zero_optimization": {"stage": 4}}, ["zero_optimization.stage", "4"]),
+        ({"train_batch_size": 7}, ["train_batch_size", "7"]),
+        ({"zero_optimization": {"stage": 3, "reduce_bucket_size": -5}}, ["reduce_bucket_size", "-5"]),
+        ({"optimizer": {"type": "Adamax", "params": {}}}, ["Adamax"]),
+        ({"zero_optimisation": {"stage": 3}}, ["zero_optimisation", "zero_optimization"]),
+    ],
+)
 def test_config_error_on_one_rank_reaches_every_rank(world, bad: dict, words: list[str]) -> None:
     pool = world(2)
     with pytest.raises(RemoteError) as info:
@@ -57,13 +61,16 @@ _FAILURE_ENV = {"HYBRIDZERO_TEST": "failure"}  # these runs tear their process g
 _PG_TIMEOUT_S = 120.0  # the pool's gloo timeout: a report that came from it would take at least this long
 
 
-@pytest.mark.parametrize(("where", "timing", "error"), [
-    ("forward", "slow", "IndexError"),
-    ("module_forward", "slow", "IndexError"),
-    pytest.param("backward", "fast", "injected failure in backward", marks=pytest.mark.slow),  # a fresh pool each
-    ("backward", "slow", "injected failure in backward"),
-    ("step", "fast", "injected failure in optimizer step"),
-])
+@pytest.mark.parametrize(
+    ("where", "timing", "error"),
+    [
+        ("forward", "slow", "IndexError"),
+        ("module_forward", "slow", "IndexError"),
+        pytest.param("backward", "fast", "injected failure in backward", marks=pytest.mark.slow),  # a fresh pool each
+        ("backward", "slow", "injected failure in backward"),
+        ("step", "fast", "injected failure in optimizer step"),
+    ],
+)
 def test_caught_failure_reaches_every_rank_at_its_next_collective(world, where: str, timing: str, error: str) -> None:
     """One rank fails inside an engine call (or a direct module forward) and carries on. The peer raises
     PeerFailure naming that rank and error at its next collective, whether it was already waiting ("slow") or

@@ -1,11 +1,11 @@
 """fp16 with dynamic loss scaling: tracks the fp32 reference; an overflow on one rank skips the step everywhere and
 moves the scale by DeepSpeed's hysteresis rules."""
+
 from __future__ import annotations
 
 import math
 
 import pytest
-import torch
 
 from hybridzero.optim.loss_scaler import ScalerConfig, initial_state, update_scale
 from tests.harness.parity import RunSpec, engine_run, reference_run, step_losses

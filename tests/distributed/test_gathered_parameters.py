@@ -1,12 +1,13 @@
 """``GatheredParameters`` with a modifier rank changes the trained model exactly as the same change made to the
 reference; without a modifier, changes are discarded; pinned groups survive a forward inside the block."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.harness.parity import RunSpec, build_model, ds_config, engine_run, reference_run
 from tests.distributed.test_zero3_parity import compare
+from tests.harness.parity import RunSpec, build_model, ds_config, engine_run, reference_run
 
 EDITS = ("model.layers.1.mlp.up_proj.weight", "model.embed_tokens.weight", "model.norm.weight")
 
@@ -23,7 +24,9 @@ def _edit_without_modifier_raises() -> tuple[bool, bool, bool, bool]:
 
     hybridzero.init_distributed()
     spec = RunSpec(model="gpt2_tied")
-    engine, *_ = hybridzero.initialize(model=build_model(spec), config=ds_config(spec, torch.distributed.get_world_size()))
+    engine, *_ = hybridzero.initialize(
+        model=build_model(spec), config=ds_config(spec, torch.distributed.get_world_size())
+    )
     weight = engine.module.get_parameter("transformer.h.0.mlp.c_fc.weight")
     before = engine.full_parameters()["transformer.h.0.mlp.c_fc.weight"]
     ids = torch.randint(0, 90, (2, 6))

@@ -48,9 +48,7 @@ def _big_tensor(n: int) -> torch.Tensor:
     return torch.arange(n, dtype=torch.float32) + dist.get_rank()
 
 
-@pytest.mark.parametrize(
-    ("world_size", "local_world_size"), [(1, None), (2, None), (3, None), (4, 2)], ids=str
-)
+@pytest.mark.parametrize(("world_size", "local_world_size"), [(1, None), (2, None), (3, None), (4, 2)], ids=str)
 def test_all_reduce_results_ordered_by_rank(
     world: Callable[..., WorldPool], world_size: int, local_world_size: int | None
 ) -> None:

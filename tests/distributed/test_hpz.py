@@ -1,6 +1,7 @@
 """ZeRO++ hpZ: the secondary shard is a cache of the primary that is never stale, so hpZ on or off gives
 bitwise-identical losses, gradients and parameters — through accumulation, an fp16 overflow, activation
 checkpointing, a no_grad forward, a GatheredParameters edit, save + load, persisted, tiny and frozen parameters."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,13 +9,25 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.workers.hpz import hpz_run
 from tests.harness.parity import RunSpec
 from tests.harness.spawn import RemoteError
+from tests.workers.hpz import hpz_run
 
-SPEC = RunSpec(model="gpt2_tied", steps=8, accumulation=3, dtype="fp16", lr=1e-3, clipping=1.0, with_scalar=True,
-               persistence_threshold=40, frozen=("wpe",), inf_at=((1, 1),), edit=("model.transformer.h.1.mlp.c_fc.weight",),
-               fp16={"initial_scale_power": 8}, prefetch_bucket_size=10**9)
+SPEC = RunSpec(
+    model="gpt2_tied",
+    steps=8,
+    accumulation=3,
+    dtype="fp16",
+    lr=1e-3,
+    clipping=1.0,
+    with_scalar=True,
+    persistence_threshold=40,
+    frozen=("wpe",),
+    inf_at=((1, 1),),
+    edit=("model.transformer.h.1.mlp.c_fc.weight",),
+    fp16={"initial_scale_power": 8},
+    prefetch_bucket_size=10**9,
+)
 LAYOUTS = {"2x2": ({"LOCAL_WORLD_SIZE": "2"}, [1, 2]), "1x4": ({}, [1, 2, 4])}
 
 
@@ -44,8 +57,11 @@ def test_hpz_sizes_are_bitwise_identical(world, tmp_path: Path, layout: str, che
 def test_hpz_size_must_fit_world_and_node(world) -> None:
     spec = RunSpec(model="opt", steps=1)
     with pytest.raises(RemoteError) as info:
-        world(4, env={"LOCAL_WORLD_SIZE": "2"}).run(hpz_run, spec.replace(
-            extra_zero={"zero_hpz_partition_size": 4}, edit=("model.decoder.final_layer_norm.weight",)), "none")
+        world(4, env={"LOCAL_WORLD_SIZE": "2"}).run(
+            hpz_run,
+            spec.replace(extra_zero={"zero_hpz_partition_size": 4}, edit=("model.decoder.final_layer_norm.weight",)),
+            "none",
+        )
     assert "zero_hpz_partition_size=4" in str(info.value) and "LOCAL_WORLD_SIZE=2" in str(info.value)
     with pytest.raises(RemoteError) as info:
         world(2).run(hpz_run, spec.replace(extra_zero={"zero_hpz_partition_size": 3}), "none")
@@ -65,11 +81,33 @@ def test_two_torchrun_nodes_on_loopback(tmp_path: Path) -> None:
         port = s.getsockname()[1]
     out = tmp_path / "result.pt"
     env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    agents = [subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node_rank", str(i),
-                                "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port),
-                                "-m", "tests.harness.two_node_main", str(out)],
-                               env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-              for i in range(2)]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node_rank",
+                str(i),
+                "--nproc_per_node",
+                "2",
+                "--master_addr",
+                "127.0.0.1",
+                "--master_port",
+                str(port),
+                "-m",
+                "tests.harness.two_node_main",
+                str(out),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
     logs = [a.communicate(timeout=400)[0] for a in agents]
     assert all(a.returncode == 0 for a in agents), "\n".join(log[-3000:] for log in logs)
     res = torch.load(out, weights_only=False)

@@ -4,13 +4,14 @@ Greedy tokens equal the unsharded model's (also with rank-dependent batch sizes,
 generation-mode logits equal the ZeRO-3 forward's within 1e-6; no collective while decoding; memory restored;
 an exception inside generation reaches the caller unchanged and leaves the engine sharded and quiescent; train →
 generate cycles end bitwise equal to the same run without generation."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.workers.hybrid import hybrid_checks, train_generate_cycles
 from tests.harness.parity import RunSpec
+from tests.workers.hybrid import hybrid_checks, train_generate_cycles
 
 MODELS = ["opt", "opt_postln", "llama", "gpt2_tied", "llama_scalar"]
 

@@ -9,6 +9,7 @@
   generation, and every master shard is bitwise what it was.
 * Checkpoint resume continues bitwise; export writes merged HF weights and a peft adapter directory.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -92,7 +93,7 @@ def test_mixed_precision_merge_in_bf16(world) -> None:
     for r in world(2).run(lora_generation, SPEC, "bf16"):
         assert r["merged_ok"] and r["restored"] and r["n_merged"] > 0
         # bf16 keeps 8 bits: merged vs unmerged logits differ by rounding only
-        assert r["logit_diff"] <= 2.0 ** -6 * max(1.0, r["logit_scale"]) * 4
+        assert r["logit_diff"] <= 2.0**-6 * max(1.0, r["logit_scale"]) * 4
 
 
 def test_resume_and_export_merged_and_peft(world, tmp_path: Path) -> None:
@@ -112,13 +113,34 @@ def test_resume_and_export_merged_and_peft(world, tmp_path: Path) -> None:
     # the command line writes the same files
     from hybridzero.cli import main
 
-    argv = ["export", str(tmp_path / "ckpt"), str(tmp_path / "cli_base"), "--tag", "step3", "--lora", "base",
-            "--adapters", str(tmp_path / "cli_adapters")]
+    argv = [
+        "export",
+        str(tmp_path / "ckpt"),
+        str(tmp_path / "cli_base"),
+        "--tag",
+        "step3",
+        "--lora",
+        "base",
+        "--adapters",
+        str(tmp_path / "cli_adapters"),
+    ]
     assert main(argv) == 0
     for a, b in (("base", "cli_base"), ("adapters", "cli_adapters")):
         for f in (tmp_path / a).iterdir():
             if f.suffix == ".safetensors":
                 assert f.read_bytes() == (tmp_path / b / f.name).read_bytes()
-    assert main(["export", str(tmp_path / "ckpt"), str(tmp_path / "x"), "--lora", "merge", "--adapters",
-                 str(tmp_path / "cli_adapters")]) == 1  # destination exists: one error line, nothing written
+    assert (
+        main(
+            [
+                "export",
+                str(tmp_path / "ckpt"),
+                str(tmp_path / "x"),
+                "--lora",
+                "merge",
+                "--adapters",
+                str(tmp_path / "cli_adapters"),
+            ]
+        )
+        == 1
+    )  # destination exists: one error line, nothing written
     assert not (tmp_path / "x").exists()

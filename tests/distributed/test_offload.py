@@ -1,6 +1,7 @@
 """ZeRO-Offload / ZeRO-Infinity: offload on (CPU or NVMe swap files) is bitwise the run with offload off, at world
 1, 2 and 4 and stages 1-3, with accumulation, clipping, bf16 and fp16 overflow skips; the state lives where the
 memory report says (checked against live tensors and the swap file); checkpoints cross between offload and none."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,11 +18,19 @@ from tests.workers.rlhf_runs import make_model_dirs, step3_run
 TIMEOUT = 400
 
 SPECS = {
-    "s3_fp32_accum_clip": RunSpec(model="gpt2_tied", stage=3, accumulation=2, clipping=0.3, steps=3,
-                                  persistence_threshold=100, optimizer="client"),
+    "s3_fp32_accum_clip": RunSpec(
+        model="gpt2_tied", stage=3, accumulation=2, clipping=0.3, steps=3, persistence_threshold=100, optimizer="client"
+    ),
     "s2_bf16_sched": RunSpec(model="llama", stage=2, dtype="bf16", scheduler=True, steps=3),
-    "s1_fp16_overflow": RunSpec(model="opt", stage=1, dtype="fp16", steps=4, inf_at=((1, 0),),
-                                fp16={"initial_scale_power": 8, "hysteresis": 1}, clipping=0.5),
+    "s1_fp16_overflow": RunSpec(
+        model="opt",
+        stage=1,
+        dtype="fp16",
+        steps=4,
+        inf_at=((1, 0),),
+        fp16={"initial_scale_power": 8, "hysteresis": 1},
+        clipping=0.5,
+    ),
     "s3_bf16_frozen": RunSpec(model="opt", stage=3, dtype="bf16", accumulation=2, frozen=("embed_positions",)),
 }
 FAST = ("s3_fp32_accum_clip", "s1_fp16_overflow")
@@ -73,8 +82,11 @@ def _check_placement(results: list[dict[str, Any]], world_size: int) -> None:
     assert max(per_rank) - min(per_rank) <= sum(per_rank) // (2 * world_size) + 64 * 20
 
 
-MATRIX = [pytest.param(w, c, marks=() if (w == 2 and c in FAST) else pytest.mark.slow)
-          for w in (1, 2, 4) for c in sorted(SPECS)]
+MATRIX = [
+    pytest.param(w, c, marks=() if (w == 2 and c in FAST) else pytest.mark.slow)
+    for w in (1, 2, 4)
+    for c in sorted(SPECS)
+]
 
 
 @pytest.mark.parametrize(("world_size", "case"), MATRIX)
@@ -96,14 +108,14 @@ def test_checkpoint_crosses_offload_settings(world, tmp_path: Path, save_with: s
     spec = RunSpec(model="gpt2_tied", stage=3, steps=4, scheduler=True, clipping=0.5, persistence_threshold=100)
     pool = world(2)
     plain = pool.run(train_variants, spec, str(tmp_path / "nv0"), ("none",), timeout=TIMEOUT)
-    resumed = pool.run(save_resume, spec, str(tmp_path / "ckpt"), str(tmp_path / "nv1"), save_with, load_with, 2,
-                       timeout=TIMEOUT)
+    resumed = pool.run(
+        save_resume, spec, str(tmp_path / "ckpt"), str(tmp_path / "nv1"), save_with, load_with, 2, timeout=TIMEOUT
+    )
     for p, r in zip(plain, resumed):
         assert r["losses"] == p["none"]["losses"][2:]
     _equal(resumed[0]["params"], plain[0]["none"]["params"], "params")
     _equal(resumed[0]["state"], plain[0]["none"]["state"], "optimizer state")
     assert not any((tmp_path / "nv1" / "hybridzero-swap").iterdir())
-
 
 
 def test_fragment_api_reads_and_writes_swapped_state(world, tmp_path: Path) -> None:
@@ -117,12 +129,27 @@ def test_rlhf_step3_offload_flags_at_world_2(world, tmp_path: Path) -> None:
     """DeepSpeed-Chat's ``--offload --offload_reference_model --offload_reward_model`` (actor/critic optimizer and
     parameters, frozen models' shards on the host) give the same step-3 run as without them, bitwise."""
     actor, value = make_model_dirs(tmp_path / "models")
-    base = {"actor_model_name_or_path": actor, "critic_model_name_or_path": value,
-            "per_device_generation_batch_size": 4, "per_device_training_batch_size": 2, "max_prompt_seq_len": 8,
-            "max_answer_seq_len": 6, "actor_learning_rate": 3e-3, "critic_learning_rate": 3e-3,
-            "num_warmup_steps": 0, "max_steps": 2, "progress": False, "enable_tensorboard": False,
-            "print_every": 1000, "resume": False, "seed": 5, "enable_ema": True, "critic_zero_stage": 2,
-            "reward_zero_stage": 3, "reference_zero_stage": 3}
+    base = {
+        "actor_model_name_or_path": actor,
+        "critic_model_name_or_path": value,
+        "per_device_generation_batch_size": 4,
+        "per_device_training_batch_size": 2,
+        "max_prompt_seq_len": 8,
+        "max_answer_seq_len": 6,
+        "actor_learning_rate": 3e-3,
+        "critic_learning_rate": 3e-3,
+        "num_warmup_steps": 0,
+        "max_steps": 2,
+        "progress": False,
+        "enable_tensorboard": False,
+        "print_every": 1000,
+        "resume": False,
+        "seed": 5,
+        "enable_ema": True,
+        "critic_zero_stage": 2,
+        "reward_zero_stage": 3,
+        "reference_zero_stage": 3,
+    }
     flags = {"offload": True, "offload_reference_model": True, "offload_reward_model": True}
     pool = world(2)
     plain = pool.run(step3_run, {**base, "output_dir": str(tmp_path / "plain")}, timeout=TIMEOUT)[0]
@@ -136,6 +163,7 @@ def test_rlhf_step3_offload_flags_at_world_2(world, tmp_path: Path) -> None:
 def test_unwritable_nvme_path_fails_at_engine_start(world, tmp_path: Path) -> None:
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
-    got = world(1).run(start_with_bad_nvme_path, RunSpec(model="llama", stage=2), str(blocker / "swap"),
-                       timeout=TIMEOUT)[0]
+    got = world(1).run(
+        start_with_bad_nvme_path, RunSpec(model="llama", stage=2), str(blocker / "swap"), timeout=TIMEOUT
+    )[0]
     assert got.startswith("SwapSpaceError: offload_optimizer.nvme_path = ") and "is not a writable directory" in got

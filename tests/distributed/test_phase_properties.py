@@ -1,5 +1,6 @@
 """Property: any sequence of engine phases ends quiescent after every phase, and prefetch (off vs large) never
 changes a single bit of any output or parameter."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -39,11 +40,20 @@ def _check_pair(phases: list[Phase], results: list[dict[int, dict[str, Any]]]) -
         assert torch.equal(value, large_params[name]), f"{name} differs with prefetch after {phases}"
 
 
-@settings(max_examples=15, deadline=None, derandomize=True, database=None,
-          suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=15, deadline=None, derandomize=True, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(phases=st.lists(_PHASE, min_size=3, max_size=8))
-@example(phases=[("train", 0), ("generate", 3), ("twice", 0), ("submodule", 0), ("ckpt", 1), ("eval", 0),
-                 ("ckpt", 0), ("nograd", 0)])  # every kind at least once, whatever hypothesis draws
+@example(
+    phases=[
+        ("train", 0),
+        ("generate", 3),
+        ("twice", 0),
+        ("submodule", 0),
+        ("ckpt", 1),
+        ("eval", 0),
+        ("ckpt", 0),
+        ("nograd", 0),
+    ]
+)  # every kind at least once, whatever hypothesis draws
 def test_random_phase_sequences_quiescent_and_prefetch_invariant(world: Any, phases: list[Phase]) -> None:
     """For a drawn sequence of 3-8 phases (train step, train-mode no-grad forward, eval forward, generate with 1-4
     new tokens, embedding/project_in/block called directly with a step, block 0 called twice in one forward,

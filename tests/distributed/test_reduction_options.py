@@ -10,6 +10,7 @@ plain mean carries ``W u`` of its own. So elementwise
 ``|variant - mean| <= (2 W + 2) u * sum_r |g_r| / W`` (doubled here for the few fp32 ulps of the absolute terms).
 The SGD update ``p - lr g`` inherits ``lr`` times that, plus one rounding of the subtraction (``u |p|``).
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -1,5 +1,6 @@
 """DeepSpeed-Chat's optimizer semantics on the sharded engine: the weight-decay groups (no decay on biases and norm
 weights) and a ``transformers.get_scheduler`` curve, at world 1 and world 3 (tiny Llama, odd dims)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,9 +19,19 @@ from tests.workers.rlhf_runs import sft_run
 
 @pytest.mark.timeout(600)
 def test_decay_groups_and_hf_schedule_match_across_worlds(world, tmp_path: Path) -> None:
-    settings = {"per_device_train_batch_size": 4, "max_seq_len": 24, "progress": False, "print_every": 1000,
-                "eval_fraction": 0.02, "max_steps": 4, "learning_rate": 3e-3, "weight_decay": 0.5,
-                "lr_scheduler_type": "polynomial", "num_warmup_steps": 1, "enable_tensorboard": False}
+    settings = {
+        "per_device_train_batch_size": 4,
+        "max_seq_len": 24,
+        "progress": False,
+        "print_every": 1000,
+        "eval_fraction": 0.02,
+        "max_steps": 4,
+        "learning_rate": 3e-3,
+        "weight_decay": 0.5,
+        "lr_scheduler_type": "polynomial",
+        "num_warmup_steps": 1,
+        "enable_tensorboard": False,
+    }
     runs: dict[int, tuple[list[dict[str, float]], dict[str, torch.Tensor]]] = {}
     for n, batch in ((1, 12), (3, 4)):
         out = tmp_path / f"w{n}"

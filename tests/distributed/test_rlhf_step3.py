@@ -2,6 +2,7 @@
 metrics (sampling is seeded per sample, losses are global token means), a crashed run resumes on the same curve,
 a run killed with SIGKILL between two roles' checkpoint saves resumes from the last complete iteration, an fp16
 overflow in either model skips both updates, and GRPO / ptx / EMA runs complete."""
+
 from __future__ import annotations
 
 import itertools
@@ -33,12 +34,24 @@ def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
 
 def _settings(dirs: tuple[str, str], out: Path, world: int, **changes: Any) -> dict[str, Any]:
     actor, value = dirs
-    base = {"actor_model_name_or_path": actor, "critic_model_name_or_path": value, "output_dir": str(out),
-            "per_device_generation_batch_size": GLOBAL_GEN // world,
-            "per_device_training_batch_size": GLOBAL_TRAIN // world, "max_prompt_seq_len": 8,
-            "max_answer_seq_len": 6, "actor_learning_rate": 3e-3, "critic_learning_rate": 3e-3,
-            "num_warmup_steps": 0, "max_steps": 2, "progress": False, "enable_tensorboard": False,
-            "print_every": 1000, "resume": False, "seed": 5}
+    base = {
+        "actor_model_name_or_path": actor,
+        "critic_model_name_or_path": value,
+        "output_dir": str(out),
+        "per_device_generation_batch_size": GLOBAL_GEN // world,
+        "per_device_training_batch_size": GLOBAL_TRAIN // world,
+        "max_prompt_seq_len": 8,
+        "max_answer_seq_len": 6,
+        "actor_learning_rate": 3e-3,
+        "critic_learning_rate": 3e-3,
+        "num_warmup_steps": 0,
+        "max_steps": 2,
+        "progress": False,
+        "enable_tensorboard": False,
+        "print_every": 1000,
+        "resume": False,
+        "seed": 5,
+    }
     base.update(changes)
     return base
 
@@ -50,8 +63,14 @@ def _assert_same_metrics(runs: dict[int, list[dict[str, float]]], what: str) -> 
         for it, (got, want) in enumerate(zip(history, base)):
             for key in COMPARED:
                 if key in want:
-                    assert math.isclose(got[key], want[key], rel_tol=2e-4, abs_tol=2e-5), \
-                        (what, world, it, key, got[key], want[key])
+                    assert math.isclose(got[key], want[key], rel_tol=2e-4, abs_tol=2e-5), (
+                        what,
+                        world,
+                        it,
+                        key,
+                        got[key],
+                        want[key],
+                    )
 
 
 MATRIX = list(itertools.product((1, 3), (1, 2), (False, True), (2, 3)))
@@ -65,10 +84,17 @@ def test_step3_matrix_matches_world_1(world, dirs, tmp_path: Path, world_size: i
     one, pool = world(1), world(world_size)
     for gen_batches, ppo_epochs, hybrid, critic_stage in MATRIX:
         what = f"gb{gen_batches}-pe{ppo_epochs}-hy{int(hybrid)}-c{critic_stage}"
-        knobs = {"generation_batches": gen_batches, "ppo_epochs": ppo_epochs, "enable_hybrid_engine": hybrid,
-                     "critic_zero_stage": critic_stage, "actor_zero_stage": 3}
-        runs = {w: p.run(step3_run, _settings(dirs, tmp_path / f"{what}-w{w}", w, **knobs), timeout=240)[0]
-                for w, p in ((1, one), (world_size, pool))}
+        knobs = {
+            "generation_batches": gen_batches,
+            "ppo_epochs": ppo_epochs,
+            "enable_hybrid_engine": hybrid,
+            "critic_zero_stage": critic_stage,
+            "actor_zero_stage": 3,
+        }
+        runs = {
+            w: p.run(step3_run, _settings(dirs, tmp_path / f"{what}-w{w}", w, **knobs), timeout=240)[0]
+            for w, p in ((1, one), (world_size, pool))
+        }
         assert all(len(r["history"]) == 2 for r in runs.values()), what
         _assert_same_metrics({w: r["history"] for w, r in runs.items()}, what)
 
@@ -76,8 +102,10 @@ def test_step3_matrix_matches_world_1(world, dirs, tmp_path: Path, world_size: i
 def test_hybrid_on_off_same_samples(world, dirs, tmp_path: Path) -> None:
     """The hybrid engine and plain ZeRO-3 generation sample the same answers (fp32, world 2)."""
     pool = world(2)
-    runs = [pool.run(step3_run, _settings(dirs, tmp_path / f"h{h}", 2, enable_hybrid_engine=h))[0]["history"]
-            for h in (False, True)]
+    runs = [
+        pool.run(step3_run, _settings(dirs, tmp_path / f"h{h}", 2, enable_hybrid_engine=h))[0]["history"]
+        for h in (False, True)
+    ]
     _assert_same_metrics({1: runs[0], 2: runs[1]}, "hybrid on/off")
 
 
@@ -85,9 +113,14 @@ def test_resume_continues_the_same_curve(world, dirs, tmp_path: Path) -> None:
     """A run that crashes in iteration 3 resumes from its iteration-2 checkpoint and continues the uninterrupted
     run's curve (bitwise: checkpoints restore fp32 masters, Adam and schedules; samples depend on ids only)."""
     pool = world(2)
-    knobs = {"max_steps": 4, "save_interval": 2, "unsupervised_dataset_name": "demo",
-             "unsupervised_dataset_config_name": "demo", "unsup_coef": 0.5,
-             "enable_ema": True}
+    knobs = {
+        "max_steps": 4,
+        "save_interval": 2,
+        "unsupervised_dataset_name": "demo",
+        "unsupervised_dataset_config_name": "demo",
+        "unsup_coef": 0.5,
+        "enable_ema": True,
+    }
     full = pool.run(step3_run, _settings(dirs, tmp_path / "full", 2, **knobs))[0]
     crashed = tmp_path / "crashed"
     with pytest.raises(Exception, match="injected crash"):
@@ -100,15 +133,27 @@ def test_resume_continues_the_same_curve(world, dirs, tmp_path: Path) -> None:
     assert Path(resumed["models"]["actor_ema"], "model.safetensors").is_file()
 
 
-def _kill_run(settings: dict[str, Any], kill_role: str, iteration: int,
-              tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def _kill_run(
+    settings: dict[str, Any], kill_role: str, iteration: int, tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
     """A world-1 PPO run in a real subprocess that SIGKILLs itself before ``kill_role`` saves ``iteration``."""
     path = tmp_path / f"settings_{kill_role}_{iteration}.json"
     path.write_text(json.dumps(settings))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HYBRIDZERO_TIMEOUT_S": "120",
-           "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "tests.workers.rlhf_kill", str(path), kill_role, str(iteration)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=540, check=False)
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HYBRIDZERO_TIMEOUT_S": "120",
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "tests.workers.rlhf_kill", str(path), kill_role, str(iteration)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+        check=False,
+    )
 
 
 @pytest.mark.timeout(900)
@@ -169,8 +214,9 @@ def test_fp16_no_overflow_steps_both(world, dirs) -> None:
 
 def test_grpo_matches_across_worlds(world, dirs, tmp_path: Path) -> None:
     knobs = {"group_size": 2, "grpo_kl_coef": 0.05}
-    runs = {w: world(w).run(step3_run, _settings(dirs, tmp_path / f"g{w}", w, **knobs), True)[0]["history"]
-            for w in (1, 2)}
+    runs = {
+        w: world(w).run(step3_run, _settings(dirs, tmp_path / f"g{w}", w, **knobs), True)[0]["history"] for w in (1, 2)
+    }
     _assert_same_metrics(runs, "grpo")
     assert "critic_loss" not in runs[1][0]
 
@@ -179,8 +225,13 @@ def test_bf16_with_checkpointing_and_mixed_stages(world, dirs, tmp_path: Path) -
     """Mixed precision and activation checkpointing in actor and critic, critic at ZeRO-2, reference and reward
     model at ZeRO-0 and 1: the run completes with finite metrics; rounding may flip sampled tokens, so the
     bf16 numbers only stay in the fp32 run's range."""
-    knobs = {"actor_gradient_checkpointing": True, "critic_gradient_checkpointing": True, "critic_zero_stage": 2,
-             "reference_zero_stage": 0, "reward_zero_stage": 1}
+    knobs = {
+        "actor_gradient_checkpointing": True,
+        "critic_gradient_checkpointing": True,
+        "critic_zero_stage": 2,
+        "reference_zero_stage": 0,
+        "reward_zero_stage": 1,
+    }
     pool = world(2)
     fp32 = pool.run(step3_run, _settings(dirs, tmp_path / "fp32", 2, **knobs))[0]["history"]
     bf16 = pool.run(step3_run, _settings(dirs, tmp_path / "bf16", 2, dtype="bf16", **knobs))[0]["history"]

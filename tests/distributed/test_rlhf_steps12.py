@@ -1,4 +1,5 @@
 """Steps 1 and 2 on gloo worlds, and the bad inputs every step must reject early with a clear message."""
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,14 @@ def test_sft_then_reward_at_world_2(world, tmp_path: Path) -> None:
 
     pool = world(2)
     sft_dir, rm_dir = tmp_path / "sft", tmp_path / "rm"
-    common = {"per_device_train_batch_size": 8, "per_device_eval_batch_size": 16, "max_seq_len": 24,
-              "progress": False, "print_every": 1000, "eval_fraction": 0.02}
+    common = {
+        "per_device_train_batch_size": 8,
+        "per_device_eval_batch_size": 16,
+        "max_seq_len": 24,
+        "progress": False,
+        "print_every": 1000,
+        "eval_fraction": 0.02,
+    }
     sft = pool.run(sft_run, dict(output_dir=str(sft_dir), max_steps=6, learning_rate=3e-3, **common))
 
     def same(m: dict[str, float]) -> dict[str, float]:  # step times are per rank; every other number is global
@@ -40,8 +47,10 @@ def test_sft_then_reward_at_world_2(world, tmp_path: Path) -> None:
     assert [r["step"] for r in rows if r["phase"] == "sft"] == [1, 2, 3, 4, 5, 6]
     assert list((sft_dir / "tensorboard").glob("events.out.tfevents.*"))
 
-    rm = pool.run(reward_run, dict(output_dir=str(rm_dir), model_name_or_path=str(sft_dir), max_steps=4,
-                                   learning_rate=1e-3, **common))
+    rm = pool.run(
+        reward_run,
+        dict(output_dir=str(rm_dir), model_name_or_path=str(sft_dir), max_steps=4, learning_rate=1e-3, **common),
+    )
     assert same(rm[0]) == same(rm[1])
     for key in ("accuracy", "eval_accuracy"):
         assert 0.0 <= rm[0][key] <= 1.0
@@ -59,22 +68,48 @@ def test_bad_inputs_fail_early_with_the_reason(world, tmp_path: Path) -> None:
     actor, value = make_model_dirs(tmp_path / "models")
     no_rejected = _write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "1 2 =", "chosen": "2 1"}] * 4)
     with pytest.raises(Exception, match=r"missing column\(s\) \['rejected'\]"):
-        pool.run(reward_run, {"output_dir": str(tmp_path / "rm"), "model_name_or_path": actor,
-                              "data_path": [no_rejected], "data_split": "1,1,1", "progress": False})
+        pool.run(
+            reward_run,
+            {
+                "output_dir": str(tmp_path / "rm"),
+                "model_name_or_path": actor,
+                "data_path": [no_rejected],
+                "data_split": "1,1,1",
+                "progress": False,
+            },
+        )
     prompts = _write_jsonl(tmp_path / "prompts.jsonl", [{"prompt": "1 2 3 ="}] * 12)
-    base = {"actor_model_name_or_path": actor, "critic_model_name_or_path": value, "output_dir": str(tmp_path / "ppo"),
-                "per_device_generation_batch_size": 2, "per_device_training_batch_size": 2, "max_prompt_seq_len": 8,
-                "max_answer_seq_len": 8, "progress": False, "resume": False, "max_steps": 1}
+    base = {
+        "actor_model_name_or_path": actor,
+        "critic_model_name_or_path": value,
+        "output_dir": str(tmp_path / "ppo"),
+        "per_device_generation_batch_size": 2,
+        "per_device_training_batch_size": 2,
+        "max_prompt_seq_len": 8,
+        "max_answer_seq_len": 8,
+        "progress": False,
+        "resume": False,
+        "max_steps": 1,
+    }
     with pytest.raises(Exception, match="gives phase 3 no records"):
         pool.run(step3_run, dict(base, data_path=[prompts], data_split="10,0,0"))
     with pytest.raises(Exception, match="exceeds the model context of 64"):
         pool.run(step3_run, dict(base, data_path=[prompts], data_split="0,0,1", max_answer_seq_len=60))
     with pytest.raises(Exception, match=r"no usable step-3 prompts: \{'dropped': 12"):
-        pool.run(step3_run, dict(base, data_path=[prompts], data_split="0,0,1", max_prompt_seq_len=2,
-                                 prompt_policy="drop"))  # every 4-token prompt is over the budget
+        pool.run(
+            step3_run, dict(base, data_path=[prompts], data_split="0,0,1", max_prompt_seq_len=2, prompt_policy="drop")
+        )  # every 4-token prompt is over the budget
     with pytest.raises(Exception, match="has 12 usable prompt.*one iteration needs 16"):
-        pool.run(step3_run, dict(base, data_path=[prompts], data_split="0,0,1", per_device_generation_batch_size=16,
-                                 per_device_training_batch_size=4))
+        pool.run(
+            step3_run,
+            dict(
+                base,
+                data_path=[prompts],
+                data_split="0,0,1",
+                per_device_generation_batch_size=16,
+                per_device_training_batch_size=4,
+            ),
+        )
 
 
 def test_prompt_budget_drop_and_truncate_are_counted(tmp_path: Path) -> None:

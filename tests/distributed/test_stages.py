@@ -1,20 +1,30 @@
 """ZeRO stages 0, 1 and 2 through the same machinery: the stage-3 parity suite, the ledger and the optimizer-state
 split."""
+
 from __future__ import annotations
 
 import pytest
 
-from tests.harness.parity import RunSpec, build_model, engine_run, reference_run
 from hybridzero.zero.layout import ALIGN
 from tests.distributed.test_zero3_parity import compare
+from tests.harness.parity import RunSpec, build_model, engine_run, reference_run
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])
 @pytest.mark.parametrize("stage", [0, 1, 2])
 def test_stage_parity(world, world_size: int, stage: int) -> None:
-    for spec in (RunSpec(model="llama", stage=stage, steps=3),
-                 RunSpec(model="gpt2_tied", stage=stage, accumulation=3, clipping=0.5, optimizer="client",
-                         with_scalar=True, frozen=("wpe",))):
+    for spec in (
+        RunSpec(model="llama", stage=stage, steps=3),
+        RunSpec(
+            model="gpt2_tied",
+            stage=stage,
+            accumulation=3,
+            clipping=0.5,
+            optimizer="client",
+            with_scalar=True,
+            frozen=("wpe",),
+        ),
+    ):
         compare(world(world_size).run(engine_run, spec), reference_run(spec, world_size))
 
 

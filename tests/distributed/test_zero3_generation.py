@@ -1,5 +1,6 @@
 """Generation on plain ZeRO-3 engines (no hybrid engine): a DeepSpeed-Chat step-3 sequence over four engines, the
 exact gather/release order of a train step, all-gathers during ``generate``, and submodules called directly."""
+
 from __future__ import annotations
 
 import contextlib
@@ -9,10 +10,17 @@ from typing import Any
 import pytest
 import torch
 
-from tests.workers.phases import (LARGE_BUCKET, Phase, direct_calls_probe, event_probe, generate_bytes_probe,
-                                       phase_data, repeat_block_opt)
-from tests.workers.rlhf_sequence import RlhfSpec, combined_step, engine_sequence, new_tokens, reference_sequence
 from tests.harness.spawn import WorldPool
+from tests.workers.phases import (
+    LARGE_BUCKET,
+    Phase,
+    direct_calls_probe,
+    event_probe,
+    generate_bytes_probe,
+    phase_data,
+    repeat_block_opt,
+)
+from tests.workers.rlhf_sequence import RlhfSpec, combined_step, engine_sequence, new_tokens, reference_sequence
 
 _TIMEOUT_S = 180.0
 _B0, _B1 = "model.decoder.layers.0", "model.decoder.layers.1"
@@ -44,8 +52,9 @@ def _assert_params(got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], 
 @pytest.mark.parametrize("ppo_epochs", [1, 2])
 @pytest.mark.parametrize("generation_batches", [1, 2, 3, 4])
 @pytest.mark.parametrize("world_size", [2, 3])
-def test_rlhf_step3_sequence_without_hybrid_engine(world: Any, world_size: int, generation_batches: int,
-                                                   ppo_epochs: int) -> None:
+def test_rlhf_step3_sequence_without_hybrid_engine(
+    world: Any, world_size: int, generation_batches: int, ppo_epochs: int
+) -> None:
     """Actor/reference/critic/reward ZeRO-3 engines through generate (ranks stopping at different steps), no-grad
     scoring and PPO training: every engine quiescent after every phase (asserted in the workers), prefetch on and
     off bitwise identical, and both equal to the single-process reference (same tokens, parameters within 1e-6)."""
@@ -70,16 +79,25 @@ def _expected_train_events() -> dict[str, list[tuple[str, str, str]]]:
     """Prefetch off: the root group spans the whole root forward; blocks are gathered around their own forward; in
     backward the root output's hook gathers root first, each block is released as soon as its gradients are all in,
     and root (whose embedding gradient arrives last) is released last."""
+
     def phase(kind: str) -> list[tuple[str, str]]:
         """(what, group) of one phase: root around the blocks, blocks in execution order."""
         blocks = [_B0, _B1] if kind == "forward" else [_B1, _B0]
         around_blocks = [(what, b) for b in blocks for what in ("gather", "release")]
         return [("gather", "root"), *around_blocks, ("release", "root")]
+
     return {kind: [(what, group, kind) for what, group in phase(kind)] for kind in ("forward", "backward")}
 
 
-_PLAIN_MIX: list[Phase] = [("generate", 4), ("train", 0), ("eval", 0), ("train", 0), ("generate", 2), ("nograd", 0),
-                           ("train", 0)]
+_PLAIN_MIX: list[Phase] = [
+    ("generate", 4),
+    ("train", 0),
+    ("eval", 0),
+    ("train", 0),
+    ("generate", 2),
+    ("nograd", 0),
+    ("train", 0),
+]
 _TWICE_MIX: list[Phase] = [("generate", 3), ("train", 0), ("twice", 0), ("train", 0), ("generate", 2), ("train", 0)]
 
 
@@ -108,7 +126,7 @@ def test_event_order_of_a_train_step_and_trace_invalidations(world: Any) -> None
         for kind, upcoming in (("forward", [_B0, _B1]), ("backward", [_B1, _B0])):
             prefetched = [e for e in traced[kind] if e[0] == "prefetch"]
             assert prefetched == [("prefetch", g, kind) for g in upcoming]
-            assert traced[kind][:len(prefetched)] == prefetched  # launched before anything is waited on
+            assert traced[kind][: len(prefetched)] == prefetched  # launched before anything is waited on
             assert [e for e in traced[kind] if e[0] != "prefetch"] == expected[kind]
         assert 0 < rank["mixed_invalidations"] <= _kind_switches(_TWICE_MIX)
 
@@ -147,7 +165,8 @@ def test_directly_called_submodules(world: Any) -> None:
             assert torch.equal(loss.detach(), results[rank]["loss"])
             return loss
 
-        combined_step(model, torch.optim.SGD(model.parameters(), lr=lr),
-                      [lambda r=r: rank_loss(r) for r in range(world_size)])
+        combined_step(
+            model, torch.optim.SGD(model.parameters(), lr=lr), [lambda r=r: rank_loss(r) for r in range(world_size)]
+        )
         want = {n: p.detach() for n, p in model.named_parameters()}
     _assert_params(results[0]["params"], want, 1e-6, "direct calls vs reference")

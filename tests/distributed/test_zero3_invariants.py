@@ -1,12 +1,13 @@
 """Prefetch is a hint (bitwise-identical results), bytes match the theory, bf16 tracks fp32, quiescence holds."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
-from tests.harness.parity import RunSpec, build_model, engine_run, reference_run, step_losses
 from hybridzero.zero.layout import build_layout
 from hybridzero.zero.partition import plan_groups
+from tests.harness.parity import RunSpec, build_model, engine_run, reference_run, step_losses
 
 
 def _same(a: list[dict], b: list[dict]) -> None:
@@ -37,8 +38,10 @@ def test_bytes_per_step_match_theory(world, world_size: int) -> None:
     results = world(world_size).run(engine_run, spec)
     model = build_model(spec)
     shapes = {n: p.shape for n, p in model.named_parameters()}
-    padded = [build_layout(plan.param_names, [shapes[n] for n in plan.param_names], world_size).padded_numel
-              for plan in plan_groups(model, spec.persistence_threshold)]
+    padded = [
+        build_layout(plan.param_names, [shapes[n] for n in plan.param_names], world_size).padded_numel
+        for plan in plan_groups(model, spec.persistence_threshold)
+    ]
     expected = 4 * sum(padded)  # fp32 bytes of one gather of every group
     for r in results:
         totals = {}
@@ -57,8 +60,10 @@ def test_bytes_per_step_match_theory(world, world_size: int) -> None:
 def test_prefetch_batches_are_one_coalesced_gather(world) -> None:
     """With a trace, a prefetch decision's groups go out as one all-gather: the same bytes as separate gathers in
     fewer calls (and prefetch off, with one call per group, gives bitwise the same run)."""
-    runs = {bucket: world(2).run(engine_run, RunSpec(model="llama", steps=3, prefetch_bucket_size=bucket))
-            for bucket in (0, 10**9)}
+    runs = {
+        bucket: world(2).run(engine_run, RunSpec(model="llama", steps=3, prefetch_bucket_size=bucket))
+        for bucket in (0, 10**9)
+    }
     for a, b in zip(runs[0], runs[10**9]):
         assert a["losses"] == b["losses"]
 
@@ -93,15 +98,21 @@ def test_reuse_rule_gathers_once_per_step_with_identical_results(world) -> None:
     a ``stage3_max_live_parameters`` budget limits what is kept; results are bitwise identical in all three."""
     base = RunSpec(model="llama", steps=3, accumulation=2, clipping=0.5)
     pool = world(2)
-    runs = {name: pool.run(engine_run, base.replace(extra_zero=extra)) for name, extra in {
-        "keep": {}, "release": {"stage3_max_reuse_distance": 0},
-        "budget": {"stage3_max_live_parameters": 12_000}}.items()}
+    runs = {
+        name: pool.run(engine_run, base.replace(extra_zero=extra))
+        for name, extra in {
+            "keep": {},
+            "release": {"stage3_max_reuse_distance": 0},
+            "budget": {"stage3_max_live_parameters": 12_000},
+        }.items()
+    }
     _same(runs["keep"], runs["release"])
     _same(runs["keep"], runs["budget"])
 
     def backward_gathers(res: list[dict]) -> int:
-        return sum(row["calls"] for row in res[0]["ledger"]
-                   if row["collective"] == "all_gather" and row["phase"] == "backward")
+        return sum(
+            row["calls"] for row in res[0]["ledger"] if row["collective"] == "all_gather" and row["phase"] == "backward"
+        )
 
     groups = len(runs["keep"][0]["group_numels"])
     assert backward_gathers(runs["release"]) == 6 * groups  # 3 steps x 2 micro-steps, every group again

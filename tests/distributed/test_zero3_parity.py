@@ -4,6 +4,7 @@ The engine's gradient reduction is order-deterministic (slices exchanged, summed
 reference combines per-rank gradients in that order, so the spec's tolerance (losses and parameters within 1e-6
 relative) is met with room to spare; ``test_bitwise_where_math_allows`` pins that the agreement is in fact exact.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -11,8 +12,8 @@ from typing import Any
 import pytest
 import torch
 
-from tests.harness.parity import RunSpec, build_model, engine_run, reference_run, step_losses
 from hybridzero.zero.layout import ALIGN
+from tests.harness.parity import RunSpec, build_model, engine_run, reference_run, step_losses
 
 MODELS = ["llama", "opt", "opt_postln", "gpt2_tied", "gpt2_untied"]
 TOL = 1e-6
@@ -45,8 +46,9 @@ CASES = {
     "accum3_clip_client": RunSpec(model="llama", accumulation=3, clipping=0.5, optimizer="client"),
     "accum3_config_sched": RunSpec(model="gpt2_tied", accumulation=3, scheduler=True, steps=4),
     "clip_scalar_sgd": RunSpec(model="opt", clipping=0.05, with_scalar=True, optimizer_type="SGD", lr=0.1),
-    "frozen_embeddings_overlap": RunSpec(model="gpt2_untied", frozen=("wpe", "ln_f"), overlap_comm=True,
-                                         reduce_bucket_size=1000),
+    "frozen_embeddings_overlap": RunSpec(
+        model="gpt2_untied", frozen=("wpe", "ln_f"), overlap_comm=True, reduce_bucket_size=1000
+    ),
     "persisted_small_params": RunSpec(model="opt_postln", persistence_threshold=200, accumulation=3, clipping=0.3),
 }
 

@@ -1,6 +1,7 @@
 """``zero.Init``: a model built inside it equals the eager-built model bit for bit (HF Llama and OPT, a custom
 module with every kind of constructor write, tied weights, nested contexts), trains to the same losses, and is never
 whole on a rank (measured)."""
+
 from __future__ import annotations
 
 import pytest
@@ -52,8 +53,10 @@ def test_differently_seeded_ranks_agree_on_rank_0(world) -> None:
 
 
 def test_module_argument_partitions_a_built_model(world) -> None:
-    assert world(3).run(module_argument_partitions_a_built_model, timeout=300) == [
-        {"placeholders": True, "mismatched": [], "names": True}] * 3
+    assert (
+        world(3).run(module_argument_partitions_a_built_model, timeout=300)
+        == [{"placeholders": True, "mismatched": [], "names": True}] * 3
+    )
 
 
 def test_enabled_false_is_eager_and_exceptions_remove_hooks(world) -> None:

@@ -1,4 +1,5 @@
 """qwZ and qgZ: training still converges like the baseline, and the ledger shows the expected byte reductions."""
+
 from __future__ import annotations
 
 import pytest
@@ -18,8 +19,10 @@ CONFIGS = {
 
 def _runs(world, steps: int, bench_model: bool, names: list[str]) -> dict[str, dict]:
     pool = world(4, env=TWO_BY_TWO)
-    return {n: pool.run(zeropp_run, {**CONFIGS[n], "zero_quantization_block_size": 256}, steps, bench_model,
-                        timeout=600)[0] for n in names}
+    return {
+        n: pool.run(zeropp_run, {**CONFIGS[n], "zero_quantization_block_size": 256}, steps, bench_model, timeout=600)[0]
+        for n in names
+    }
 
 
 def _check(runs: dict[str, dict], window: int, keep: float = 0.9) -> None:
@@ -70,7 +73,6 @@ def test_quantized_collectives_benchmark_model_50_steps(world) -> None:
 
 def test_qgz_needs_a_usable_node_layout(world) -> None:
     from tests.harness.spawn import RemoteError
-
     from tests.workers.zeropp import zeropp_run_with_local_size
 
     with pytest.raises(RemoteError) as info:

@@ -4,6 +4,7 @@ Semantics both sides share: a step consumes ``accumulation × world`` micro-batc
 of the micro-batch losses; the gradient is the gradient of that mean. Rank ``r`` at micro-step ``m`` of step ``s``
 uses ``batches[s, m, r]``; the reference walks the same tensor.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,7 +47,7 @@ class RunSpec:
     extra_zero: dict[str, Any] = field(default_factory=dict)
     lora: tuple[str, int, bool] | None = None  # (module-name substring, lora_dim, only_optimize_lora): DS-Chat LoRA
 
-    def replace(self, **changes: Any) -> "RunSpec":
+    def replace(self, **changes: Any) -> RunSpec:
         """A copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)
 
@@ -70,8 +71,15 @@ def build_model(spec: RunSpec) -> nn.Module:
 
 def batches_for(spec: RunSpec, world_size: int, vocab_size: int) -> torch.Tensor:
     """``[steps, accumulation, world, micro, seq]`` token ids."""
-    return make_token_batches(spec.seed + 1, steps=spec.steps, accumulation=spec.accumulation, world_size=world_size,
-                              micro_batch=spec.micro_batch, seq_len=spec.seq_len, vocab_size=vocab_size)
+    return make_token_batches(
+        spec.seed + 1,
+        steps=spec.steps,
+        accumulation=spec.accumulation,
+        world_size=world_size,
+        micro_batch=spec.micro_batch,
+        seq_len=spec.seq_len,
+        vocab_size=vocab_size,
+    )
 
 
 def ds_config(spec: RunSpec, world_size: int) -> dict[str, Any]:
@@ -81,19 +89,30 @@ def ds_config(spec: RunSpec, world_size: int) -> dict[str, Any]:
         "gradient_accumulation_steps": spec.accumulation,
         "train_batch_size": spec.micro_batch * spec.accumulation * world_size,
         "gradient_clipping": spec.clipping,
-        "zero_optimization": {"stage": spec.stage, "stage3_prefetch_bucket_size": spec.prefetch_bucket_size,
-                              "stage3_param_persistence_threshold": spec.persistence_threshold,
-                              "overlap_comm": spec.overlap_comm, "reduce_bucket_size": spec.reduce_bucket_size,
-                              **spec.extra_zero},
+        "zero_optimization": {
+            "stage": spec.stage,
+            "stage3_prefetch_bucket_size": spec.prefetch_bucket_size,
+            "stage3_param_persistence_threshold": spec.persistence_threshold,
+            "overlap_comm": spec.overlap_comm,
+            "reduce_bucket_size": spec.reduce_bucket_size,
+            **spec.extra_zero,
+        },
         "bf16": {"enabled": spec.dtype == "bf16"},
         "fp16": {"enabled": spec.dtype == "fp16", **spec.fp16},
     }
     if spec.optimizer == "config":
         cfg["optimizer"] = {"type": spec.optimizer_type, "params": {"lr": spec.lr, "weight_decay": 0.01}}
     if spec.scheduler:
-        cfg["scheduler"] = {"type": "WarmupDecayLR", "params": {"warmup_min_lr": 0.0, "warmup_max_lr": spec.lr,
-                                                                "warmup_num_steps": 2, "total_num_steps": spec.steps + 2,
-                                                                "warmup_type": "linear"}}
+        cfg["scheduler"] = {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": spec.lr,
+                "warmup_num_steps": 2,
+                "total_num_steps": spec.steps + 2,
+                "warmup_type": "linear",
+            },
+        }
     return cfg
 
 
@@ -101,8 +120,12 @@ def client_optimizer(spec: RunSpec, model: nn.Module) -> torch.optim.Optimizer:
     """A user's torch optimizer over the full model: two param groups (no decay for 1-D parameters)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() > 1]
     no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() <= 1]
-    return torch.optim.AdamW([{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-                             lr=spec.lr, betas=(0.9, 0.95), eps=1e-8)
+    return torch.optim.AdamW(
+        [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=spec.lr,
+        betas=(0.9, 0.95),
+        eps=1e-8,
+    )
 
 
 def _vocab(model: nn.Module) -> int:
@@ -120,8 +143,9 @@ def engine_run(spec: RunSpec, check_quiescent: bool = True) -> dict[str, Any]:
     rank = torch.distributed.get_rank()
     batches = batches_for(spec, world, _vocab(model))
     opt = client_optimizer(spec, model) if spec.optimizer == "client" else None
-    engine, _, _, _ = hybridzero.initialize(model=model, config=ds_config(spec, world), optimizer=opt,
-                                            record_events=True)
+    engine, _, _, _ = hybridzero.initialize(
+        model=model, config=ds_config(spec, world), optimizer=opt, record_events=True
+    )
     engine.comm_ledger().reset()
     losses: list[list[float]] = []
     scales: list[tuple[float, bool]] = []
@@ -152,12 +176,18 @@ def engine_run(spec: RunSpec, check_quiescent: bool = True) -> dict[str, Any]:
             engine.assert_quiescent()
     ledger = engine.comm_ledger().snapshot()
     params = engine.full_parameters()
-    state_numel = sum(int(t.numel()) for st in engine.optimizer.state.values() for k, t in st.items()
-                      if k == "exp_avg")
-    return {"losses": losses, "params": params if rank == 0 else None, "ledger": ledger, "lr": engine.get_lr(),
-            "exp_avg_numel": state_numel, "scales": scales, "invalidations": engine.prefetcher.invalidations,
-            "prefetches": sum(1 for e in engine.events or [] if e[0] == "prefetch"),
-            "group_numels": {g.name: (g.layout.padded_numel, g.replicated) for g in engine.groups}}
+    state_numel = sum(int(t.numel()) for st in engine.optimizer.state.values() for k, t in st.items() if k == "exp_avg")
+    return {
+        "losses": losses,
+        "params": params if rank == 0 else None,
+        "ledger": ledger,
+        "lr": engine.get_lr(),
+        "exp_avg_numel": state_numel,
+        "scales": scales,
+        "invalidations": engine.prefetcher.invalidations,
+        "prefetches": sum(1 for e in engine.events or [] if e[0] == "prefetch"),
+        "group_numels": {g.name: (g.layout.padded_numel, g.replicated) for g in engine.groups},
+    }
 
 
 def step_losses(results: list[dict[str, Any]]) -> list[float]:
@@ -174,8 +204,11 @@ def _rank_gradients(model: nn.Module, ids: torch.Tensor, gas: int) -> tuple[floa
     model.zero_grad(set_to_none=True)
     loss = model(input_ids=ids, labels=ids).loss
     (loss / gas if gas > 1 else loss).backward()
-    grads = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-             for n, p in model.named_parameters() if p.requires_grad}
+    grads = {
+        n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+        for n, p in model.named_parameters()
+        if p.requires_grad
+    }
     return loss.item(), grads
 
 

@@ -5,6 +5,7 @@ tokens, about 20 s on 2 CPU cores); DeepSpeed's row is only required when ``deep
 skips it otherwise and records why). The ``run_all`` summary writer is checked on hand-made records (no process),
 and one slow test runs ``run_all.py --quick`` for one part end to end. Only shapes are checked, never a time.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,8 +30,9 @@ def _env() -> dict[str, str]:
 
 def _run(argv: list[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedProcess[str]:
     """Run ``python argv`` from the repository root; fail with its output unless it exits 0."""
-    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=timeout, check=False)
+    proc = subprocess.run(
+        [sys.executable, *argv], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
     return proc
 
@@ -38,8 +40,27 @@ def _run(argv: list[str], timeout: float = TIMEOUT_S) -> subprocess.CompletedPro
 @pytest.mark.timeout(150)
 def test_generate_peers(tmp_path: Path) -> None:
     """FSDP2 unshard-then-generate (and DeepSpeed ZeRO-3 when installed) produce plain generate's tokens."""
-    _run([str(REPO / "bench" / "bench_generate.py"), "--tiny", "--world", "2", "--batch", "2", "--prompt-len", "8",
-          "--new-tokens", "4", "--repeats", "1", "--systems", "fsdp2", "deepspeed", "--out", str(tmp_path)])
+    _run(
+        [
+            str(REPO / "bench" / "bench_generate.py"),
+            "--tiny",
+            "--world",
+            "2",
+            "--batch",
+            "2",
+            "--prompt-len",
+            "8",
+            "--new-tokens",
+            "4",
+            "--repeats",
+            "1",
+            "--systems",
+            "fsdp2",
+            "deepspeed",
+            "--out",
+            str(tmp_path),
+        ]
+    )
     report = json.loads((tmp_path / "generate.json").read_text())
     rows: dict[str, dict[str, Any]] = {r["system"].split()[0]: r for r in report["results"]}
     expected = {"plain", "fsdp2"} | ({"deepspeed"} if "deepspeed" in report["metadata"]["systems"] else set())
@@ -71,11 +92,23 @@ def test_run_all_summary_markdown(tmp_path: Path) -> None:
     meta = run_all.metadata(quick=True)
     assert {"platform", "cpu_count"} <= set(meta["machine"])
     assert {"torch", "transformers", "deepspeed", "hybridzero"} == set(meta["versions"])
-    ok = {"name": "peers_100m", "command": ["python", "x.py"], "returncode": 0, "seconds": 3.0,
-          "out_dir": str(tmp_path / "peers_100m"), "report": {"plots": [{"path": "peers_loss_w2_fp32.png"}]},
-          "markdown": "# title\n\n| a |\n|---|\n\n![loss](peers_loss_w2_fp32.png)"}
-    bad = {"name": "zeropp", "command": ["python", "y.py"], "returncode": 2, "seconds": 1.0,
-           "out_dir": str(tmp_path), "error_tail": "Traceback: boom"}
+    ok = {
+        "name": "peers_100m",
+        "command": ["python", "x.py"],
+        "returncode": 0,
+        "seconds": 3.0,
+        "out_dir": str(tmp_path / "peers_100m"),
+        "report": {"plots": [{"path": "peers_loss_w2_fp32.png"}]},
+        "markdown": "# title\n\n| a |\n|---|\n\n![loss](peers_loss_w2_fp32.png)",
+    }
+    bad = {
+        "name": "zeropp",
+        "command": ["python", "y.py"],
+        "returncode": 2,
+        "seconds": 1.0,
+        "out_dir": str(tmp_path),
+        "error_tail": "Traceback: boom",
+    }
     text = run_all.summary_markdown(meta, [ok, bad], tmp_path)
     assert "](peers_100m/peers_loss_w2_fp32.png)" in text and "### title" in text
     assert "**FAILED** (exit 2)" in text and "boom" in text

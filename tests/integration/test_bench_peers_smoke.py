@@ -7,6 +7,7 @@ The DeepSpeed test is skipped when ``deepspeed`` is not importable (the driver t
 hybridzero and FSDP2 only), and their test still runs. Only the shape of the output and the loss agreement are
 checked, never a time.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -32,8 +33,21 @@ def _env() -> dict[str, str]:
 
 def _run_driver(out: Path, *extra: str, timeout: float = DRIVER_TIMEOUT_S) -> dict[str, Any]:
     """Run ``bench_peers.py`` with one step, no warm-up, one round and ``extra``; its ``peers.json``."""
-    argv = [sys.executable, str(REPO / "bench" / "bench_peers.py"), "--steps", "1", "--warmup", "0", "--repeats", "1",
-            "--curve-steps", "1", "--out", str(out), *extra]
+    argv = [
+        sys.executable,
+        str(REPO / "bench" / "bench_peers.py"),
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--repeats",
+        "1",
+        "--curve-steps",
+        "1",
+        "--out",
+        str(out),
+        *extra,
+    ]
     proc = subprocess.run(argv, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
     assert (out / "peers.md").read_text().count("\n| ") >= 3
@@ -80,8 +94,10 @@ def test_hybridzero_and_fsdp2_rows(peers_report: dict[str, Any]) -> None:
 def test_deepspeed_row(peers_report: dict[str, Any]) -> None:
     """DeepSpeed ZeRO-3 ran one step whose loss matches hybridzero's, with its comms logger's counts."""
     if "deepspeed" not in peers_report["settings"]["systems"]:
-        pytest.skip("deepspeed is not importable, so the driver skipped it "
-                    "(install with: DS_BUILD_OPS=0 pip install '.[bench]')")
+        pytest.skip(
+            "deepspeed is not importable, so the driver skipped it "
+            "(install with: DS_BUILD_OPS=0 pip install '.[bench]')"
+        )
     row = _row(peers_report, "deepspeed")
     assert row["world_size"] == 2 and math.isfinite(row["final_loss"])
     assert row["collectives_per_step"]["reduce_scatter"]["calls"] >= 1
@@ -118,7 +134,6 @@ def test_100m_variant_size() -> None:
     """The ``100m`` variant has exactly 100,092,672 parameters (counted on the meta device)."""
     import torch
     import transformers
-
     from bench_model import (
         MODEL_CHOICES,
         model_overrides,

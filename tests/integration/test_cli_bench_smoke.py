@@ -3,6 +3,7 @@
 Each launches real gloo ranks through ``torch.distributed.run`` as a subprocess (about 20 s on 2 CPU cores). They
 check the shape of the output only; no timing is asserted anywhere.
 """
+
 from __future__ import annotations
 
 import json
@@ -14,14 +15,16 @@ import sys
 from pathlib import Path
 
 import torch
-
 from bench_model import benchmark_llama, synthetic_batches, tiny_overrides
-from hybridzero.cli import main
 from train_demo import build_parser
 
+from hybridzero.cli import main
+
 REPO = Path(__file__).resolve().parents[2]
-STEP_LINE = re.compile(r"^step\s+(\d+)/(\d+) \| loss\s+(\S+) \| lr (\S+) \| grad\s+(\S+) \|.* ms \|.* tok/s \| "
-                       r"AG\s+\S+ MB \| RS\s+\S+ MB$")
+STEP_LINE = re.compile(
+    r"^step\s+(\d+)/(\d+) \| loss\s+(\S+) \| lr (\S+) \| grad\s+(\S+) \|.* ms \|.* tok/s \| "
+    r"AG\s+\S+ MB \| RS\s+\S+ MB$"
+)
 TIMEOUT_S = 300
 
 
@@ -33,8 +36,9 @@ def _env() -> dict[str, str]:
 
 def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
     """Run ``python argv`` from the repository root; fail the test with its output unless it exits 0."""
-    proc = subprocess.run([sys.executable, *argv], cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT_S, check=False)
+    proc = subprocess.run(
+        [sys.executable, *argv], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=TIMEOUT_S, check=False
+    )
     assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-6000:]}"
     return proc
 
@@ -61,9 +65,19 @@ def test_bench_zero3_writes_results(tmp_path: Path) -> None:
     assert {"torch", "transformers"} <= set(report["versions"])
     rows = report["results"]
     assert [(r["system"].split(":")[0], r["world_size"]) for r in rows] == [("floor", 1), ("hybridzero ZeRO-3", 2)]
-    keys = {"median_step_ms", "p10_step_ms", "p90_step_ms", "all_gather_bytes_per_step", "all_gather_calls_per_step",
-            "reduce_scatter_bytes_per_step", "reduce_scatter_calls_per_step", "peak_rss_mib_per_rank",
-            "final_loss", "step_time_vs_floor", "peak_rss_vs_floor"}
+    keys = {
+        "median_step_ms",
+        "p10_step_ms",
+        "p90_step_ms",
+        "all_gather_bytes_per_step",
+        "all_gather_calls_per_step",
+        "reduce_scatter_bytes_per_step",
+        "reduce_scatter_calls_per_step",
+        "peak_rss_mib_per_rank",
+        "final_loss",
+        "step_time_vs_floor",
+        "peak_rss_vs_floor",
+    }
     for row in rows:
         assert keys <= set(row), sorted(keys - set(row))
     zero3 = rows[1]

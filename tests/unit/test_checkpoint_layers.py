@@ -1,5 +1,6 @@
 """Layering of the checkpoint code (issue 13): ``checkpoint/`` is the on-disk format and tensor sources and never
 imports the engine's layers; ``zero/`` never imports ``checkpoint/`` (the source protocol is neutral)."""
+
 from __future__ import annotations
 
 import ast
@@ -23,11 +24,16 @@ def _imports(folder: str) -> dict[str, set[str]]:
     return out
 
 
-@pytest.mark.parametrize(("folder", "forbidden"), [
-    ("checkpoint", ("hybridzero.zero", "hybridzero.runtime", "hybridzero.optim", "hybridzero.rlhf",
-                    "hybridzero.cli")),
-    ("zero", ("hybridzero.checkpoint",)),
-])
+@pytest.mark.parametrize(
+    ("folder", "forbidden"),
+    [
+        (
+            "checkpoint",
+            ("hybridzero.zero", "hybridzero.runtime", "hybridzero.optim", "hybridzero.rlhf", "hybridzero.cli"),
+        ),
+        ("zero", ("hybridzero.checkpoint",)),
+    ],
+)
 def test_layers_point_down(folder: str, forbidden: tuple[str, ...]) -> None:
     bad = {f: sorted(n for n in names if n.startswith(forbidden)) for f, names in _imports(folder).items()}
     assert not {f: n for f, n in bad.items() if n}, bad

@@ -1,6 +1,7 @@
 """Comm's agreement and failure bookkeeping without peers (the distributed behaviour is in
 tests/distributed/test_failures.py): agreed errors are recognised through ``raise ... from``, failing is a no-op
 alone, and a split Comm shares its parent's failure state."""
+
 from __future__ import annotations
 
 import pytest

@@ -143,10 +143,20 @@ MAPPINGS: list[tuple[str, str, Any, str, Any]] = [
     (Z, "stage3_gather_16bit_weights_on_model_save", True, "zero.gather_16bit_weights_on_model_save", True),
     (Z, "gather_16bit_weights_on_model_save", True, "zero.gather_16bit_weights_on_model_save", True),
     (Z, "stage3_gather_fp16_weights_on_model_save", True, "zero.gather_16bit_weights_on_model_save", True),
-    (Z, "offload_optimizer", {"device": "none", "pin_memory": True}, "zero.offload_optimizer",
-     OffloadConfig("none", True)),
-    (Z, "offload_param", {"device": "none", "nvme_path": "/n"}, "zero.offload_param",
-     ParamOffloadConfig("none", False, "/n")),
+    (
+        Z,
+        "offload_optimizer",
+        {"device": "none", "pin_memory": True},
+        "zero.offload_optimizer",
+        OffloadConfig("none", True),
+    ),
+    (
+        Z,
+        "offload_param",
+        {"device": "none", "nvme_path": "/n"},
+        "zero.offload_param",
+        ParamOffloadConfig("none", False, "/n"),
+    ),
     (Z, "offload_param", {"device": "NONE"}, "zero.offload_param.device", "none"),
     (Z, "offload_param", None, "zero.offload_param", ParamOffloadConfig()),
     (Z, "cpu_offload", False, "zero.offload_optimizer", OffloadConfig()),
@@ -198,12 +208,18 @@ def test_key_mapping(block: str, key: str, value: Any, attribute: str, expected:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("key, value, expected", [
-    ("cpu_offload", True, OffloadConfig("cpu")),
-    ("offload_optimizer", {"device": "nvme", "nvme_path": "/n", "buffer_count": 2},
-     OffloadConfig("nvme", False, "/n", 2)),
-    ("offload_optimizer", {"device": "CPU", "pin_memory": True}, OffloadConfig("cpu", True)),
-])
+@pytest.mark.parametrize(
+    "key, value, expected",
+    [
+        ("cpu_offload", True, OffloadConfig("cpu")),
+        (
+            "offload_optimizer",
+            {"device": "nvme", "nvme_path": "/n", "buffer_count": 2},
+            OffloadConfig("nvme", False, "/n", 2),
+        ),
+        ("offload_optimizer", {"device": "CPU", "pin_memory": True}, OffloadConfig("cpu", True)),
+    ],
+)
 def test_offload_optimizer_mapping(key: str, value: Any, expected: OffloadConfig) -> None:
     got = load({Z: {"stage": 1, key: value}}, world_size=4).zero.offload_optimizer
     assert got == expected
@@ -283,20 +299,32 @@ def test_batch_errors_from_json() -> None:
     "extra, key, suggestion",
     [
         ({"train_batch_sz": 1}, "train_batch_sz", "train_batch_size"),
-        ({"zero_optimization": {"stage3_prefetch_bucket_sz": 1}},
-         "zero_optimization.stage3_prefetch_bucket_sz", "stage3_prefetch_bucket_size"),
+        (
+            {"zero_optimization": {"stage3_prefetch_bucket_sz": 1}},
+            "zero_optimization.stage3_prefetch_bucket_sz",
+            "stage3_prefetch_bucket_size",
+        ),
         ({"zero_optimization": {"offload_param": {"devce": "cpu"}}}, "zero_optimization.offload_param.devce", "device"),
-        ({"zero_optimization": {"offload_optimizer": {"pin_mem": True}}},
-         "zero_optimization.offload_optimizer.pin_mem", "pin_memory"),
+        (
+            {"zero_optimization": {"offload_optimizer": {"pin_mem": True}}},
+            "zero_optimization.offload_optimizer.pin_mem",
+            "pin_memory",
+        ),
         ({"fp16": {"loss_scale_windw": 10}}, "fp16.loss_scale_windw", "loss_scale_window"),
         ({"bf16": {"enable": True}}, "bf16.enable", "enabled"),
         ({"hybrid_engine": {"max_out_token": 3}}, "hybrid_engine.max_out_token", "max_out_tokens"),
         ({"optimizer": {"type": "Adam", "param": {}}}, "optimizer.param", "params"),
-        ({"optimizer": {"type": "Adam", "params": {"weight_decy": 0.1}}}, "optimizer.params.weight_decy",
-         "weight_decay"),
+        (
+            {"optimizer": {"type": "Adam", "params": {"weight_decy": 0.1}}},
+            "optimizer.params.weight_decy",
+            "weight_decay",
+        ),
         ({"scheduler": {"type": "WarmupLR", "prams": {}}}, "scheduler.prams", "params"),
-        ({"scheduler": {"type": "WarmupLR", "params": {"warmup_max_l": 1.0}}}, "scheduler.params.warmup_max_l",
-         "warmup_max_lr"),
+        (
+            {"scheduler": {"type": "WarmupLR", "params": {"warmup_max_l": 1.0}}},
+            "scheduler.params.warmup_max_l",
+            "warmup_max_lr",
+        ),
     ],
 )
 def test_unknown_key_names_dotted_key_and_nearest(extra: dict[str, Any], key: str, suggestion: str) -> None:
@@ -330,10 +358,15 @@ IGNORED_SAMPLE = {
     "aio": {"block_size": 1048576},
     "zero_force_ds_cpu_optimizer": False,
     "zero_optimization": {
-        "allgather_partitions": True, "load_from_fp32_weights": True, "round_robin_gradients": False,
+        "allgather_partitions": True,
+        "load_from_fp32_weights": True,
+        "round_robin_gradients": False,
         "stage3_module_granularity_threshold": 0,
-        "log_trace_cache_warnings": False, "mics_shard_size": -1, "memory_efficient_linear": True,
-        "elastic_checkpoint": False, "zeropp_loco_param": None,
+        "log_trace_cache_warnings": False,
+        "mics_shard_size": -1,
+        "memory_efficient_linear": True,
+        "elastic_checkpoint": False,
+        "zeropp_loco_param": None,
         "offload_optimizer": {"device": "none", "fast_init": False, "ratio": 1.0},
     },
     "fp16": {"auto_cast": False, "fp16_master_weights_and_grads": False},
@@ -395,48 +428,91 @@ def test_deprecations_and_no_effect_settings_warn(extra: dict[str, Any], fragmen
         ({"zero_optimization": {"stage": 2.5}}, ["zero_optimization.stage = 2.5"]),
         ({"zero_optimization": {"stage": "auto"}}, ["zero_optimization.stage = 'auto'"]),
         ({"zero_optimization": {"reduce_bucket_size": -1}}, ["zero_optimization.reduce_bucket_size = -1", ">= 1"]),
-        ({"zero_optimization": {"stage3_prefetch_bucket_size": 1.5e7 + 0.5}},
-         ["zero_optimization.stage3_prefetch_bucket_size = 15000000.5"]),
-        ({"zero_optimization": {"stage3_param_persistence_threshold": -5}},
-         ["zero_optimization.stage3_param_persistence_threshold = -5", ">= 0"]),
+        (
+            {"zero_optimization": {"stage3_prefetch_bucket_size": 1.5e7 + 0.5}},
+            ["zero_optimization.stage3_prefetch_bucket_size = 15000000.5"],
+        ),
+        (
+            {"zero_optimization": {"stage3_param_persistence_threshold": -5}},
+            ["zero_optimization.stage3_param_persistence_threshold = -5", ">= 0"],
+        ),
         ({"zero_optimization": {"allgather_bucket_size": "5e8"}}, ["zero_optimization.allgather_bucket_size = '5e8'"]),
         ({"zero_optimization": {"overlap_comm": "yes"}}, ["zero_optimization.overlap_comm = 'yes'", "true or false"]),
         ({"zero_optimization": {"contiguous_gradients": 1}}, ["zero_optimization.contiguous_gradients = 1"]),
-        ({"zero_optimization": {"offload_param": {"device": "gpu"}}},
-         ["zero_optimization.offload_param.device = 'gpu'", "'none', 'cpu', 'nvme'"]),
-        ({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}},
-         ["zero_optimization.offload_optimizer.device = 'nvme'",
-          "needs zero_optimization.offload_optimizer.nvme_path"]),
-        ({"zero_optimization": {"offload_optimizer": {"device": "cpu"}}},
-         ["zero_optimization.offload_optimizer.device = 'cpu'", "needs stage 1, 2 or 3",
-          "zero_optimization.stage = 0"]),
-        ({"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu", "buffer_count": 0}}},
-         ["zero_optimization.offload_optimizer.buffer_count = 0", ">= 1"]),
-        ({"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"},
-                                "offload_param": {"device": "CPU"}}},
-         ["zero_optimization.offload_param.device = 'cpu'", "needs stage 3", "zero_optimization.stage = 2"]),
-        ({"zero_optimization": {"stage": 3, "offload_param": {"device": "CPU"}}},
-         ["zero_optimization.offload_param.device = 'cpu'", "zero_optimization.offload_optimizer.device"]),
-        ({"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"},
-                                "offload_param": {"device": "nvme", "nvme_path": "/n"}}},
-         ["zero_optimization.offload_param.device = 'nvme'", "not supported", "'cpu'"]),
-        ({"zero_optimization": {"cpu_offload_param": True}},
-         ["zero_optimization.offload_param.device = 'cpu'", "needs stage 3"]),
+        (
+            {"zero_optimization": {"offload_param": {"device": "gpu"}}},
+            ["zero_optimization.offload_param.device = 'gpu'", "'none', 'cpu', 'nvme'"],
+        ),
+        (
+            {"zero_optimization": {"offload_optimizer": {"device": "nvme"}}},
+            [
+                "zero_optimization.offload_optimizer.device = 'nvme'",
+                "needs zero_optimization.offload_optimizer.nvme_path",
+            ],
+        ),
+        (
+            {"zero_optimization": {"offload_optimizer": {"device": "cpu"}}},
+            [
+                "zero_optimization.offload_optimizer.device = 'cpu'",
+                "needs stage 1, 2 or 3",
+                "zero_optimization.stage = 0",
+            ],
+        ),
+        (
+            {"zero_optimization": {"stage": 1, "offload_optimizer": {"device": "cpu", "buffer_count": 0}}},
+            ["zero_optimization.offload_optimizer.buffer_count = 0", ">= 1"],
+        ),
+        (
+            {
+                "zero_optimization": {
+                    "stage": 2,
+                    "offload_optimizer": {"device": "cpu"},
+                    "offload_param": {"device": "CPU"},
+                }
+            },
+            ["zero_optimization.offload_param.device = 'cpu'", "needs stage 3", "zero_optimization.stage = 2"],
+        ),
+        (
+            {"zero_optimization": {"stage": 3, "offload_param": {"device": "CPU"}}},
+            ["zero_optimization.offload_param.device = 'cpu'", "zero_optimization.offload_optimizer.device"],
+        ),
+        (
+            {
+                "zero_optimization": {
+                    "stage": 3,
+                    "offload_optimizer": {"device": "cpu"},
+                    "offload_param": {"device": "nvme", "nvme_path": "/n"},
+                }
+            },
+            ["zero_optimization.offload_param.device = 'nvme'", "not supported", "'cpu'"],
+        ),
+        (
+            {"zero_optimization": {"cpu_offload_param": True}},
+            ["zero_optimization.offload_param.device = 'cpu'", "needs stage 3"],
+        ),
         ({"zero_optimization": {"cpu_offload": "yes"}}, ["zero_optimization.cpu_offload = 'yes'", "true or false"]),
         ({"zero_optimization": {"ignore_unused_parameters": 0}}, ["zero_optimization.ignore_unused_parameters = 0"]),
         ({"gradient_allreduce_op": "max"}, ["gradient_allreduce_op = 'max'", "'mean', 'sum'"]),
         ({"gradient_allreduce_op": "sum", "prescale_gradients": True}, ["prescale_gradients", "'sum'"]),
         ({"skip_nonfinite_steps": "no"}, ["skip_nonfinite_steps = 'no'", "true or false"]),
         ({"world_size": 2}, ["unknown config key 'world_size'"]),
-        ({"zero_optimization": {"offload_optimizer": "cpu"}},
-         ["zero_optimization.offload_optimizer = 'cpu'", "JSON object"]),
-        ({"zero_optimization": {"cpu_offload": True, "offload_optimizer": {"device": "cpu"}}},
-         ["zero_optimization.cpu_offload", "zero_optimization.offload_optimizer"]),
-        ({"zero_optimization": {"stage3_max_live_parameters": 1, "max_live_parameters": 2}},
-         ["zero_optimization.stage3_max_live_parameters", "zero_optimization.max_live_parameters"]),
+        (
+            {"zero_optimization": {"offload_optimizer": "cpu"}},
+            ["zero_optimization.offload_optimizer = 'cpu'", "JSON object"],
+        ),
+        (
+            {"zero_optimization": {"cpu_offload": True, "offload_optimizer": {"device": "cpu"}}},
+            ["zero_optimization.cpu_offload", "zero_optimization.offload_optimizer"],
+        ),
+        (
+            {"zero_optimization": {"stage3_max_live_parameters": 1, "max_live_parameters": 2}},
+            ["zero_optimization.stage3_max_live_parameters", "zero_optimization.max_live_parameters"],
+        ),
         ({"zero_optimization": {"zero_hpz_partition_size": 0}}, ["zero_optimization.zero_hpz_partition_size = 0"]),
-        ({"zero_optimization": {"zero_hpz_partition_size": 3}},
-         ["zero_optimization.zero_hpz_partition_size = 3", "world_size = 4", "1, 2, 4"]),
+        (
+            {"zero_optimization": {"zero_hpz_partition_size": 3}},
+            ["zero_optimization.zero_hpz_partition_size = 3", "world_size = 4", "1, 2, 4"],
+        ),
         ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, ["fp16.enabled", "bf16.enabled"]),
         ({"fp16": {"enabled": "auto"}}, ["fp16.enabled = 'auto'", "true or false"]),
         ({"fp16": {"loss_scale": -1}}, ["fp16.loss_scale = -1"]),
@@ -451,8 +527,10 @@ def test_deprecations_and_no_effect_settings_warn(extra: dict[str, Any], fragmen
         ({"gradient_predivide_factor": 0}, ["gradient_predivide_factor = 0", "> 0"]),
         ({"steps_per_print": 0}, ["steps_per_print = 0"]),
         ({"seed": -3}, ["seed = -3"]),
-        ({"hybrid_engine": {"inference_tp_size": 2}},
-         ["hybrid_engine.inference_tp_size = 2", "tensor-parallel inference is not supported"]),
+        (
+            {"hybrid_engine": {"inference_tp_size": 2}},
+            ["hybrid_engine.inference_tp_size = 2", "tensor-parallel inference is not supported"],
+        ),
         ({"hybrid_engine": {"max_out_tokens": 0}}, ["hybrid_engine.max_out_tokens = 0"]),
         ({"fp16": [1]}, ["fp16 = [1]", "JSON object"]),
     ],

@@ -6,6 +6,7 @@ models (``hybridzero.config.accepted_keys``), not from a hand list.
 * A key without effect warns exactly once, naming the dotted key and saying it has no effect in hybridzero.
 * Other spellings: aliases are silent, deprecated spellings warn once that they are deprecated.
 """
+
 from __future__ import annotations
 
 import ast
@@ -38,52 +39,78 @@ _PROGRESS = "distributed/test_reduction_options.py::test_steps_per_print_logs_pr
 
 # canonical key -> the test that shows its effect (a group shares one)
 ACTS: dict[str, str] = {
-    "train_batch_size": _BATCH, "train_micro_batch_size_per_gpu": _BATCH, "gradient_accumulation_steps": _PARITY,
+    "train_batch_size": _BATCH,
+    "train_micro_batch_size_per_gpu": _BATCH,
+    "gradient_accumulation_steps": _PARITY,
     "gradient_clipping": _PARITY,
     "communication_data_type": "unit/test_config.py::test_compute_and_communication_dtype",
     "seed": _MAPPING,  # runtime.initialize seeds torch with it
     "steps_per_print": _PROGRESS,
     "skip_nonfinite_steps": _MAPPING,  # typed field; the engine's step implements it (another slice)
-    "prescale_gradients": _REDUCE, "gradient_predivide_factor": _REDUCE, "gradient_allreduce_op": _REDUCE,
-    "zero_optimization": _PARITY, "zero_optimization.stage": "distributed/test_stages.py::test_stage_parity",
+    "prescale_gradients": _REDUCE,
+    "gradient_predivide_factor": _REDUCE,
+    "gradient_allreduce_op": _REDUCE,
+    "zero_optimization": _PARITY,
+    "zero_optimization.stage": "distributed/test_stages.py::test_stage_parity",
     "zero_optimization.stage3_prefetch_bucket_size": _PREFETCH,
     "zero_optimization.stage3_param_persistence_threshold": _PARITY,
-    "zero_optimization.stage3_max_live_parameters": _REUSE, "zero_optimization.stage3_max_reuse_distance": _REUSE,
-    "zero_optimization.reduce_bucket_size": _PREFETCH, "zero_optimization.overlap_comm": _PREFETCH,
+    "zero_optimization.stage3_max_live_parameters": _REUSE,
+    "zero_optimization.stage3_max_reuse_distance": _REUSE,
+    "zero_optimization.reduce_bucket_size": _PREFETCH,
+    "zero_optimization.overlap_comm": _PREFETCH,
     "zero_optimization.zero_hpz_partition_size": "distributed/test_hpz.py::test_hpz_sizes_are_bitwise_identical",
-    "zero_optimization.zero_quantized_weights": _ZEROPP, "zero_optimization.zero_quantized_gradients": _ZEROPP,
+    "zero_optimization.zero_quantized_weights": _ZEROPP,
+    "zero_optimization.zero_quantized_gradients": _ZEROPP,
     "zero_optimization.zero_quantized_nontrainable_weights": _ZEROPP,
     "zero_optimization.zero_quantization_block_size": _ZEROPP,
     "zero_optimization.zero_quantized_gradients_bits": _ZEROPP,
     # offload (optim.offload / optim.swap): bitwise-identical runs with the state on the host or in swap files
-    "zero_optimization.offload_optimizer": _OFFLOAD, "zero_optimization.offload_optimizer.device": _OFFLOAD,
+    "zero_optimization.offload_optimizer": _OFFLOAD,
+    "zero_optimization.offload_optimizer.device": _OFFLOAD,
     "zero_optimization.offload_optimizer.nvme_path": _OFFLOAD,
     "zero_optimization.offload_optimizer.buffer_count": _OFFLOAD,
-    "zero_optimization.sub_group_size": _OFFLOAD, "zero_optimization.cpu_offload": _OFFLOAD_MAP,
+    "zero_optimization.sub_group_size": _OFFLOAD,
+    "zero_optimization.cpu_offload": _OFFLOAD_MAP,
     # pin_memory pins the host buffers (CUDA only; on a CPU-only machine host and device are one)
     "zero_optimization.offload_optimizer.pin_memory": _OFFLOAD_MAP,
     "zero_optimization.offload_param.pin_memory": _MAPPING,
-    "zero_optimization.offload_param": _OFFLOAD_PARAM, "zero_optimization.offload_param.device": _OFFLOAD_PARAM,
+    "zero_optimization.offload_param": _OFFLOAD_PARAM,
+    "zero_optimization.offload_param.device": _OFFLOAD_PARAM,
     "zero_optimization.cpu_offload_param": "unit/test_config.py::test_bad_values_name_key_and_value",
     # acts through engine.save_16bit_model (another slice)
     "zero_optimization.stage3_gather_16bit_weights_on_model_save": _MAPPING,
-    "zero_optimization.ignore_unused_parameters":
-        "distributed/test_reduction_options.py::test_ignore_unused_parameters_false_raises_at_stages_1_and_2",
-    "fp16": _FP16, "fp16.enabled": _FP16, "fp16.loss_scale": _FP16, "fp16.initial_scale_power": _FP16,
-    "fp16.loss_scale_window": _FP16, "fp16.hysteresis": _FP16, "fp16.consecutive_hysteresis": _FP16,
+    "zero_optimization.ignore_unused_parameters": (
+        "distributed/test_reduction_options.py::test_ignore_unused_parameters_false_raises_at_stages_1_and_2"
+    ),
+    "fp16": _FP16,
+    "fp16.enabled": _FP16,
+    "fp16.loss_scale": _FP16,
+    "fp16.initial_scale_power": _FP16,
+    "fp16.loss_scale_window": _FP16,
+    "fp16.hysteresis": _FP16,
+    "fp16.consecutive_hysteresis": _FP16,
     "fp16.min_loss_scale": _FP16,
     "bf16": "distributed/test_zero3_invariants.py::test_bf16_tracks_fp32_reference",
     "bf16.enabled": "distributed/test_zero3_invariants.py::test_bf16_tracks_fp32_reference",
     "hybrid_engine": "distributed/test_hybrid_engine.py::test_generation_matches_unsharded",
     "hybrid_engine.max_out_tokens": "distributed/test_hybrid_engine.py::test_generation_matches_unsharded",
-    "optimizer": _OPTIM, "optimizer.type": "unit/test_optim.py::test_type_names_are_case_insensitive_like_deepspeed",
-    "optimizer.params": _OPTIM, "scheduler": _SCHED, "scheduler.type": _SCHED, "scheduler.params": _SCHED,
+    "optimizer": _OPTIM,
+    "optimizer.type": "unit/test_optim.py::test_type_names_are_case_insensitive_like_deepspeed",
+    "optimizer.params": _OPTIM,
+    "scheduler": _SCHED,
+    "scheduler.type": _SCHED,
+    "scheduler.params": _SCHED,
 }
 # every optimizer / scheduler param that acts is passed to the constructor it names
 _PARAM_EVIDENCE = {"optimizer.params": _OPTIM, "scheduler.params": _SCHED}
-_SAMPLES: dict[str, Any] = {"scheduler.params.total_num_steps": 10, "train_batch_size": 1,
-                            "train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1,
-                            "optimizer.type": "adam", "scheduler.type": "warmupdecaylr"}
+_SAMPLES: dict[str, Any] = {
+    "scheduler.params.total_num_steps": 10,
+    "train_batch_size": 1,
+    "train_micro_batch_size_per_gpu": 1,
+    "gradient_accumulation_steps": 1,
+    "optimizer.type": "adam",
+    "scheduler.type": "warmupdecaylr",
+}
 
 
 def _evidence(key: AcceptedKey) -> str:
@@ -147,9 +174,16 @@ KEYS = accepted_keys()
 
 def test_the_walk_covers_every_block_and_the_acts_table_matches_the_models() -> None:
     canonical_acting = {k.path for k in KEYS if k.acts and not k.types and k.spelling in ("canonical", "legacy")}
-    assert canonical_acting == set(ACTS), (canonical_acting ^ set(ACTS))
-    for block in ("zero_optimization", "zero_optimization.offload_param", "fp16", "bf16", "hybrid_engine",
-                  "optimizer.params", "scheduler.params"):
+    assert canonical_acting == set(ACTS), canonical_acting ^ set(ACTS)
+    for block in (
+        "zero_optimization",
+        "zero_optimization.offload_param",
+        "fp16",
+        "bf16",
+        "hybrid_engine",
+        "optimizer.params",
+        "scheduler.params",
+    ):
         assert any(k.path.startswith(block + ".") for k in KEYS), block
     assert len(KEYS) > 150  # DeepSpeed's surface, not a sample of it
 
@@ -171,6 +205,7 @@ def test_every_accepted_key_acts_or_warns_once(key: AcceptedKey) -> None:
 
 def test_cheap_effects() -> None:
     """One line per group where the effect is visible without running an engine."""
+
     def cfg(extra: dict[str, Any], world: int = 4) -> Config:
         return load_config({"train_micro_batch_size_per_gpu": 1, **extra}, world)
 
@@ -183,6 +218,10 @@ def test_cheap_effects() -> None:
     assert scales(cfg({"gradient_predivide_factor": 2})) == ReductionScales(pre=2.0, post=2.0)
     assert scales(cfg({"gradient_allreduce_op": "sum", "gradient_predivide_factor": 2})) == ReductionScales(pre=2.0)
     assert cfg({"skip_nonfinite_steps": True}).skip_nonfinite_steps is True
-    assert cfg({"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": True}}).zero \
-        .gather_16bit_weights_on_model_save is True
+    assert (
+        cfg(
+            {"zero_optimization": {"stage3_gather_16bit_weights_on_model_save": True}}
+        ).zero.gather_16bit_weights_on_model_save
+        is True
+    )
     assert cfg({"seed": 7}).seed == 7

@@ -6,8 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import pickle
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,9 +16,9 @@ from pydantic import ValidationError
 from hybridzero.config import (
     BF16Config,
     Config,
-    OffloadConfig,
     ConfigError,
     FP16Config,
+    OffloadConfig,
     OptimizerConfig,
     SchedulerConfig,
     ZeroConfig,
@@ -71,8 +71,10 @@ def test_optimizer_effective_defaults(type_: str, params: dict[str, Any], decoup
         ({"type": "Adam", "params": {"lr": -1}}, ["optimizer.params.lr = -1"]),
         ({"type": "Adam", "params": {"momentum": 0.9}}, ["unknown config key 'optimizer.params.momentum'"]),
         ({"type": "SGD", "params": {"betas": [0.9, 0.9]}}, ["unknown config key 'optimizer.params.betas'"]),
-        ({"type": "Adam", "params": {"max_grad_norm": 1.0}}, ["optimizer.params.max_grad_norm = 1.0",
-                                                              "gradient_clipping"]),
+        (
+            {"type": "Adam", "params": {"max_grad_norm": 1.0}},
+            ["optimizer.params.max_grad_norm = 1.0", "gradient_clipping"],
+        ),
         ({"type": "SGD", "params": {"nesterov": True}}, ["optimizer.params.nesterov", "momentum"]),
         ({"type": 3}, ["optimizer.type = 3"]),
     ],
@@ -100,17 +102,23 @@ def test_scheduler_types_and_params() -> None:
     [
         ({"type": "OneCycle"}, ["scheduler.type = 'OneCycle'", "WarmupLR, WarmupDecayLR, WarmupCosineLR"]),
         ({"type": "WarmupDecayLR", "params": {}}, ["scheduler.params.total_num_steps is required", "WarmupDecayLR"]),
-        ({"type": "WarmupCosineLR", "params": {"total_num_steps": 10, "warmup_max_lr": 1.0}},
-         ["unknown config key 'scheduler.params.warmup_max_lr'"]),
+        (
+            {"type": "WarmupCosineLR", "params": {"total_num_steps": 10, "warmup_max_lr": 1.0}},
+            ["unknown config key 'scheduler.params.warmup_max_lr'"],
+        ),
         ({"type": "WarmupLR", "params": {"warmup_max_lr": "auto"}}, ["scheduler.params.warmup_max_lr = 'auto'"]),
-        ({"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}},
-         ["scheduler.params.total_num_steps = 'auto'"]),
+        (
+            {"type": "WarmupDecayLR", "params": {"total_num_steps": "auto"}},
+            ["scheduler.params.total_num_steps = 'auto'"],
+        ),
         ({"type": "WarmupLR", "params": {"warmup_type": "cubic"}}, ["scheduler.params.warmup_type = 'cubic'"]),
         ({"type": "WarmupLR", "params": {"warmup_num_steps": -1}}, ["scheduler.params.warmup_num_steps = -1"]),
         ({"type": "WarmupLR", "params": {"warmup_min_lr": [0.1, -1]}}, ["scheduler.params.warmup_min_lr = [0.1, -1]"]),
         ({"type": "WarmupLR", "params": {"warmup_min_lr": []}}, ["scheduler.params.warmup_min_lr = []"]),
-        ({"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "cos_min_ratio": 2}},
-         ["scheduler.params.cos_min_ratio = 2"]),
+        (
+            {"type": "WarmupCosineLR", "params": {"total_num_steps": 9, "cos_min_ratio": 2}},
+            ["scheduler.params.cos_min_ratio = 2"],
+        ),
     ],
 )
 def test_bad_scheduler(block: dict[str, Any], fragments: list[str]) -> None:
@@ -134,8 +142,12 @@ def test_load_from_json_file(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     "content, fragment",
-    [(None, "does not exist"), ("{not json", "not valid JSON"), ('{"seed": 1, "seed": 2}', "duplicate key 'seed'"),
-     ("[1, 2]", "must hold a JSON object")],
+    [
+        (None, "does not exist"),
+        ("{not json", "not valid JSON"),
+        ('{"seed": 1, "seed": 2}', "duplicate key 'seed'"),
+        ("[1, 2]", "must hold a JSON object"),
+    ],
 )
 def test_bad_json_file_names_the_path(tmp_path: Path, content: str | None, fragment: str) -> None:
     path = tmp_path / "cfg.json"

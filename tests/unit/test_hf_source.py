@@ -12,8 +12,6 @@ from typing import Any
 import pytest
 import torch
 import transformers
-
-from tests.harness.models import tiny_llama
 from safetensors.torch import save_file
 
 from hybridzero.checkpoint import hf_source
@@ -24,6 +22,7 @@ from hybridzero.checkpoint.hf_source import (
     TensorSource,
     resolve_name,
 )
+from tests.harness.models import tiny_llama
 
 
 # --- helpers
@@ -171,9 +170,7 @@ def test_bytes_read_covers_only_needed_rows(
         assert src.bytes_read() < 1000 * row_bytes // 100
 
 
-def test_shard_files_opened_once_and_lazily(
-    llama_sharded: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_shard_files_opened_once_and_lazily(llama_sharded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     opened: list[str] = []
     real: Callable[..., Any] = hf_source.safe_open
 
@@ -282,8 +279,9 @@ def test_empty_directory_and_bad_index(tmp_path: Path) -> None:
 
 
 # --- trust: index file names stay inside the directory; the model's shapes are checked
-@pytest.mark.parametrize("name", ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors", "a\nb",
-                                  "C:\\x.safetensors", "", "./"])
+@pytest.mark.parametrize(
+    "name", ["../outside.safetensors", "/etc/passwd", "sub/../../x.safetensors", "a\nb", "C:\\x.safetensors", "", "./"]
+)
 def test_index_file_names_cannot_leave_the_directory(tmp_path: Path, name: str) -> None:
     model_dir = tmp_path / "model"
     model_dir.mkdir()

@@ -1,5 +1,6 @@
 """DS-Chat LoRA (:mod:`hybridzero.lora`) in one process: init, conversion, the equivalence with peft (forward and
 a few AdamW steps), merge/unmerge bit-exactness, the pure state-dict transforms."""
+
 from __future__ import annotations
 
 import math
@@ -43,7 +44,9 @@ def test_init_scale_and_frozen_base_as_ds_chat() -> None:
     assert model.get_parameter("model.decoder.embed_tokens.weight").requires_grad  # only the converted base frozen
     only_optimize_lora(model)
     assert {n.rsplit(".", 1)[-1] for n, p in model.named_parameters() if p.requires_grad} == {
-        "lora_right_weight", "lora_left_weight"}
+        "lora_right_weight",
+        "lora_left_weight",
+    }
 
 
 def test_conversion_is_seeded_and_names_a_bad_substring() -> None:

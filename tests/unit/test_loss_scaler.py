@@ -137,9 +137,7 @@ def test_static_config_skips_dynamic_validation() -> None:
         _cfg(dynamic=False, initial=-1.0)
 
 
-@pytest.mark.parametrize(
-    "args", [(0.0, 1, 0, 0), (math.inf, 1, 0, 0), (1.0, 0, 0, 0), (1.0, 1, 2, 1), (1.0, 1, -1, 0)]
-)
+@pytest.mark.parametrize("args", [(0.0, 1, 0, 0), (math.inf, 1, 0, 0), (1.0, 0, 0, 0), (1.0, 1, 2, 1), (1.0, 1, -1, 0)])
 def test_state_validation(args: tuple[float, int, int, int]) -> None:
     with pytest.raises(ValueError):
         ScalerState(*args)
@@ -187,9 +185,7 @@ def test_overflow_mid_window_resets_count() -> None:
     cfg = _cfg(window=3)
     #            G   G   O(absorbed)  G   G   G   G(grow)
     flags = [G, G, O, G, G, G, G]
-    assert _run(cfg, flags) == [
-        (16, 2), (16, 2), (16, 1), (16, 1), (16, 1), (16, 1), (32, 2)
-    ]
+    assert _run(cfg, flags) == [(16, 2), (16, 2), (16, 1), (16, 1), (16, 1), (16, 1), (32, 2)]
     # without the overflow the scale would have grown at the 4th update
     assert _scales(cfg, [G, G, G, G]) == [16, 16, 16, 32]
 
@@ -221,9 +217,7 @@ def test_hysteresis_not_restored_by_good_steps_without_consecutive() -> None:
 
 
 def test_consecutive_hysteresis_restored_by_each_good_step() -> None:
-    assert _run(_cfg(consecutive=True), [O, G, O, G, O]) == [
-        (16, 1), (16, 2), (16, 1), (16, 2), (16, 1)
-    ]
+    assert _run(_cfg(consecutive=True), [O, G, O, G, O]) == [(16, 1), (16, 2), (16, 1), (16, 2), (16, 1)]
     assert _run(_cfg(consecutive=True), [O, O, G]) == [(16, 1), (8, 1), (8, 2)]
 
 
@@ -329,8 +323,7 @@ def test_describe_overflow_reduce() -> None:
     before = initial_state(cfg)
     after = update_scale(before, O, cfg)
     assert describe_overflow(before, after) == (
-        "[hybridzero] OVERFLOW! Rank 0 Skipping step. "
-        "Attempted loss scale: 65536, reducing to 32768"
+        "[hybridzero] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: 65536, reducing to 32768"
     )
     assert "Rank 3 " in describe_overflow(before, after, rank=3)
 

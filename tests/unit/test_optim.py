@@ -19,6 +19,7 @@ from hybridzero.optim.factory import (
     rebuild_optimizer,
 )
 
+
 # --- helpers
 def _leaves(seed: int = 0) -> list[torch.nn.Parameter]:
     gen = torch.Generator().manual_seed(seed)
@@ -98,12 +99,8 @@ def test_torch_adam_uses_torch_class_defaults() -> None:
 def test_adam_is_decoupled_weight_decay_by_default() -> None:
     cfg = {"lr": 0.05, "betas": [0.8, 0.99], "eps": 1e-6, "weight_decay": 0.1}
     ours = _stepped_values(lambda ps: build_optimizer("Adam", cfg, [{"params": ps}]))
-    ref_w = _stepped_values(
-        lambda ps: torch.optim.AdamW(ps, lr=0.05, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
-    )
-    ref_l2 = _stepped_values(
-        lambda ps: torch.optim.Adam(ps, lr=0.05, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1)
-    )
+    ref_w = _stepped_values(lambda ps: torch.optim.AdamW(ps, lr=0.05, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1))
+    ref_l2 = _stepped_values(lambda ps: torch.optim.Adam(ps, lr=0.05, betas=(0.8, 0.99), eps=1e-6, weight_decay=0.1))
     _assert_bitwise(ours, ref_w)
     assert not torch.equal(ours[0], ref_l2[0])
 
@@ -125,9 +122,7 @@ def test_adamw_ignores_adam_w_mode_false() -> None:
 def test_sgd_with_momentum_matches_torch() -> None:
     cfg = {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 0.01}
     ours = _stepped_values(lambda ps: build_optimizer("SGD", cfg, [{"params": ps}]))
-    ref = _stepped_values(
-        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01)
-    )
+    ref = _stepped_values(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True, weight_decay=0.01))
     _assert_bitwise(ours, ref)
 
 
@@ -166,8 +161,10 @@ def test_unknown_type_names_type_and_lists_supported(bad_type: str) -> None:
     assert "Adam, AdamW, SGD" in message
 
 
-@pytest.mark.parametrize(("spelling", "cls"), [("sgd", torch.optim.SGD), ("SGD", torch.optim.SGD),
-                                               ("adamw", torch.optim.AdamW), ("ADAM", torch.optim.AdamW)])
+@pytest.mark.parametrize(
+    ("spelling", "cls"),
+    [("sgd", torch.optim.SGD), ("SGD", torch.optim.SGD), ("adamw", torch.optim.AdamW), ("ADAM", torch.optim.AdamW)],
+)
 def test_type_names_are_case_insensitive_like_deepspeed(spelling: str, cls: type) -> None:
     """One rule for every type (the config's): DeepSpeed lower-cases optimizer names before matching."""
     assert type(build_optimizer(spelling, {}, [{"params": _leaves()}])) is cls
@@ -191,8 +188,11 @@ def test_unknown_param_names_key_and_value(opt_type: str, key: str, value: objec
 @pytest.mark.parametrize(
     ("params", "fragment"),
     [
-        ({"max_grad_norm": 1.0}, "optimizer.params.max_grad_norm = 1.0 is not supported (as in DeepSpeed); set the "
-                                 "top-level 'gradient_clipping'"),
+        (
+            {"max_grad_norm": 1.0},
+            "optimizer.params.max_grad_norm = 1.0 is not supported (as in DeepSpeed); set the "
+            "top-level 'gradient_clipping'",
+        ),
         ({"bias_correction": False}, "optimizer.params.bias_correction = false is not supported"),
         ({"adam_w_mode": "yes"}, "optimizer.params.adam_w_mode = 'yes' is invalid: expected true or false"),
         ({"torch_adam": 1}, "optimizer.params.torch_adam = 1 is invalid: expected true or false"),

@@ -1,4 +1,5 @@
 """Block quantization for ZeRO++ (``hybridzero.comm.quantize``): error bound, edge sizes, int4 packing, wire format."""
+
 from __future__ import annotations
 
 import pytest

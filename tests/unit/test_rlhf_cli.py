@@ -1,5 +1,6 @@
 """The RLHF command line: DeepSpeed-Chat's step-3 flags parse unchanged; unsupported flags, bad values, unknown
 keys and impossible batch arithmetic fail before anything starts, naming the flag and what would be valid."""
+
 from __future__ import annotations
 
 import json
@@ -64,12 +65,16 @@ def test_dashed_aliases_and_bool_values() -> None:
     assert (s.enable_test_mode, s.test_stop_step, s.max_steps) == (True, 7, None)
 
 
-@pytest.mark.parametrize(("flag", "value", "reason"), [
-    ("--inference_tp_size", "2", "tensor-parallel inference"),
-    ("--actor_dropout", "0.1", "dropout is forced to 0"),
-])
-def test_unsupported_deepspeed_chat_flags_are_named(flag: str, value: str | None, reason: str,
-                                                    capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("flag", "value", "reason"),
+    [
+        ("--inference_tp_size", "2", "tensor-parallel inference"),
+        ("--actor_dropout", "0.1", "dropout is forced to 0"),
+    ],
+)
+def test_unsupported_deepspeed_chat_flags_are_named(
+    flag: str, value: str | None, reason: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     argv = ["ppo", flag] + ([value] if value is not None else [])
     assert main(argv) == 2
     err = capsys.readouterr().err
@@ -83,8 +88,20 @@ def test_bad_values_and_batch_arithmetic(capsys: pytest.CaptureFixture[str]) -> 
     assert main(["ppo", "--per_device_generation_batch_size", "6", "--per_device_training_batch_size", "4"]) == 2
     err = capsys.readouterr().err
     assert "per_device_generation_batch_size = 6" in err and "per_device_training_batch_size = 4" in err
-    assert main(["grpo", "--group_size", "3", "--per_device_generation_batch_size", "8",
-                 "--per_device_training_batch_size", "4"]) == 2
+    assert (
+        main(
+            [
+                "grpo",
+                "--group_size",
+                "3",
+                "--per_device_generation_batch_size",
+                "8",
+                "--per_device_training_batch_size",
+                "4",
+            ]
+        )
+        == 2
+    )
     assert "group_size = 3 must divide" in capsys.readouterr().err
     assert main(["ppo", "--kl_ctl", "-1"]) == 2
     assert "--kl_ctl -1.0" in capsys.readouterr().err
@@ -113,12 +130,20 @@ def test_plot_of_a_directory_without_metrics(tmp_path: Path, capsys: pytest.Capt
     assert "no metrics.jsonl" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize(("command", "flag", "value"), [
-    ("ppo", "--kl_ctl", "inf"), ("ppo", "--actor_learning_rate", "nan"), ("ppo", "--unsup_coef", "Infinity"),
-    ("grpo", "--grpo_kl_coef", "-inf"), ("sft", "--learning_rate", "NaN"), ("reward", "--gradient_clipping", "inf"),
-])
-def test_non_finite_settings_are_refused(command: str, flag: str, value: str,
-                                         capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("command", "flag", "value"),
+    [
+        ("ppo", "--kl_ctl", "inf"),
+        ("ppo", "--actor_learning_rate", "nan"),
+        ("ppo", "--unsup_coef", "Infinity"),
+        ("grpo", "--grpo_kl_coef", "-inf"),
+        ("sft", "--learning_rate", "NaN"),
+        ("reward", "--gradient_clipping", "inf"),
+    ],
+)
+def test_non_finite_settings_are_refused(
+    command: str, flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main([command, f"{flag}={value}"]) == 2  # like every bad setting: before any process group or model
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{command}: error: {flag} " in err and "finite number" in err
@@ -134,8 +159,9 @@ def test_non_finite_settings_in_a_config_file(tmp_path: Path, capsys: pytest.Cap
         PPOSettings(cliprange=float("inf"))
 
 
-def test_plot_without_matplotlib_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                             monkeypatch: pytest.MonkeyPatch) -> None:
+def test_plot_without_matplotlib_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     (tmp_path / "metrics.jsonl").write_text('{"phase": "sft", "step": 1, "time": 0.0, "loss": 1.0}\n')
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)  # import fails as without the `plots` extra
     assert main(["plot", str(tmp_path)]) == 1

@@ -1,4 +1,5 @@
 """Tests of hybridzero.rlhf.data: loading, DeepSpeed-Chat phase splits, tokenization helpers and their errors."""
+
 from __future__ import annotations
 
 import json
@@ -127,8 +128,9 @@ def test_hub_name_without_datasets_or_network_is_a_clear_error(monkeypatch: pyte
         raise ConnectionError("no network")
 
     fake = types.SimpleNamespace(load_dataset=offline)
-    monkeypatch.setattr(importlib, "import_module",
-                        lambda name, *a: fake if name == "datasets" else real_import(name, *a))
+    monkeypatch.setattr(
+        importlib, "import_module", lambda name, *a: fake if name == "datasets" else real_import(name, *a)
+    )
     with pytest.raises(FileNotFoundError, match=r"Hub load failed \(ConnectionError: no network\)"):
         load_records("Dahoas/rm-static")
     rows = [{"prompt": "p", "chosen": "c", "rejected": "r"}]

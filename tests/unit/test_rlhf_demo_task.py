@@ -1,4 +1,5 @@
 """Tests of hybridzero.rlhf.demo.task: tokenizer, tiny model config, records, the hidden rule and the shipped files."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,12 @@ from hybridzero.rlhf.demo.task import (
     write_demo_data,
 )
 
-FILES: dict[str, str] = {"sft": "sft.jsonl", "pairs": "pairs.jsonl", "prompts": "prompts.jsonl",
-                         "eval": "eval_prompts.jsonl"}
+FILES: dict[str, str] = {
+    "sft": "sft.jsonl",
+    "pairs": "pairs.jsonl",
+    "prompts": "prompts.jsonl",
+    "eval": "eval_prompts.jsonl",
+}
 
 
 def shipped(name: str) -> list[dict[str, str]]:
@@ -102,19 +107,19 @@ def test_model_config_and_forward() -> None:
 @pytest.mark.parametrize(
     ("response", "exact", "partial", "copy"),
     [
-        ("5 1 8 3", 1.0, 1.0, False),            # correct
-        ("3 8 1 5", 0.0, 0.0, True),             # the bad-habit copy
-        ("5 1 9 3", 0.0, 0.75, False),           # one digit substituted
-        ("5 1 3", 0.0, 0.5, False),              # one digit dropped (positions shift)
-        ("5 1 8 8 3", 0.0, 0.6, False),          # one digit duplicated
-        ("5 1 8 3 </s>", 1.0, 1.0, False),       # trailing eos
+        ("5 1 8 3", 1.0, 1.0, False),  # correct
+        ("3 8 1 5", 0.0, 0.0, True),  # the bad-habit copy
+        ("5 1 9 3", 0.0, 0.75, False),  # one digit substituted
+        ("5 1 3", 0.0, 0.5, False),  # one digit dropped (positions shift)
+        ("5 1 8 8 3", 0.0, 0.6, False),  # one digit duplicated
+        ("5 1 8 3 </s>", 1.0, 1.0, False),  # trailing eos
         ("5 1 8 3</s> 7 7 <pad>", 1.0, 1.0, False),  # anything after the first eos is ignored
-        ("  5\t1  8 3\n", 1.0, 1.0, False),      # extra whitespace
+        ("  5\t1  8 3\n", 1.0, 1.0, False),  # extra whitespace
         ("<s> 5 1 8 3 <pad>", 1.0, 1.0, False),  # special-token words are dropped
-        ("", 0.0, 0.0, False),                   # empty
-        ("</s> 5 1 8 3", 0.0, 0.0, False),       # nothing before the eos
-        ("5 1 8 3 =", 0.0, 0.8, False),          # an extra non-digit word
-        ("5183", 0.0, 0.0, False),               # not space separated
+        ("", 0.0, 0.0, False),  # empty
+        ("</s> 5 1 8 3", 0.0, 0.0, False),  # nothing before the eos
+        ("5 1 8 3 =", 0.0, 0.8, False),  # an extra non-digit word
+        ("5183", 0.0, 0.0, False),  # not space separated
     ],
 )
 def test_rule_on_hand_examples(response: str, exact: float, partial: float, copy: bool) -> None:
@@ -157,8 +162,14 @@ def test_make_records_is_deterministic_and_well_formed() -> None:
 
 
 def test_shipped_files_equal_regeneration(tmp_path: Path) -> None:
-    paths = write_demo_data(tmp_path, seed=DEMO_SEED, n_sft=DEMO_SIZES["sft"], n_pairs=DEMO_SIZES["pairs"],
-                            n_prompts=DEMO_SIZES["prompts"], n_eval=DEMO_SIZES["eval"])
+    paths = write_demo_data(
+        tmp_path,
+        seed=DEMO_SEED,
+        n_sft=DEMO_SIZES["sft"],
+        n_pairs=DEMO_SIZES["pairs"],
+        n_prompts=DEMO_SIZES["prompts"],
+        n_eval=DEMO_SIZES["eval"],
+    )
     assert set(paths) == set(FILES)
     for name, path in paths.items():
         assert path.name == FILES[name]
@@ -168,8 +179,9 @@ def test_shipped_files_equal_regeneration(tmp_path: Path) -> None:
 
 def test_shipped_data_quality_invariants() -> None:
     sft, pairs, prompts, evals = (shipped(name) for name in ("sft", "pairs", "prompts", "eval"))
-    assert [len(sft), len(pairs), len(prompts), len(evals)] == [DEMO_SIZES[k] for k in ("sft", "pairs", "prompts",
-                                                                                         "eval")]
+    assert [len(sft), len(pairs), len(prompts), len(evals)] == [
+        DEMO_SIZES[k] for k in ("sft", "pairs", "prompts", "eval")
+    ]
     correct = sum(rule_score(r["prompt"], r["response"]) for r in sft) / len(sft)
     assert 0.45 <= correct <= 0.55
     assert all(rule_score(r["prompt"], r["response"]) or rule_is_copy(r["prompt"], r["response"]) for r in sft)

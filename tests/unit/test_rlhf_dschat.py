@@ -1,5 +1,6 @@
 """DeepSpeed-Chat compatibility: its datasets by name from local copies (one fixture per schema, no downloads), its
 defaults, its schedules and weight-decay groups, the launcher, and one-line model load errors."""
+
 from __future__ import annotations
 
 import json
@@ -30,32 +31,55 @@ from hybridzero.rlhf.settings import (
 
 # one raw row per schema, and what DeepSpeed-Chat's class extracts from it: (prompt, chosen, rejected)
 SCHEMAS: dict[str, tuple[dict[str, Any], tuple[str, str, str | None]]] = {
-    "Dahoas/rm-static": ({"prompt": " Human: hi Assistant:", "chosen": " yes", "rejected": " no", "response": " x"},
-                         (" Human: hi Assistant:", " yes", " no")),
+    "Dahoas/rm-static": (
+        {"prompt": " Human: hi Assistant:", "chosen": " yes", "rejected": " no", "response": " x"},
+        (" Human: hi Assistant:", " yes", " no"),
+    ),
     "Dahoas/full-hh-rlhf": ({"prompt": "P", "chosen": "C", "rejected": "R", "response": "C"}, ("P", "C", "R")),
-    "Dahoas/synthetic-instruct-gptj-pairwise": ({"prompt": "q", "chosen": "a", "rejected": "b"},
-                                                (" Human: q Assistant:", " a", " b")),
-    "yitingxie/rlhf-reward-datasets": ({"prompt": "Human: q ", "chosen": "Assistant: good", "rejected":
-                                        "Assistant: bad"}, ("Human: q Assistant:", " good", " bad")),
-    "openai/webgpt_comparisons": ({"question": {"full_text": "why?"}, "answer_0": "because [1] so",
-                                   "answer_1": "no (2)idea", "score_0": -1.0, "score_1": 1.0},
-                                  (" Human: why? Assistant:", " noidea", " because so")),
-    "stanfordnlp/SHP": ({"history": "h", "human_ref_A": "A", "human_ref_B": "B", "labels": 0},
-                        (" Human: h Assistant:", " B", " A")),
-    "pvduy/sharegpt_alpaca_oa_vicuna_format": ({"prompt": "USER: hi ASSISTANT:", "label": "hello"},
-                                               ("Human: hi Assistant:", " hello", None)),
+    "Dahoas/synthetic-instruct-gptj-pairwise": (
+        {"prompt": "q", "chosen": "a", "rejected": "b"},
+        (" Human: q Assistant:", " a", " b"),
+    ),
+    "yitingxie/rlhf-reward-datasets": (
+        {"prompt": "Human: q ", "chosen": "Assistant: good", "rejected": "Assistant: bad"},
+        ("Human: q Assistant:", " good", " bad"),
+    ),
+    "openai/webgpt_comparisons": (
+        {
+            "question": {"full_text": "why?"},
+            "answer_0": "because [1] so",
+            "answer_1": "no (2)idea",
+            "score_0": -1.0,
+            "score_1": 1.0,
+        },
+        (" Human: why? Assistant:", " noidea", " because so"),
+    ),
+    "stanfordnlp/SHP": (
+        {"history": "h", "human_ref_A": "A", "human_ref_B": "B", "labels": 0},
+        (" Human: h Assistant:", " B", " A"),
+    ),
+    "pvduy/sharegpt_alpaca_oa_vicuna_format": (
+        {"prompt": "USER: hi ASSISTANT:", "label": "hello"},
+        ("Human: hi Assistant:", " hello", None),
+    ),
     "wangrui6/Zhihu-KOL": ({"INSTRUCTION": "问", "RESPONSE": "答"}, (" Human: 问 Assistant:", " 答", None)),
-    "Cohere/miracl-zh-queries-22-12": ({"query": "q", "positive_passages": [{"text": "p"}],
-                                        "negative_passages": [{"text": "n"}]}, (" Human: q Assistant:", " p", " n")),
+    "Cohere/miracl-zh-queries-22-12": (
+        {"query": "q", "positive_passages": [{"text": "p"}], "negative_passages": [{"text": "n"}]},
+        (" Human: q Assistant:", " p", " n"),
+    ),
     "Hello-SimpleAI/HC3-Chinese": ({"question": "q", "human_answers": ["h"]}, (" Human: q Assistant:", " h", None)),
-    "mkqa-Chinese": ({"queries": {"zh_cn": "中", "ja": "日"}, "answers": {"zh_cn": [{"text": "甲"}],
-                                                                        "ja": [{"text": "乙"}]}},
-                     (" Human: 中 Assistant:", " 甲", None)),
-    "mkqa-Japanese": ({"queries": {"zh_cn": "中", "ja": "日"}, "answers": {"zh_cn": [{"text": "甲"}],
-                                                                         "ja": [{"text": "乙"}]}},
-                      (" Human: 日 Assistant:", " 乙", None)),
-    "Cohere/miracl-ja-queries-22-12": ({"query": "q", "positive_passages": [{"text": "p"}],
-                                        "negative_passages": [{"text": "n"}]}, (" Human: q Assistant:", " p", " n")),
+    "mkqa-Chinese": (
+        {"queries": {"zh_cn": "中", "ja": "日"}, "answers": {"zh_cn": [{"text": "甲"}], "ja": [{"text": "乙"}]}},
+        (" Human: 中 Assistant:", " 甲", None),
+    ),
+    "mkqa-Japanese": (
+        {"queries": {"zh_cn": "中", "ja": "日"}, "answers": {"zh_cn": [{"text": "甲"}], "ja": [{"text": "乙"}]}},
+        (" Human: 日 Assistant:", " 乙", None),
+    ),
+    "Cohere/miracl-ja-queries-22-12": (
+        {"query": "q", "positive_passages": [{"text": "p"}], "negative_passages": [{"text": "n"}]},
+        (" Human: q Assistant:", " p", " n"),
+    ),
     "lmqg/qg_jaquad": ({"question": "q", "sentence": "s"}, (" Human: q Assistant:", " s", None)),
     "lmqg/qag_jaquad": ({"questions": ["q1", "q2"], "paragraph": "p"}, (" Human: q1 Assistant:", " p", None)),
     "local/jsonfile": ({"prompt": "p", "chosen": "c", "rejected": "r"}, (" p", " c", " r")),
@@ -96,8 +120,11 @@ def test_save_to_disk_copies_read_like_jsonl(name: str, tmp_path: Path) -> None:
     _write_copy(tmp_path / "saved", name, [row] * 2, saved=True)
     assert dschat_rows(name, str(tmp_path / "saved")) == dschat_rows(name, str(tmp_path / "jsonl"))
     # a path that ends with the name uses the name's adapter
-    assert dschat_rows(str(tmp_path / "saved" / DSCHAT_DATASETS[name].folder), None) == \
-        dschat_rows(name, str(tmp_path / "jsonl")) or name == "mkqa-Chinese"
+    assert (
+        dschat_rows(str(tmp_path / "saved" / DSCHAT_DATASETS[name].folder), None)
+        == dschat_rows(name, str(tmp_path / "jsonl"))
+        or name == "mkqa-Chinese"
+    )
 
 
 def test_phases_of_a_named_dataset_are_disjoint_and_step2_needs_rejected(tmp_path: Path) -> None:
@@ -133,8 +160,14 @@ def test_ptx_text_rows_from_name_and_config(tmp_path: Path) -> None:
 def test_defaults_are_deepspeed_chats() -> None:
     sft, rm, ppo = SFTSettings(), RewardSettings(), PPOSettings()
     for s in (sft, rm, ppo):
-        assert (s.dtype, s.data_path, s.data_split, s.enable_tensorboard, s.lr_scheduler_type, s.seed) == \
-            ("fp16", ["Dahoas/rm-static"], "2,4,4", False, "cosine", 1234)
+        assert (s.dtype, s.data_path, s.data_split, s.enable_tensorboard, s.lr_scheduler_type, s.seed) == (
+            "fp16",
+            ["Dahoas/rm-static"],
+            "2,4,4",
+            False,
+            "cosine",
+            1234,
+        )
     assert (sft.learning_rate, sft.weight_decay, sft.zero_stage, sft.num_warmup_steps) == (1e-3, 0.0, 0, 0)
     assert (rm.learning_rate, rm.zero_stage, sft.eot_token) == (5e-5, 0, "<|endoftext|>")
     assert (ppo.actor_learning_rate, ppo.critic_learning_rate, ppo.num_warmup_steps) == (9.65e-6, 5e-6, 100)
@@ -163,8 +196,15 @@ def test_schedules_follow_transformers_curves(name: str) -> None:
 
 
 def test_weight_decay_skips_biases_and_norms() -> None:
-    config = transformers.LlamaConfig(vocab_size=37, hidden_size=12, intermediate_size=20, num_hidden_layers=1,
-                                      num_attention_heads=3, num_key_value_heads=3, attention_bias=True)
+    config = transformers.LlamaConfig(
+        vocab_size=37,
+        hidden_size=12,
+        intermediate_size=20,
+        num_hidden_layers=1,
+        num_attention_heads=3,
+        num_key_value_heads=3,
+        attention_bias=True,
+    )
     model = transformers.AutoModelForCausalLM.from_config(config)
     assert decay_groups(model, 0.0) is None
     decayed, plain = decay_groups(model, 0.1)
@@ -181,12 +221,14 @@ def test_launcher_maps_deepspeed_flags_onto_torchrun() -> None:
     assert (spec, step, rest) == (LaunchSpec(2, master_port=12346), "ppo", ["--monitor", "none"])
     cmd = torchrun_command(spec, step, rest)
     assert cmd[:3] == [sys.executable, "-m", "torch.distributed.run"]
-    assert cmd[cmd.index("hybridzero") + 1:] == ["--", "ppo", "--monitor", "none"]
+    assert cmd[cmd.index("hybridzero") + 1 :] == ["--", "ppo", "--monitor", "none"]
     assert "--standalone" in torchrun_command(LaunchSpec(1), "sft", [])
-    for argv, match in ((["--hostfile", "h", "sft"], "--hostfile is not supported"),
-                        (["--num_gpus", "x", "sft"], "--num_gpus 'x': expected an integer"),
-                        (["--num_gpus", "2", "main.py"], "STEP 'main.py' is not one of"),
-                        (["--bogus", "1", "sft"], "unknown launcher flag '--bogus'")):
+    for argv, match in (
+        (["--hostfile", "h", "sft"], "--hostfile is not supported"),
+        (["--num_gpus", "x", "sft"], "--num_gpus 'x': expected an integer"),
+        (["--num_gpus", "2", "main.py"], "STEP 'main.py' is not one of"),
+        (["--bogus", "1", "sft"], "unknown launcher flag '--bogus'"),
+    ):
         with pytest.raises(ValueError, match=match):
             parse_launch(argv)
 
@@ -198,7 +240,9 @@ def test_unloadable_models_end_in_one_line_naming_them(tmp_path: Path, monkeypat
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="no config.json"):
         check_loadable(str(tmp_path / "empty"), "--model_name_or_path")
-    with pytest.raises(ModelLoadError, match=r"'no-such-org/no-such-model': not a local directory, and cannot be loaded \(offline"):
+    with pytest.raises(
+        ModelLoadError, match=r"'no-such-org/no-such-model': not a local directory, and cannot be loaded \(offline"
+    ):
         check_loadable("no-such-org/no-such-model", "--actor_model_name_or_path")
     t5 = tmp_path / "t5"
     transformers.T5Config(vocab_size=11, d_model=8, d_kv=4, d_ff=8, num_layers=1, num_heads=2).save_pretrained(t5)
@@ -207,8 +251,9 @@ def test_unloadable_models_end_in_one_line_naming_them(tmp_path: Path, monkeypat
         check_loadable(str(t5), "--model_name_or_path")
 
 
-def test_cli_model_error_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.CaptureFixture[str],
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_model_error_is_one_line_and_exit_1(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     missing = str(tmp_path / "no_model")
     assert main(["sft", "--model_name_or_path", missing, "--progress", "false"]) == 1
@@ -216,7 +261,6 @@ def test_cli_model_error_is_one_line_and_exit_1(tmp_path: Path, capsys: pytest.C
     assert err == [f"sft: error: --model_name_or_path {missing!r}: no such directory"]
     with pytest.raises(ModelLoadError):
         main(["ppo", "--actor_model_name_or_path", missing, "--debug"])
-
 
 
 def test_test_mode_counts_generation_batches_and_keeps_the_schedule_horizon() -> None:
@@ -240,10 +284,34 @@ def test_sft_only_data_is_used_whole(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("schedule", HF_SCHEDULES)
 def test_deepspeed_chat_launcher_and_config_flags_are_accepted(schedule: str) -> None:
-    argv = ["sft", "--deepspeed", "--deepspeed_config", "ds.json", "--deepscale", "--deepscale_config", "ds.json",
-            "--disable_dropout", "--eot_token", "<|im_end|>", "--print_loss", "--sft_only_data_path", "a", "b",
-            "--lr_scheduler_type", schedule, "--local_rank", "0", "--data_root", "/data"]
+    argv = [
+        "sft",
+        "--deepspeed",
+        "--deepspeed_config",
+        "ds.json",
+        "--deepscale",
+        "--deepscale_config",
+        "ds.json",
+        "--disable_dropout",
+        "--eot_token",
+        "<|im_end|>",
+        "--print_loss",
+        "--sft_only_data_path",
+        "a",
+        "b",
+        "--lr_scheduler_type",
+        schedule,
+        "--local_rank",
+        "0",
+        "--data_root",
+        "/data",
+    ]
     s = settings_from_args(SFTSettings, build_parser().parse_args(argv))
     assert isinstance(s, SFTSettings)
-    assert (s.eot_token, s.print_loss, s.sft_only_data_path, s.lr_scheduler_type, s.data_root) == \
-        ("<|im_end|>", True, ["a", "b"], schedule, "/data")
+    assert (s.eot_token, s.print_loss, s.sft_only_data_path, s.lr_scheduler_type, s.data_root) == (
+        "<|im_end|>",
+        True,
+        ["a", "b"],
+        schedule,
+        "/data",
+    )

@@ -1,5 +1,6 @@
 """The DeepSpeed config every RLHF engine gets: non-finite steps are skipped by default (issue: one rank's NaN loss
 must not turn every weight into NaN), and it loads without a 'has no effect' warning."""
+
 from __future__ import annotations
 
 import logging
@@ -13,8 +14,9 @@ from hybridzero.rlhf.engines import OptimSpec, ds_config
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16", "fp16"])
 @pytest.mark.parametrize("trained", [True, False])
-def test_rlhf_engines_skip_nonfinite_steps_and_load_silently(dtype: str, trained: bool,
-                                                              caplog: pytest.LogCaptureFixture) -> None:
+def test_rlhf_engines_skip_nonfinite_steps_and_load_silently(
+    dtype: str, trained: bool, caplog: pytest.LogCaptureFixture
+) -> None:
     optim = OptimSpec(1e-4, 0.0, "cosine", 0, 10) if trained else None
     cfg = ds_config(stage=3, dtype=dtype, micro_batch=2, world_size=1, optim=optim)
     with warnings.catch_warnings():

@@ -1,4 +1,5 @@
 """Hand-computed checks of the RLHF math (hybridzero.rlhf): rewards, GAE, whitening, PPO/GRPO losses, records."""
+
 from __future__ import annotations
 
 import math
@@ -41,16 +42,26 @@ def _batch() -> Experience:
 
     Shifted position t <-> token t+1, so the answer tokens 3..5 are positions 2..4.
     """
-    sequences = torch.tensor([[0, 5, 6, 7, 8, 9],    # prompt [pad 5 6], answer [7 8 9]
-                              [5, 6, 7, 8, 0, 0],    # prompt [5 6 7],   answer [8] + right padding
-                              [0, 0, 5, 0, 0, 0]])   # prompt [pad pad 5], empty answer
+    sequences = torch.tensor(
+        [
+            [0, 5, 6, 7, 8, 9],  # prompt [pad 5 6], answer [7 8 9]
+            [5, 6, 7, 8, 0, 0],  # prompt [5 6 7],   answer [8] + right padding
+            [0, 0, 5, 0, 0, 0],
+        ]
+    )  # prompt [pad pad 5], empty answer
     attention_mask = (sequences != 0).long()
     action_mask = torch.tensor([[0, 0, 1, 1, 1], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]])
     logprobs = t([[9.0, 9.0, -1.0, -2.0, -0.5], [9.0, 9.0, -1.0, NAN, NAN], [NAN] * 5])
     ref_logprobs = t([[0.0, 0.0, -1.5, -1.0, -0.5], [0.0, 0.0, -3.0, NAN, NAN], [NAN] * 5])
-    return Experience(sequences=sequences, attention_mask=attention_mask, action_mask=action_mask,
-                      logprobs=logprobs, ref_logprobs=ref_logprobs, values=torch.zeros(3, 5, dtype=F64),
-                      rewards=t([7.0, -2.0, 3.0]))
+    return Experience(
+        sequences=sequences,
+        attention_mask=attention_mask,
+        action_mask=action_mask,
+        logprobs=logprobs,
+        ref_logprobs=ref_logprobs,
+        values=torch.zeros(3, 5, dtype=F64),
+        rewards=t([7.0, -2.0, 3.0]),
+    )
 
 
 # ----------------------------------------------------------------------------------------------- gather_logprobs
@@ -73,8 +84,9 @@ def test_last_action_index_variable_lengths_and_empty_row() -> None:
 
 def test_kl_penalized_rewards_variable_lengths() -> None:
     exp = _batch().validate()
-    out = kl_penalized_rewards(exp.logprobs, exp.ref_logprobs, exp.rewards, exp.action_mask,
-                               kl_coef=0.1, clip_reward=5.0)
+    out = kl_penalized_rewards(
+        exp.logprobs, exp.ref_logprobs, exp.rewards, exp.action_mask, kl_coef=0.1, clip_reward=5.0
+    )
     # row 0: logp - ref on actions = [0.5, -1.0, 0.0] -> -0.1 * . = [-0.05, 0.1, 0]; score 7 clipped to 5 at pos 4
     # row 1: logp - ref = 2.0 -> -0.2; score -2 (inside the clip) added at its only action, pos 2 -> -2.2
     #        (DS-Chat's ends = start + 1 + 1 = 4 would put it on pos 3, the masked-out pad slot)
@@ -88,8 +100,9 @@ def test_kl_penalized_rewards_clips_negative_scores() -> None:
     approx(out, [[0.0, -5.0]])
 
 
-def _ds_chat_reference(logp: torch.Tensor, ref: torch.Tensor, score: torch.Tensor, values: torch.Tensor,
-                       start: int, hp: PPOSettings) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _ds_chat_reference(
+    logp: torch.Tensor, ref: torch.Tensor, score: torch.Tensor, values: torch.Tensor, start: int, hp: PPOSettings
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """DS-Chat's start/ends formulation, valid when every answer fills the width (then ends clamps to L)."""
     rewards = -hp.kl_ctl * (logp - ref)
     rewards[:, -1] += score.clamp(-hp.clip_reward_value, hp.clip_reward_value)
@@ -153,19 +166,19 @@ def test_gae_padding_holes_and_empty_rows() -> None:
 # ---------------------------------------------------------------------------------------------- masked statistics
 def test_masked_mean_var_whiten_hand_values() -> None:
     x, mask = t([[1.0, 2.0, 3.0, NAN]]), torch.tensor([[1, 1, 1, 0]])
-    approx(masked_mean(x, mask), 2.0)                       # (1 + 2 + 3) / 3
-    approx(masked_var(x, mask), 1.0)                        # unbiased: (1 + 0 + 1) / (3 - 1)
+    approx(masked_mean(x, mask), 2.0)  # (1 + 2 + 3) / 3
+    approx(masked_var(x, mask), 1.0)  # unbiased: (1 + 0 + 1) / (3 - 1)
     approx(masked_var(x, mask, unbiased=False), 2.0 / 3.0)  # biased: (1 + 0 + 1) / 3
-    approx(masked_whiten(x, mask), [[-1.0, 0.0, 1.0, 0.0]], atol=1e-7)          # (x - 2) / sqrt(1 + 1e-8)
+    approx(masked_whiten(x, mask), [[-1.0, 0.0, 1.0, 0.0]], atol=1e-7)  # (x - 2) / sqrt(1 + 1e-8)
     approx(masked_whiten(x, mask, shift_mean=False), [[1.0, 2.0, 3.0, 0.0]], atol=1e-7)
     approx(masked_mean(t([[1.0, 3.0], [5.0, NAN]]), torch.tensor([[1, 1], [1, 0]]), dim=1), [2.0, 5.0])
 
 
 def test_masked_stats_edge_cases() -> None:
     const, mask = torch.full((2, 3), 3.0, dtype=F64), torch.tensor([[1, 1, 1], [1, 0, 0]])
-    approx(masked_whiten(const, mask), [[0.0] * 3] * 2)                          # var 0 -> all zeros
+    approx(masked_whiten(const, mask), [[0.0] * 3] * 2)  # var 0 -> all zeros
     approx(masked_whiten(const, mask, shift_mean=False), [[3.0] * 3, [3.0, 0.0, 0.0]])
-    approx(masked_mean(t([[1.0, 2.0]]), torch.zeros(1, 2)), 0.0)                  # empty mask -> 0, not nan
+    approx(masked_mean(t([[1.0, 2.0]]), torch.zeros(1, 2)), 0.0)  # empty mask -> 0, not nan
     approx(masked_var(t([[4.0, NAN]]), torch.tensor([[1, 0]]), unbiased=False), 0.0)
     with pytest.raises(ValueError, match="1 element"):
         masked_var(t([[4.0, NAN]]), torch.tensor([[1, 0]]))
@@ -185,7 +198,7 @@ def test_ppo_policy_loss_hand_values_and_gradients() -> None:
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     loss, stats = ppo_policy_loss(logp, old, adv, mask, clip=0.2)
     approx(loss.detach(), -0.22)
-    approx(stats.clip_fraction, 2 / 5)                                   # b (high, A > 0) and d (low, A < 0)
+    approx(stats.clip_fraction, 2 / 5)  # b (high, A > 0) and d (low, A < 0)
     approx(stats.approx_kl, 0.5 * (2 * math.log(1.5) ** 2 + math.log(0.5) ** 2) / 5)
     assert stats.ref_kl is None
     loss.backward()
@@ -199,7 +212,7 @@ def test_ppo_clip_fraction_at_the_boundaries() -> None:
     adv = t([[1.0, 1.0, -1.0, -1.0, 0.0]])
     logp = t([[math.log(r) for r in ratios]])
     _, stats = ppo_policy_loss(logp, torch.zeros_like(logp), adv, torch.ones(1, 5), clip=0.2)
-    approx(stats.clip_fraction, 2 / 5)   # just past 1.2 with A > 0 and just under 0.8 with A < 0; A = 0 never clips
+    approx(stats.clip_fraction, 2 / 5)  # just past 1.2 with A > 0 and just under 0.8 with A < 0; A = 0 never clips
     _, on_policy = ppo_policy_loss(logp, logp, adv, torch.ones(1, 5), clip=0.2)
     approx(on_policy.clip_fraction, 0.0)
     approx(on_policy.approx_kl, 0.0)
@@ -276,17 +289,20 @@ def test_experience_validate_accepts_a_good_batch() -> None:
         exp.rewards = t([0.0, 0.0, 0.0])  # type: ignore[misc]
 
 
-@pytest.mark.parametrize(("field", "value", "message"), [
-    ("logprobs", torch.zeros(3, 6, dtype=F64), r"logprobs: shape \(3, 6\) .* expected \(3, 5\)"),
-    ("rewards", torch.zeros(3, 1, dtype=F64), r"rewards: shape \(3, 1\) .* expected \(3,\)"),
-    ("attention_mask", torch.ones(2, 6, dtype=torch.long), r"attention_mask: shape \(2, 6\) .* expected \(3, 6\)"),
-    ("action_mask", torch.ones(3, 6, dtype=torch.long), r"action_mask: shape \(3, 6\) .* expected \(3, 5\)"),
-    ("sequences", torch.zeros(3, 6), "sequences: expected integer"),
-    ("values", torch.zeros(3, 5, dtype=torch.long), "values: expected a floating dtype"),
-    ("action_mask", torch.zeros(3, 5), "action_mask: expected a bool or integer mask"),
-    ("action_mask", torch.full((3, 5), 2), "action_mask: mask values must be 0 or 1"),
-    ("action_mask", torch.ones(3, 5, dtype=torch.long), "action_mask: marks positions whose token is padding"),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("logprobs", torch.zeros(3, 6, dtype=F64), r"logprobs: shape \(3, 6\) .* expected \(3, 5\)"),
+        ("rewards", torch.zeros(3, 1, dtype=F64), r"rewards: shape \(3, 1\) .* expected \(3,\)"),
+        ("attention_mask", torch.ones(2, 6, dtype=torch.long), r"attention_mask: shape \(2, 6\) .* expected \(3, 6\)"),
+        ("action_mask", torch.ones(3, 6, dtype=torch.long), r"action_mask: shape \(3, 6\) .* expected \(3, 5\)"),
+        ("sequences", torch.zeros(3, 6), "sequences: expected integer"),
+        ("values", torch.zeros(3, 5, dtype=torch.long), "values: expected a floating dtype"),
+        ("action_mask", torch.zeros(3, 5), "action_mask: expected a bool or integer mask"),
+        ("action_mask", torch.full((3, 5), 2), "action_mask: mask values must be 0 or 1"),
+        ("action_mask", torch.ones(3, 5, dtype=torch.long), "action_mask: marks positions whose token is padding"),
+    ],
+)
 def test_experience_validate_errors(field: str, value: torch.Tensor, message: str) -> None:
     fields = {name: getattr(_batch(), name) for name in Experience.__dataclass_fields__}
     fields[field] = value

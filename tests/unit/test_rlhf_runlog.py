@@ -1,4 +1,5 @@
 """RunLog (hybridzero.rlhf.runlog): rank-0-only writes, strict JSON lines, resume merging, TensorBoard mirror."""
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,10 @@ def test_rank0_writes_json_and_tensorboard(tmp_path: Path) -> None:
 
 def test_missing_tensorboard_warns_once_and_keeps_metrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails as without the package
-    with pytest.warns(UserWarning, match="tensorboard package is not installed") as record, \
-            RunLog(tmp_path, 0, echo=lambda _: None) as log:
+    with (
+        pytest.warns(UserWarning, match="tensorboard package is not installed") as record,
+        RunLog(tmp_path, 0, echo=lambda _: None) as log,
+    ):
         log.log(1, {"a": 1.0}, "sft")
         log.log(2, {"a": 2.0}, "sft")
     assert len([w for w in record if "tensorboard" in str(w.message)]) == 1
@@ -94,7 +97,10 @@ def test_resume_appends_and_last_occurrence_wins(tmp_path: Path) -> None:
     with pytest.warns(UserWarning, match="1 malformed"):
         records = read_metrics(tmp_path)
     assert [(r["step"], r.get("loss"), r.get("eval_loss")) for r in records] == [
-        (1, 1.0, None), (2, 2.0, None), (3, 30.0, 31.0), (4, 40.0, None)
+        (1, 1.0, None),
+        (2, 2.0, None),
+        (3, 30.0, 31.0),
+        (4, 40.0, None),
     ]
     assert len(list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))) == 2
     assert _tensorboard_scalars(tmp_path)["sft/loss"] == [(1, 1.0), (2, 2.0), (3, 3.0), (3, 30.0), (4, 40.0)]

@@ -1,4 +1,5 @@
 """Hand-computed checks of the step-3 throughput report (hybridzero.rlhf.report), including the two fixes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,8 +28,15 @@ ONE_SEQ = 33280.0
 
 def _timing(**overrides: object) -> Step3Timing:
     base: dict[str, object] = {
-        "e2e_s": 2.0, "generation_s": 0.5, "training_s": 1.0, "batch_size": 2, "prompt_len": 4, "answer_len": 4,
-        "world_size": 2, "gradient_checkpointing": False, "dtype_bytes": 4,
+        "e2e_s": 2.0,
+        "generation_s": 0.5,
+        "training_s": 1.0,
+        "batch_size": 2,
+        "prompt_len": 4,
+        "answer_len": 4,
+        "world_size": 2,
+        "gradient_checkpointing": False,
+        "dtype_bytes": 4,
     }
     base.update(overrides)
     return Step3Timing(**base)  # type: ignore[arg-type]

@@ -117,13 +117,15 @@ def test_warmup_cosine_ratio_values() -> None:
         (lambda: warmup_lr_factor(-1, warmup_num_steps=5, warmup_type="log"), "got -1"),
         (lambda: warmup_lr_factor(7, warmup_num_steps=5, warmup_type="cosine"), "warmup_type='cosine'"),
         (
-            lambda: warmup_decay_lr(7, total_num_steps=9, warmup_min_lr=0, warmup_max_lr=1,
-                                    warmup_num_steps=5, warmup_type="exp"),
+            lambda: warmup_decay_lr(
+                7, total_num_steps=9, warmup_min_lr=0, warmup_max_lr=1, warmup_num_steps=5, warmup_type="exp"
+            ),
             "warmup_type='exp'",
         ),
         (
-            lambda: warmup_cosine_lr_ratio(5, total_num_steps=5, warmup_min_ratio=0, warmup_num_steps=5,
-                                           cos_min_ratio=0),
+            lambda: warmup_cosine_lr_ratio(
+                5, total_num_steps=5, warmup_min_ratio=0, warmup_num_steps=5, cos_min_ratio=0
+            ),
             "total_num_steps=5",
         ),
     ],
@@ -138,8 +140,9 @@ def test_pure_function_errors(call, fragment: str) -> None:
 
 
 def test_warmup_lr_engine_sequence_linear() -> None:
-    seen = _engine_lrs("WarmupLR", {"warmup_min_lr": 0.0, "warmup_max_lr": 1.0,
-                                    "warmup_num_steps": 4, "warmup_type": "linear"}, 8)
+    seen = _engine_lrs(
+        "WarmupLR", {"warmup_min_lr": 0.0, "warmup_max_lr": 1.0, "warmup_num_steps": 4, "warmup_type": "linear"}, 8
+    )
     # pre-start value, then iterations 0, 1, 2, ...: the first two steps both use min_lr
     assert [s[0] for s in seen] == [0.0, 0.0, 0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
 
@@ -153,29 +156,43 @@ def test_warmup_lr_engine_sequence_log_matches_pure_function() -> None:
 
 
 def test_warmup_lr_per_group_lists_and_default_max() -> None:
-    listed = _engine_lrs("WarmupLR", {"warmup_min_lr": [0.0, 0.1], "warmup_max_lr": [1.0, 2.1],
-                                      "warmup_num_steps": 2, "warmup_type": "linear"}, 4, lrs=(5.0, 5.0))
+    listed = _engine_lrs(
+        "WarmupLR",
+        {"warmup_min_lr": [0.0, 0.1], "warmup_max_lr": [1.0, 2.1], "warmup_num_steps": 2, "warmup_type": "linear"},
+        4,
+        lrs=(5.0, 5.0),
+    )
     assert listed == [[0.0, 0.1], [0.0, 0.1], [0.5, 1.1], [1.0, 2.1]]
     # DeepSpeed: an unset warmup_max_lr is each group's own lr
     default = _engine_lrs("WarmupLR", {"warmup_num_steps": 2, "warmup_type": "linear"}, 4, lrs=(0.2, 0.4))
     assert default[-1] == [0.2, 0.4]
     assert default[2] == [0.1, 0.2]
     # an explicit null does the same, for WarmupDecayLR too (inherited DeepSpeed code path)
-    decay = _engine_lrs("WarmupDecayLR", {"warmup_max_lr": None, "total_num_steps": 4,
-                                          "warmup_num_steps": 2, "warmup_type": "linear"}, 4, lrs=(0.2, 0.4))
+    decay = _engine_lrs(
+        "WarmupDecayLR",
+        {"warmup_max_lr": None, "total_num_steps": 4, "warmup_num_steps": 2, "warmup_type": "linear"},
+        4,
+        lrs=(0.2, 0.4),
+    )
     assert decay[3] == [0.2, 0.4]
 
 
 def test_warmup_decay_engine_sequence_and_default_max() -> None:
-    seen = _engine_lrs("WarmupDecayLR", {"total_num_steps": 6, "warmup_num_steps": 2,
-                                         "warmup_type": "linear"}, 10, lrs=(0.5,))
+    seen = _engine_lrs(
+        "WarmupDecayLR", {"total_num_steps": 6, "warmup_num_steps": 2, "warmup_type": "linear"}, 10, lrs=(0.5,)
+    )
     expected = [0.0, 0.0, 0.0005, 0.001, 0.00075, 0.0005, 0.00025, 0.0, 0.0, 0.0]
     assert [s[0] for s in seen] == pytest.approx(expected, abs=1e-18)
 
 
 def test_warmup_cosine_engine_sequence_scales_every_group() -> None:
-    params = {"total_num_steps": 12, "warmup_num_steps": 4, "warmup_min_ratio": 0.1,
-              "cos_min_ratio": 0.0, "warmup_type": "linear"}
+    params = {
+        "total_num_steps": 12,
+        "warmup_num_steps": 4,
+        "warmup_min_ratio": 0.1,
+        "cos_min_ratio": 0.0,
+        "warmup_type": "linear",
+    }
     seen = _engine_lrs("WarmupCosineLR", params, 14, lrs=(2.0, 4.0))
     assert seen[0] == [0.0, 0.0]  # pre-start lr is 0 for every group (DeepSpeed #7969)
     assert seen[1] == pytest.approx([0.2, 0.4], abs=1e-15)
@@ -190,16 +207,18 @@ def test_warmup_cosine_engine_sequence_scales_every_group() -> None:
 
 def test_get_last_lr_and_tensor_lr() -> None:
     opt = _optimizer((1.0,))
-    sched = build_scheduler("WarmupLR", {"warmup_min_lr": 0.5, "warmup_max_lr": 1.0,
-                                         "warmup_num_steps": 2, "warmup_type": "linear"}, opt)
+    sched = build_scheduler(
+        "WarmupLR", {"warmup_min_lr": 0.5, "warmup_max_lr": 1.0, "warmup_num_steps": 2, "warmup_type": "linear"}, opt
+    )
     assert sched.get_last_lr() == [0.5]
     sched.step()
     sched.step()
     assert sched.get_last_lr() == [0.75]
     assert sched.last_batch_iteration == 1
     tensor_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=torch.tensor(0.3))
-    tensor_sched = build_scheduler("WarmupCosineLR", {"total_num_steps": 5, "warmup_num_steps": 2,
-                                                      "warmup_type": "linear"}, tensor_opt)
+    tensor_sched = build_scheduler(
+        "WarmupCosineLR", {"total_num_steps": 5, "warmup_num_steps": 2, "warmup_type": "linear"}, tensor_opt
+    )
     tensor_sched.step()
     tensor_sched.step()
     assert isinstance(tensor_opt.param_groups[0]["lr"], torch.Tensor)

@@ -1,6 +1,7 @@
 """The NVMe swap machinery without a process group: the private, locked swap directory (stale ones from killed runs
 removed, never read; live ones left alone), start-up errors for unusable paths and full disks, the chunking, and a
 chunk-streamed optimizer step that is bitwise the plain step."""
+
 from __future__ import annotations
 
 import json
@@ -47,8 +48,10 @@ def test_file_names_cannot_escape_the_directory(tmp_path: Path) -> None:
 
 
 def test_stale_directory_of_a_killed_run_is_removed_not_read(tmp_path: Path) -> None:
-    code = ("import sys, time; from hybridzero.optim.swapdir import SwapDir; d = SwapDir(sys.argv[1], 0); "
-            "d.open_file('optimizer_state.bin', 1 << 16); print(d.path, flush=True); time.sleep(60)")
+    code = (
+        "import sys, time; from hybridzero.optim.swapdir import SwapDir; d = SwapDir(sys.argv[1], 0); "
+        "d.open_file('optimizer_state.bin', 1 << 16); print(d.path, flush=True); time.sleep(60)"
+    )
     env = {**os.environ, "PYTHONPATH": str(_REPO)}
     proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True, env=env)
     assert proc.stdout is not None
@@ -96,11 +99,14 @@ def _leaves(seed: int) -> list[nn.Parameter]:
     return [nn.Parameter(torch.randn(n, generator=g)) for n in (37, 5, 101, 13)]
 
 
-@pytest.mark.parametrize(("make", "per_element"), [
-    (lambda ps: torch.optim.AdamW([{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.0}], lr=0.1), 2),
-    (lambda ps: torch.optim.Adam(ps, lr=0.1, amsgrad=True), 3),
-    (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), 1),
-])
+@pytest.mark.parametrize(
+    ("make", "per_element"),
+    [
+        (lambda ps: torch.optim.AdamW([{"params": ps[:2]}, {"params": ps[2:], "weight_decay": 0.0}], lr=0.1), 2),
+        (lambda ps: torch.optim.Adam(ps, lr=0.1, amsgrad=True), 3),
+        (lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), 1),
+    ],
+)
 def test_streamed_step_is_bitwise_the_plain_step(tmp_path: Path, make, per_element: int) -> None:
     plain, swapped = _leaves(0), _leaves(0)
     opt_plain, opt_swapped = make(plain), make(swapped)

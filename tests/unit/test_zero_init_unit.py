@@ -1,4 +1,5 @@
 """``zero.Init`` pieces that need no process group: argument errors, the placeholder, the staged source."""
+
 from __future__ import annotations
 
 import math
@@ -11,14 +12,17 @@ from hybridzero.zero.init_source import StagedSource
 from hybridzero.zero.init_store import placeholder
 
 
-@pytest.mark.parametrize(("kwargs", "names"), [
-    ({"remote_device": "nvme"}, ["remote_device='nvme'", "'cpu'"]),
-    ({"mpu": object()}, ["mpu", "mpu=None"]),
-    ({"zero_param_parallel_group": object()}, ["zero_param_parallel_group"]),
-    ({"zero_quantized_weights": True}, ["zero_quantized_weights"]),
-    ({"dtype": torch.int8}, ["dtype=torch.int8", "floating"]),
-    ({"config": {}, "config_dict_or_path": {}}, ["config_dict_or_path=", "config="]),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"remote_device": "nvme"}, ["remote_device='nvme'", "'cpu'"]),
+        ({"mpu": object()}, ["mpu", "mpu=None"]),
+        ({"zero_param_parallel_group": object()}, ["zero_param_parallel_group"]),
+        ({"zero_quantized_weights": True}, ["zero_quantized_weights"]),
+        ({"dtype": torch.int8}, ["dtype=torch.int8", "floating"]),
+        ({"config": {}, "config_dict_or_path": {}}, ["config_dict_or_path=", "config="]),
+    ],
+)
 def test_bad_arguments_name_the_key(kwargs: dict, names: list[str]) -> None:
     with pytest.raises(ValueError) as info:
         Init(**kwargs)

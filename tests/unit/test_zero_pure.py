@@ -1,4 +1,5 @@
 """Pure pieces of the ZeRO layer: layout math, group planning, prefetch traces, the ledger."""
+
 from __future__ import annotations
 
 import pytest
@@ -7,10 +8,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridzero.comm.ledger import Ledger
-from tests.harness.models import MODEL_FACTORIES
 from hybridzero.zero.layout import ALIGN, build_layout, intersect, padded_numel
 from hybridzero.zero.partition import PERSISTENT, ROOT, find_blocks, plan_groups
 from hybridzero.zero.prefetch import Prefetcher
+from tests.harness.models import MODEL_FACTORIES
 
 
 @given(numel=st.integers(0, 10_000), world=st.integers(1, 9))

@@ -1,4 +1,5 @@
 """Per-rank functions for checkpoint tests: interrupted vs uninterrupted runs, resharding, crashes, bad input."""
+
 from __future__ import annotations
 
 import hashlib
@@ -52,7 +53,7 @@ def full_optimizer_state(engine: Any) -> dict[str, dict[str, torch.Tensor]]:
                 flat = torch.empty(g.layout.padded_numel)
                 engine.comm.all_gather(flat, local, phase="test")
             for slot in g.slots:
-                out.setdefault(slot.spec.name, {})[key] = flat[slot.spec.offset:slot.spec.end].view(slot.spec.shape)
+                out.setdefault(slot.spec.name, {})[key] = flat[slot.spec.offset : slot.spec.end].view(slot.spec.shape)
     return out
 
 
@@ -72,8 +73,12 @@ def run_with_checkpoint(spec: RunSpec, ckpt: str, save_at: int | None, resume: b
             losses += _train(engine, batches, rank, range(save_at, spec.steps), spec.accumulation)
     engine.assert_quiescent()
     params, state = engine.full_parameters(), full_optimizer_state(engine)
-    return {"losses": losses, "params": params if rank == 0 else None, "state": state if rank == 0 else None,
-            "steps": engine.global_steps}
+    return {
+        "losses": losses,
+        "params": params if rank == 0 else None,
+        "state": state if rank == 0 else None,
+        "steps": engine.global_steps,
+    }
 
 
 def load_and_consolidate(spec: RunSpec, ckpt: str, tag: str | None = None) -> dict[str, Any]:
@@ -81,8 +86,12 @@ def load_and_consolidate(spec: RunSpec, ckpt: str, tag: str | None = None) -> di
     engine, _, rank = _engine(spec)
     engine.load_checkpoint(ckpt, tag)
     params, state = engine.full_parameters(), full_optimizer_state(engine)
-    return {"params": params if rank == 0 else None, "state": state if rank == 0 else None,
-            "lr": engine.get_lr(), "steps": engine.global_steps}
+    return {
+        "params": params if rank == 0 else None,
+        "state": state if rank == 0 else None,
+        "lr": engine.get_lr(),
+        "steps": engine.global_steps,
+    }
 
 
 def save_then_crash(spec: RunSpec, ckpt: str) -> None:
@@ -122,8 +131,12 @@ def save_inside_accumulation_window(spec: RunSpec, ckpt: str) -> tuple[dict[str,
     fresh, _, _ = _engine(spec)
     fresh.load_checkpoint(ckpt)
     grads = sum(float(g.grad_shard.abs().sum()) for g in fresh.groups)
-    loaded = {"params": fresh.full_parameters(), "micro_steps": fresh.micro_steps,
-              "global_steps": fresh.global_steps, "grad_norm": grads}
+    loaded = {
+        "params": fresh.full_parameters(),
+        "micro_steps": fresh.micro_steps,
+        "global_steps": fresh.global_steps,
+        "grad_norm": grads,
+    }
     return saved, loaded
 
 

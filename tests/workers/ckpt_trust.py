@@ -1,5 +1,6 @@
 """Per-rank functions for the checkpoint trust-boundary tests: snapshots of everything a load may change, loads
 expected to fail, hostile saves, killed saves, odd optimizer state, 16-bit export."""
+
 from __future__ import annotations
 
 import os
@@ -37,16 +38,25 @@ def payload_bytes(marker: str) -> bytes:
 def snapshot(engine: Any) -> dict[str, Any]:
     """Everything a load may write, on this rank (local copies; no collective)."""
     opt = engine.optimizer
-    state = [] if opt is None else [
-        {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state.get(leaf, {}).items()}
-        for _, leaf, _, _, _ in leaf_ranges(opt, engine.groups)]
-    return {"masters": [g.master.clone() for g in engine.groups],
-            "compute": [g.compute_shard().clone() for g in engine.groups],
-            "opt": state, "hyper": [] if opt is None else [dict(g, params=None) for g in opt.param_groups],
-            "counters": (engine.global_steps, engine.micro_steps, engine.skipped_steps),
-            "torch_rng": torch.get_rng_state(), "py_rng": random.getstate(),
-            "sched": None if engine.lr_scheduler is None else engine.lr_scheduler.state_dict(),
-            "scaler": engine.loss_scaler.state_dict()}
+    state = (
+        []
+        if opt is None
+        else [
+            {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in opt.state.get(leaf, {}).items()}
+            for _, leaf, _, _, _ in leaf_ranges(opt, engine.groups)
+        ]
+    )
+    return {
+        "masters": [g.master.clone() for g in engine.groups],
+        "compute": [g.compute_shard().clone() for g in engine.groups],
+        "opt": state,
+        "hyper": [] if opt is None else [dict(g, params=None) for g in opt.param_groups],
+        "counters": (engine.global_steps, engine.micro_steps, engine.skipped_steps),
+        "torch_rng": torch.get_rng_state(),
+        "py_rng": random.getstate(),
+        "sched": None if engine.lr_scheduler is None else engine.lr_scheduler.state_dict(),
+        "scaler": engine.loss_scaler.state_dict(),
+    }
 
 
 def same(a: Any, b: Any) -> bool:
@@ -69,8 +79,9 @@ def trained(spec: RunSpec, steps: int = 1) -> tuple[Any, torch.Tensor, int]:
     return engine, batches, rank
 
 
-def failing_load(spec: RunSpec, ckpt: str, tag: str | None = None, per_rank_dir: list[str] | None = None,
-                 good: str | None = None) -> dict[str, Any]:
+def failing_load(
+    spec: RunSpec, ckpt: str, tag: str | None = None, per_rank_dir: list[str] | None = None, good: str | None = None
+) -> dict[str, Any]:
     """Load that must fail: the error text, whether every piece of engine state is bitwise unchanged, and whether
     the engine still trains and loads the ``good`` checkpoint afterwards (no posted failure, no hang)."""
     engine, batches, rank = trained(spec, 2)
@@ -119,6 +130,7 @@ def killed_save(spec: RunSpec, root: str, point: str) -> None:
             if calls["n"] == n:
                 os._exit(17)
             real_replace(*args)
+
         return replace
 
     def half_written(tensors: dict[str, torch.Tensor], path: str, **kwargs: Any) -> None:
@@ -183,8 +195,9 @@ def odd_state_round_trip(spec: RunSpec, root: str) -> dict[str, Any]:
 
     def make() -> Any:
         model = build_model(spec)
-        engine, *_ = hybridzero.initialize(model=model, config=ds_config(spec, world),
-                                           optimizer=OddStateSGD(model.parameters()))
+        engine, *_ = hybridzero.initialize(
+            model=model, config=ds_config(spec, world), optimizer=OddStateSGD(model.parameters())
+        )
         return engine
 
     batches = batches_for(spec, world, int(build_model(spec).config.vocab_size))
@@ -198,8 +211,12 @@ def odd_state_round_trip(spec: RunSpec, root: str) -> dict[str, Any]:
     kinds = sorted({(k, str(v.dtype), tuple(v.shape)) for st in b for k, v in st.items() if k != "buf"})
     _train(first, batches, rank, range(2, 3), spec.accumulation)
     _train(second, batches, rank, range(2, 3), spec.accumulation)
-    return {"state_equal": same(a, b), "kinds": kinds, "n_leaves": len(a),
-            "params_equal": same(first.full_parameters(), second.full_parameters())}
+    return {
+        "state_equal": same(a, b),
+        "kinds": kinds,
+        "n_leaves": len(a),
+        "params_equal": same(first.full_parameters(), second.full_parameters()),
+    }
 
 
 def save_16bit(spec: RunSpec, out: str, name: str, gather: bool) -> dict[str, Any]:
@@ -209,8 +226,7 @@ def save_16bit(spec: RunSpec, out: str, name: str, gather: bool) -> dict[str, An
     engine, _, rank = trained(spec)
     result = engine.save_16bit_model(out, name)
     full = engine.full_parameters()
-    names = {n: full[first].to(engine.compute_dtype)
-             for first, ns in param_aliases(engine.module).items() for n in ns}
+    names = {n: full[first].to(engine.compute_dtype) for first, ns in param_aliases(engine.module).items() for n in ns}
     return {"result": result, "expected": names if rank == 0 else None}
 
 
@@ -221,17 +237,24 @@ def deepspeed_load_options(spec: RunSpec, root: str, exclude_frozen: bool) -> di
     engine.save_checkpoint(root, tag="a", client_state={"epoch": 3}, exclude_frozen_parameters=exclude_frozen)
     saved = {"params": engine.full_parameters(), "opt": snapshot(engine)["opt"]}
     out: dict[str, Any] = {}
-    for label, kwargs in {"module_only": {"load_module_only": True},
-                          "no_optimizer": {"load_optimizer_states": False, "load_lr_scheduler_states": False},
-                          "full": {}}.items():
+    for label, kwargs in {
+        "module_only": {"load_module_only": True},
+        "no_optimizer": {"load_optimizer_states": False, "load_lr_scheduler_states": False},
+        "full": {},
+    }.items():
         fresh, _, _ = trained(spec, 1)
         before = snapshot(fresh)
         path, client = fresh.load_checkpoint(root, "a", **kwargs)
         after = snapshot(fresh)
-        out[label] = {"path_name": Path(path).name, "client": client,
-                      "params_loaded": same(fresh.full_parameters(), saved["params"]),
-                      "opt_kept": same(after["opt"], before["opt"]), "opt_loaded": same(after["opt"], saved["opt"]),
-                      "sched_kept": same(after["sched"], before["sched"]), "counters": after["counters"]}
+        out[label] = {
+            "path_name": Path(path).name,
+            "client": client,
+            "params_loaded": same(fresh.full_parameters(), saved["params"]),
+            "opt_kept": same(after["opt"], before["opt"]),
+            "opt_loaded": same(after["opt"], saved["opt"]),
+            "sched_kept": same(after["sched"], before["sched"]),
+            "counters": after["counters"],
+        }
     return out
 
 

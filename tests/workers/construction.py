@@ -1,4 +1,5 @@
 """Per-rank functions for sharded construction, checkpoint loading and memory accounting tests."""
+
 from __future__ import annotations
 
 import ctypes
@@ -46,8 +47,15 @@ def big_llama_on_meta(layers: int) -> torch.nn.Module:
     from tests.harness.models import tiny_llama
 
     with torch.device("meta"):
-        return tiny_llama(hidden_size=512, intermediate_size=2047, num_attention_heads=8, num_key_value_heads=2,
-                          head_dim=64, vocab_size=101, num_hidden_layers=layers)
+        return tiny_llama(
+            hidden_size=512,
+            intermediate_size=2047,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            head_dim=64,
+            vocab_size=101,
+            num_hidden_layers=layers,
+        )
 
 
 def _large_allocations_return_to_os() -> None:
@@ -82,5 +90,11 @@ def train_meta_model(layers: int, dtype: str = "fp32", live_fraction: float | No
         engine.step()
         losses.append(loss.item())
     engine.assert_quiescent()
-    return {"numel": numel, "rss_init_growth": rss_init, "losses": losses, "report": engine.memory_report(),
-            "live_growth": live_tensor_bytes() - live0, "peak_gathered": engine.coordinator.peak_gathered_bytes}
+    return {
+        "numel": numel,
+        "rss_init_growth": rss_init,
+        "losses": losses,
+        "report": engine.memory_report(),
+        "live_growth": live_tensor_bytes() - live0,
+        "peak_gathered": engine.coordinator.peak_gathered_bytes,
+    }

@@ -1,5 +1,6 @@
 """Per-rank bodies of the DeepSpeed drop-in tests (tests/distributed/test_deepspeed_api.py): DeepSpeed's engine-free
 API (``zero.GatheredParameters``, ``utils.safe_*``, ``comm``) and the engine as an ``nn.Module``."""
+
 from __future__ import annotations
 
 import argparse
@@ -12,9 +13,13 @@ import torch
 from hybridzero.zero.registry import REGISTRY
 from tests.harness.parity import RunSpec, batches_for, build_model, ds_config
 
-FRAGMENT_PARAMS = ("model.layers.1.mlp.up_proj.weight", "model.embed_tokens.weight", "model.norm.weight",
-                   "model.layers.0.self_attn.q_proj.weight",
-                   "model.layers.0.input_layernorm.weight")
+FRAGMENT_PARAMS = (
+    "model.layers.1.mlp.up_proj.weight",
+    "model.embed_tokens.weight",
+    "model.norm.weight",
+    "model.layers.0.self_attn.q_proj.weight",
+    "model.layers.0.input_layernorm.weight",
+)
 
 
 def _setup(spec: RunSpec) -> tuple[Any, torch.Tensor, int, int]:
@@ -55,15 +60,27 @@ def fragments_run(spec: RunSpec, edit_via: str) -> dict[str, Any]:
             step_losses.append(loss.item())
         losses.append(step_losses)
         if s == 0:
-            exp_avg = {n: (utils.safe_get_full_optimizer_state(named[n], "exp_avg"),
-                           utils.safe_get_local_optimizer_state(named[n], "exp_avg")) for n in watched}
+            exp_avg = {
+                n: (
+                    utils.safe_get_full_optimizer_state(named[n], "exp_avg"),
+                    utils.safe_get_local_optimizer_state(named[n], "exp_avg"),
+                )
+                for n in watched
+            }
             _edit(deepspeed, utils, [named[n] for n in spec.edit], rank, edit_via)
             engine.assert_quiescent()
     params = {n: utils.safe_get_full_fp32_param(p) for n, p in engine.module.named_parameters()}
     local = {n: utils.safe_get_local_fp32_param(named[n]) for n in watched}
-    return {"losses": losses, "params": params if rank == 0 else None, "lr": engine.get_lr(), "grads": grads,
-            "local_grads": local_grads, "exp_avg": exp_avg, "local_params": local,
-            "final": {n: params[n] for n in watched}}
+    return {
+        "losses": losses,
+        "params": params if rank == 0 else None,
+        "lr": engine.get_lr(),
+        "grads": grads,
+        "local_grads": local_grads,
+        "exp_avg": exp_avg,
+        "local_params": local,
+        "final": {n: params[n] for n in watched},
+    }
 
 
 def _edit(deepspeed: Any, utils: Any, targets: list[torch.Tensor], rank: int, edit_via: str) -> None:
@@ -131,8 +148,11 @@ def edit_without_modifier(spec: RunSpec, editors: tuple[int, ...]) -> dict[str, 
     after = [utils.safe_get_full_fp32_param(t) for t in targets]
     with torch.no_grad():
         loss_after = engine(input_ids=ids, labels=ids).loss.item()
-    return {"raised": "modifier_rank" in message and str(list(editors)) in message,
-            "unchanged": all(torch.equal(a, b) for a, b in zip(before, after)), "loss_same": loss_before == loss_after}
+    return {
+        "raised": "modifier_rank" in message and str(list(editors)) in message,
+        "unchanged": all(torch.equal(a, b) for a, b in zip(before, after)),
+        "loss_same": loss_before == loss_after,
+    }
 
 
 def unowned_and_two_engines() -> dict[str, Any]:
@@ -162,8 +182,9 @@ def unowned_and_two_engines() -> dict[str, Any]:
             b.fill_(-2.0)
     for e in engines:
         e.assert_quiescent()
-    edited = bool(torch.all(utils.safe_get_full_fp32_param(a) == 1.5) and
-                  torch.all(utils.safe_get_full_fp32_param(b) == -2.0))
+    edited = bool(
+        torch.all(utils.safe_get_full_fp32_param(a) == 1.5) and torch.all(utils.safe_get_full_fp32_param(b) == -2.0)
+    )
     return {"unowned": unowned, "full_inside": full_inside, "edited": edited}
 
 
@@ -183,16 +204,23 @@ def module_surface(spec: RunSpec) -> dict[str, Any]:
         "sd_keys": list(sd) == ["module." + k for k in plain_sd],
         "sd_values": all(torch.equal(sd["module." + k], v) for k, v in plain_sd.items()),
         "msd_values": list(msd) == list(plain_sd) and all(torch.equal(msd[k], v) for k, v in plain_sd.items()),
-        "param_names": [n for n, _ in engine.named_parameters()] == ["module." + n for n, _ in
-                                                                       plain.named_parameters()],
+        "param_names": [n for n, _ in engine.named_parameters()]
+        == ["module." + n for n, _ in plain.named_parameters()],
         "n_params": len(list(engine.parameters())) == len(list(plain.parameters())),
         "submodules": [n for n, _ in engine.named_children()] == ["module"],
         "buffers": [n for n, _ in engine.named_buffers()] == ["module." + n for n, _ in plain.named_buffers()],
         "fallthrough": engine.get_input_embeddings() is engine.module.get_input_embeddings(),
         "own_config": engine.config is not engine.module.config,
-        "batch": (engine.train_batch_size(), engine.train_micro_batch_size_per_gpu(),
-                  engine.gradient_accumulation_steps(), engine.zero_optimization_stage(), engine.world_size,
-                  engine.global_rank == rank, engine.fp16_enabled(), engine.bfloat16_enabled()),
+        "batch": (
+            engine.train_batch_size(),
+            engine.train_micro_batch_size_per_gpu(),
+            engine.gradient_accumulation_steps(),
+            engine.zero_optimization_stage(),
+            engine.world_size,
+            engine.global_rank == rank,
+            engine.fp16_enabled(),
+            engine.bfloat16_enabled(),
+        ),
     }
     engine.eval()
     out["eval"] = not engine.training and not engine.module.training
@@ -200,7 +228,7 @@ def module_surface(spec: RunSpec) -> dict[str, Any]:
     out["train"] = engine.training and engine.module.training
     new = {k: (v * 0.5 + 0.01 if v.is_floating_point() else v) for k, v in sd.items()}
     result = engine.load_state_dict(new)
-    plain.load_state_dict({k[len("module."):]: v for k, v in new.items()})
+    plain.load_state_dict({k[len("module.") :]: v for k, v in new.items()})
     with torch.no_grad():
         got, want = engine(input_ids=ids, labels=ids).loss, plain(input_ids=ids, labels=ids).loss
     out["load"] = (list(result.missing_keys), list(result.unexpected_keys), bool(torch.equal(got, want)))
@@ -211,8 +239,9 @@ def module_surface(spec: RunSpec) -> dict[str, Any]:
     owned = REGISTRY.owner_of(w) is engine.param_owner
     engine.destroy()
     with deepspeed.zero.GatheredParameters([w], modifier_rank=0):  # nobody owns it any more: a no-op
-        out["destroyed_noop"] = owned and REGISTRY.owner_of(w) is None and w.numel() == (0 if spec.stage == 3
-                                                                                          else 35 * 48)
+        out["destroyed_noop"] = (
+            owned and REGISTRY.owner_of(w) is None and w.numel() == (0 if spec.stage == 3 else 35 * 48)
+        )
     out["world"] = world
     return out
 
@@ -230,8 +259,15 @@ def comm_face() -> dict[str, Any]:
     b = torch.tensor([7.0 if dist.get_rank() == 0 else 0.0])
     dist.broadcast(b, 0)
     dist.barrier()
-    return {"rank": dist.get_rank(), "world": dist.get_world_size(), "sum": t.item(), "local": dist.get_local_rank(),
-            "gathered": [g.item() for g in gathered], "bcast": b.item(), "init": dist.is_initialized()}
+    return {
+        "rank": dist.get_rank(),
+        "world": dist.get_world_size(),
+        "sum": t.item(),
+        "local": dist.get_local_rank(),
+        "gathered": [g.item() for g in gathered],
+        "bcast": b.item(),
+        "init": dist.is_initialized(),
+    }
 
 
 def initialize_with_args(tmp: str) -> dict[str, Any]:
@@ -245,14 +281,18 @@ def initialize_with_args(tmp: str) -> dict[str, Any]:
     path.write_text(json.dumps(ds_config(spec, world)))
     parser = deepspeed.add_config_arguments(argparse.ArgumentParser())
     args = parser.parse_args(["--deepspeed", "--deepspeed_config", str(path)])
-    engine, opt, loader, sched = deepspeed.initialize(args=args, model=build_model(spec),
-                                                      model_parameters=None)
-    out: dict[str, Any] = {"args": (args.deepspeed, args.deepscale, args.deepscale_config),
-                           "tuple": (opt is engine.optimizer, loader is None, sched is None),
-                           "micro": engine.train_micro_batch_size_per_gpu()}
+    engine, opt, loader, sched = deepspeed.initialize(args=args, model=build_model(spec), model_parameters=None)
+    out: dict[str, Any] = {
+        "args": (args.deepspeed, args.deepscale, args.deepscale_config),
+        "tuple": (opt is engine.optimizer, loader is None, sched is None),
+        "micro": engine.train_micro_batch_size_per_gpu(),
+    }
     errors = []
-    for kwargs in ({"args": args, "config": ds_config(spec, world)}, {"config": ds_config(spec, world), "mpu": object()},
-                   {}):
+    for kwargs in (
+        {"args": args, "config": ds_config(spec, world)},
+        {"config": ds_config(spec, world), "mpu": object()},
+        {},
+    ):
         try:
             deepspeed.initialize(model=build_model(spec), **kwargs)
             errors.append("")

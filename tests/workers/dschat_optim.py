@@ -1,4 +1,5 @@
 """Per-rank bodies of the DeepSpeed-Chat optimizer tests."""
+
 from __future__ import annotations
 
 import transformers

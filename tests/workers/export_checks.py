@@ -1,5 +1,6 @@
 """Helpers for export tests: a large checkpoint, logits of exported vs reference models, and the export's peak of
 live tensor memory measured from the outside (a scan of every tensor alive in the process)."""
+
 from __future__ import annotations
 
 import gc
@@ -21,8 +22,16 @@ def big_llama(layers: int, seed: int = 0) -> nn.Module:
     """A materialized Llama dominated by its blocks (hidden 512, intermediate 2047, vocab 101): ~3.8 M / block."""
     from tests.harness.models import tiny_llama
 
-    return tiny_llama(seed, hidden_size=512, intermediate_size=2047, num_attention_heads=8, num_key_value_heads=2,
-                      head_dim=64, vocab_size=101, num_hidden_layers=layers)
+    return tiny_llama(
+        seed,
+        hidden_size=512,
+        intermediate_size=2047,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        vocab_size=101,
+        num_hidden_layers=layers,
+    )
 
 
 def save_big_checkpoint(ckpt: str, layers: int) -> dict[str, int]:
@@ -33,8 +42,9 @@ def save_big_checkpoint(ckpt: str, layers: int) -> dict[str, int]:
     hybridzero.init_distributed()
     model = big_llama(layers)
     sizes = [p.numel() for p in model.parameters()]
-    engine, *_ = hybridzero.initialize(model=model, config=ds_config(RunSpec(lr=1e-3),
-                                                                     torch.distributed.get_world_size()))
+    engine, *_ = hybridzero.initialize(
+        model=model, config=ds_config(RunSpec(lr=1e-3), torch.distributed.get_world_size())
+    )
     engine.save_checkpoint(ckpt)
     return {"numel": sum(sizes), "largest": max(sizes)}
 
@@ -58,8 +68,9 @@ def load_exported(out_dir: str | Path) -> tuple[nn.Module, dict[str, Any]]:
     """``AutoModelForCausalLM.from_pretrained`` of an export (eager attention, eval) and its loading info."""
     import transformers
 
-    model, info = transformers.AutoModelForCausalLM.from_pretrained(str(out_dir), attn_implementation="eager",
-                                                                    output_loading_info=True)
+    model, info = transformers.AutoModelForCausalLM.from_pretrained(
+        str(out_dir), attn_implementation="eager", output_loading_info=True
+    )
     return model.eval(), info
 
 
@@ -120,7 +131,9 @@ def export_peak_bytes(ckpt: str, out: str, max_shard_bytes: int, dtype: str = "f
         sample()
         save_file(tensors, *args, **kwargs)
 
-    with mock.patch.object(SavedSource, "read_flat", counted_read), mock.patch.object(export, "save_file",
-                                                                                      counted_save):
+    with (
+        mock.patch.object(SavedSource, "read_flat", counted_read),
+        mock.patch.object(export, "save_file", counted_save),
+    ):
         export.export_hf(ckpt, out, dtype=dtype, max_shard_bytes=max_shard_bytes)
     return peak

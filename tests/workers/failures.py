@@ -1,4 +1,5 @@
 """Per-rank functions that fail on purpose, for the failure-propagation tests (module-level: picklable)."""
+
 from __future__ import annotations
 
 import time
@@ -29,7 +30,9 @@ def step_fails_on(bad_rank: int) -> float:
     hybridzero.init_distributed()
     rank = torch.distributed.get_rank()
     spec = RunSpec(model="llama")
-    engine, *_ = hybridzero.initialize(model=build_model(spec), config=ds_config(spec, torch.distributed.get_world_size()))
+    engine, *_ = hybridzero.initialize(
+        model=build_model(spec), config=ds_config(spec, torch.distributed.get_world_size())
+    )
     ids = torch.randint(0, 100, (2, 9))
     if rank == bad_rank:
         ids[0, 3] = 10_000
@@ -123,8 +126,9 @@ def caught_failure_then_continue(where: str, timing: str) -> dict[str, Any]:
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     spec = RunSpec(model="llama", optimizer="client", steps=4)
     model = build_model(spec)
-    engine, *_ = hybridzero.initialize(model=model, config=ds_config(spec, world),
-                                       optimizer=FlakyAdamW(model.parameters(), lr=spec.lr))
+    engine, *_ = hybridzero.initialize(
+        model=model, config=ds_config(spec, world), optimizer=FlakyAdamW(model.parameters(), lr=spec.lr)
+    )
     batches = batches_for(spec, world, int(model.config.vocab_size))
     _train_step(engine, batches[0, 0, rank])
     seen: dict[str, Any] = {"caught": ""}
@@ -187,8 +191,12 @@ def generate_fails_on_one_rank(kind: str) -> dict[str, Any]:
     start = time.monotonic()
     outcome = _outcome(run)
     seconds = time.monotonic() - start
-    return {"outcome": outcome, "next": _outcome(lambda: engine(input_ids=ids)), "seconds": seconds,
-            "failed": engine.comm.failures.failed is not None}
+    return {
+        "outcome": outcome,
+        "next": _outcome(lambda: engine(input_ids=ids)),
+        "seconds": seconds,
+        "failed": engine.comm.failures.failed is not None,
+    }
 
 
 # --- non-finite losses in fp32/bf16 ---------------------------------------------------------------------------------
@@ -217,8 +225,13 @@ def nonfinite_loss_run(dtype: str, skip: bool, nan_at: int | None, omit: int | N
         applied.append(engine.was_step_applied())
         engine.assert_quiescent()
     params = engine.full_parameters()  # a collective: every rank calls it
-    return {"params": params if rank == 0 else None, "applied": applied, "skipped": engine.skipped_steps,
-            "nonfinite_skipped": engine.nonfinite_skipped_steps, "global_steps": engine.global_steps}
+    return {
+        "params": params if rank == 0 else None,
+        "applied": applied,
+        "skipped": engine.skipped_steps,
+        "nonfinite_skipped": engine.nonfinite_skipped_steps,
+        "global_steps": engine.global_steps,
+    }
 
 
 # --- a failure inside a GatheredParameters block -------------------------------------------------------------------

@@ -1,4 +1,5 @@
 """Per-rank hpZ runs: everything that ever made a secondary shard stale, in one training loop."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -31,7 +32,7 @@ def _grads(engine: Any) -> dict[str, torch.Tensor]:
         if not g.master_is_whole:
             engine.comm.all_gather(flat, g.grad_shard, phase="test")
         for s in g.slots:
-            out[s.spec.name] = flat[s.spec.offset:s.spec.end].clone()
+            out[s.spec.name] = flat[s.spec.offset : s.spec.end].clone()
     return out
 
 
@@ -75,7 +76,12 @@ def hpz_run(spec: RunSpec, checkpointing: str, ckpt_dir: str | None = None) -> d
         engine.assert_quiescent()
     params = engine.full_parameters()
     ledger = engine.comm_ledger()
-    return {"losses": losses, "checks": checks, "grads": grads if rank == 0 else None,
-            "params": params if rank == 0 else None, "scales": engine.loss_scale,
-            "bwd_world_gather": ledger.total("all_gather", group="world", phase="backward").bytes,
-            "bwd_hpz_gather": ledger.total("all_gather", group="hpz", phase="backward").bytes}
+    return {
+        "losses": losses,
+        "checks": checks,
+        "grads": grads if rank == 0 else None,
+        "params": params if rank == 0 else None,
+        "scales": engine.loss_scale,
+        "bwd_world_gather": ledger.total("all_gather", group="world", phase="backward").bytes,
+        "bwd_hpz_gather": ledger.total("all_gather", group="hpz", phase="backward").bytes,
+    }

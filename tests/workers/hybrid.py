@@ -1,4 +1,5 @@
 """Per-rank checks of the hybrid engine (module-level functions for the worker pool)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -57,8 +58,9 @@ def _prompts(rank: int, vocab: int) -> torch.Tensor:
 def hybrid_checks(model_name: str) -> dict[str, Any]:
     """Greedy tokens vs the unsharded model (with rank-dependent shapes and an early EOS on odd ranks), logits in
     generation mode vs the ZeRO-3 forward, zero collectives while decoding, memory restored, exception safety."""
-    import hybridzero
     from transformers import LogitsProcessorList
+
+    import hybridzero
 
     hybridzero.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
@@ -84,8 +86,14 @@ def hybrid_checks(model_name: str) -> dict[str, Any]:
         ref_logits = ref(input_ids=ids).logits
         api = engine.generate(ids, **gen_kw)
         try:
-            engine.generate(ids, logits_processor=LogitsProcessorList([_Boom(3)]), max_new_tokens=6, min_new_tokens=6,
-                            do_sample=False, pad_token_id=0)
+            engine.generate(
+                ids,
+                logits_processor=LogitsProcessorList([_Boom(3)]),
+                max_new_tokens=6,
+                min_new_tokens=6,
+                do_sample=False,
+                pad_token_id=0,
+            )
             raised = ""
         except RuntimeError as exc:
             raised = str(exc)
@@ -101,12 +109,19 @@ def hybrid_checks(model_name: str) -> dict[str, Any]:
             too_long_bucketed = str(exc)
         after = engine(input_ids=ids).logits  # the group is alive: this forward's gathers complete on every rank
     engine.assert_quiescent()
-    return {"mode": mode, "tokens_equal": torch.equal(got, want) and torch.equal(api, want),
-            "early_stop": got.shape[1] < ids.shape[1] + 6, "decode_collectives": decode_calls,
-            "logits_gen_vs_zero3": float((gen_logits - zero3_logits).abs().max()),
-            "logits_gen_vs_ref": float((gen_logits - ref_logits).abs().max()),
-            "memory_restored": mem0 == mem1 == engine.memory_report(), "raised": raised, "too_long": too_long,
-            "too_long_bucketed": too_long_bucketed, "alive_after": torch.equal(after, zero3_logits)}
+    return {
+        "mode": mode,
+        "tokens_equal": torch.equal(got, want) and torch.equal(api, want),
+        "early_stop": got.shape[1] < ids.shape[1] + 6,
+        "decode_collectives": decode_calls,
+        "logits_gen_vs_zero3": float((gen_logits - zero3_logits).abs().max()),
+        "logits_gen_vs_ref": float((gen_logits - ref_logits).abs().max()),
+        "memory_restored": mem0 == mem1 == engine.memory_report(),
+        "raised": raised,
+        "too_long": too_long,
+        "too_long_bucketed": too_long_bucketed,
+        "alive_after": torch.equal(after, zero3_logits),
+    }
 
 
 def train_generate_cycles(spec: RunSpec, generate: bool, budget: int | None = None) -> dict[str, Any]:
@@ -128,8 +143,14 @@ def train_generate_cycles(spec: RunSpec, generate: bool, budget: int | None = No
                 before = engine.memory_report()
                 mark = engine.comm_ledger().copy()
                 with torch.no_grad(), engine.generation_mode(budget) as mode:
-                    engine.module.generate(ids[:, :4], max_new_tokens=4, min_new_tokens=4, do_sample=False,
-                                           pad_token_id=0, synced_gpus=mode == "bucketed")
+                    engine.module.generate(
+                        ids[:, :4],
+                        max_new_tokens=4,
+                        min_new_tokens=4,
+                        do_sample=False,
+                        pad_token_id=0,
+                        synced_gpus=mode == "bucketed",
+                    )
                 window = engine.comm_ledger().since(mark).total("all_gather")
                 gathers.append(window.calls)
                 gathered.append(window.bytes)
@@ -138,6 +159,12 @@ def train_generate_cycles(spec: RunSpec, generate: bool, budget: int | None = No
     engine.assert_quiescent()
     params = engine.full_parameters()
     zero3 = [g for g in engine.groups if not g.always_full]
-    return {"params": params if rank == 0 else None, "reports": reports, "modes": modes, "gathers": gathers,
-            "gathered_bytes": gathered, "groups": len(zero3),
-            "model_bytes": sum(g.numel * g.compute_dtype.itemsize for g in zero3)}
+    return {
+        "params": params if rank == 0 else None,
+        "reports": reports,
+        "modes": modes,
+        "gathers": gathers,
+        "gathered_bytes": gathered,
+        "groups": len(zero3),
+        "model_bytes": sum(g.numel * g.compute_dtype.itemsize for g in zero3),
+    }

@@ -1,4 +1,5 @@
 """Per-rank bodies of tests/distributed/test_lora.py: ZeRO-3 + DS-Chat LoRA (memory, merged generation, export)."""
+
 from __future__ import annotations
 
 import os
@@ -41,11 +42,15 @@ def lora_memory(spec: RunSpec) -> dict[str, Any]:
     trainable = sum(s.spec.numel for g in engine.groups for s in g.slots if s.trainable)
     frozen = sum(s.spec.numel for g in engine.groups for s in g.slots if not s.trainable)
     n_trainable_params = sum(1 for g in engine.groups for s in g.slots if s.trainable)
-    return {"report": engine.memory_report(), "trainable": trainable, "frozen": frozen,
-            "grad_numels": {g.name: g.grad_shard.numel() for g in engine.groups},
-            "n_trainable_params": n_trainable_params,
-            "grad_numel": sum(g.grad_shard.numel() for g in engine.groups),
-            "master_numel": sum(g.master.numel() for g in engine.groups)}
+    return {
+        "report": engine.memory_report(),
+        "trainable": trainable,
+        "frozen": frozen,
+        "grad_numels": {g.name: g.grad_shard.numel() for g in engine.groups},
+        "n_trainable_params": n_trainable_params,
+        "grad_numel": sum(g.grad_shard.numel() for g in engine.groups),
+        "master_numel": sum(g.master.numel() for g in engine.groups),
+    }
 
 
 def lora_generation(spec: RunSpec, dtype: str) -> dict[str, Any]:
@@ -74,7 +79,7 @@ def lora_generation(spec: RunSpec, dtype: str) -> dict[str, Any]:
     # the merged weight is exactly (W + s R@L) rounded once to the compute dtype: check one layer in full
     name, mod = lora_layers(engine.module)[0]
     with engine.gathered_parameters([mod.weight, mod.lora_right_weight, mod.lora_left_weight]), torch.no_grad():
-        expect = (mod.weight.float() + lora_delta(mod.lora_right_weight, mod.lora_left_weight, mod.lora_scaling))
+        expect = mod.weight.float() + lora_delta(mod.lora_right_weight, mod.lora_left_weight, mod.lora_scaling)
         expect = expect.to(engine.compute_dtype)
         delta_norm = float(lora_delta(mod.lora_right_weight, mod.lora_left_weight, mod.lora_scaling).norm())
     with engine.generation_mode(), torch.no_grad():
@@ -84,14 +89,25 @@ def lora_generation(spec: RunSpec, dtype: str) -> dict[str, Any]:
     engine.assert_quiescent()
     engine.eval()
     with torch.no_grad():
-        plain = engine.module.generate(input_ids=prompt, max_new_tokens=6, do_sample=False, pad_token_id=0,
-                                       synced_gpus=torch.distributed.get_world_size() > 1)
+        plain = engine.module.generate(
+            input_ids=prompt,
+            max_new_tokens=6,
+            do_sample=False,
+            pad_token_id=0,
+            synced_gpus=torch.distributed.get_world_size() > 1,
+        )
     engine.assert_quiescent()
     restored = all(torch.equal(a, g.master) for a, g in zip(masters, engine.groups))
-    return {"hybrid": hybrid.tolist(), "plain": plain.tolist(), "restored": restored, "merged_ok": merged_ok,
-            "n_merged": n_merged, "delta_norm": delta_norm,
-            "logit_diff": float((merged_logits - unmerged_logits).abs().max()),
-            "logit_scale": float(unmerged_logits.abs().max())}
+    return {
+        "hybrid": hybrid.tolist(),
+        "plain": plain.tolist(),
+        "restored": restored,
+        "merged_ok": merged_ok,
+        "n_merged": n_merged,
+        "delta_norm": delta_norm,
+        "logit_diff": float((merged_logits - unmerged_logits).abs().max()),
+        "logit_scale": float(unmerged_logits.abs().max()),
+    }
 
 
 def lora_checkpoint_export(spec: RunSpec, root: str) -> dict[str, Any]:
@@ -122,8 +138,12 @@ def lora_checkpoint_export(spec: RunSpec, root: str) -> dict[str, Any]:
     resumed.eval()
     with torch.no_grad():
         logits = resumed(input_ids=ids).logits
-    return {"resume_equal": all(torch.equal(want[n], got[n]) for n in want), "names": sorted(got),
-            "logits": logits, "ids": ids}
+    return {
+        "resume_equal": all(torch.equal(want[n], got[n]) for n in want),
+        "names": sorted(got),
+        "logits": logits,
+        "ids": ids,
+    }
 
 
 def lora_peak_gathered(spec: RunSpec, checkpointing: bool = False) -> dict[str, Any]:
@@ -142,5 +162,10 @@ def lora_peak_gathered(spec: RunSpec, checkpointing: bool = False) -> dict[str, 
         if not g.always_full:
             sizes[g.owner or "root"] = sizes.get(g.owner or "root", 0) + g.numel * g.compute_dtype.itemsize
     params = engine.full_parameters()
-    return {"peak": engine.coordinator.peak_gathered_bytes, "sizes": sizes, "losses": losses,
-            "groups": [g.name for g in engine.groups], "params": params if torch.distributed.get_rank() == 0 else None}
+    return {
+        "peak": engine.coordinator.peak_gathered_bytes,
+        "sizes": sizes,
+        "losses": losses,
+        "groups": [g.name for g in engine.groups],
+        "params": params if torch.distributed.get_rank() == 0 else None,
+    }

@@ -1,4 +1,5 @@
 """Per-rank bodies for the offload tests: the same run with offload off, on CPU and on NVMe, and what lives where."""
+
 from __future__ import annotations
 
 import contextlib
@@ -41,11 +42,15 @@ def _placement_facts(engine: Any) -> dict[str, Any]:
     shard_numel = sum(g.master.numel() for g in engine.groups)
     leaf_numel = sum(p.numel() for group in engine._leaves for p, _ in group)
     facts: dict[str, Any] = {
-        "report": report, "host": str(host), "shard_numel": shard_numel, "leaf_numel": leaf_numel,
+        "report": report,
+        "host": str(host),
+        "shard_numel": shard_numel,
+        "leaf_numel": leaf_numel,
         "on_host": all(t.device == host for t in masters + grads + state),
         "master_bytes": sum(t.numel() * t.element_size() for t in masters),
         "state_bytes": sum(t.numel() * t.element_size() for t in state),
-        "file_bytes": 0, "swap_dir": None,
+        "file_bytes": 0,
+        "swap_dir": None,
     }
     if engine.swapper is not None:
         path = engine.swapper.dir.path
@@ -55,8 +60,9 @@ def _placement_facts(engine: Any) -> dict[str, Any]:
     return facts
 
 
-def train_variants(spec: RunSpec, nvme_dir: str, variants: tuple[str, ...] = VARIANTS,
-                   param: bool = False) -> dict[str, Any]:
+def train_variants(
+    spec: RunSpec, nvme_dir: str, variants: tuple[str, ...] = VARIANTS, param: bool = False
+) -> dict[str, Any]:
     """Train ``spec`` once per variant (same data, same seed); return losses, scales, full params and state, and the
     placement facts; the swap directory must be gone after ``engine.destroy()``."""
     out: dict[str, Any] = {}
@@ -83,14 +89,21 @@ def train_variants(spec: RunSpec, nvme_dir: str, variants: tuple[str, ...] = VAR
         io = (engine.swapper.bytes_read, engine.swapper.bytes_written) if engine.swapper is not None else (0, 0)
         engine.destroy()
         facts["swap_dir_removed"] = facts["swap_dir"] is None or not Path(facts["swap_dir"]).exists()
-        out[variant] = {"losses": losses, "scales": scales, "params": params if rank == 0 else None,
-                        "state": state if rank == 0 else None, "facts": facts, "io": io,
-                        "skipped": engine.skipped_steps}
+        out[variant] = {
+            "losses": losses,
+            "scales": scales,
+            "params": params if rank == 0 else None,
+            "state": state if rank == 0 else None,
+            "facts": facts,
+            "io": io,
+            "skipped": engine.skipped_steps,
+        }
     return out
 
 
-def save_resume(spec: RunSpec, ckpt: str, nvme_dir: str, save_with: str, load_with: str,
-                save_at: int) -> dict[str, Any]:
+def save_resume(
+    spec: RunSpec, ckpt: str, nvme_dir: str, save_with: str, load_with: str, save_at: int
+) -> dict[str, Any]:
     """Train ``save_at`` steps with ``save_with`` offload and save; a fresh engine with ``load_with`` offload loads
     and trains to ``spec.steps``. Returns the resumed losses, full params and optimizer state."""
     first = spec.replace(extra_zero={**spec.extra_zero, **offload_block(save_with, nvme_dir)})

@@ -1,5 +1,6 @@
 """Per-rank call patterns that have broken ZeRO-3 engines: no_grad train-mode forwards, eval forwards, generation
 and activation checkpointing interleaved with training steps (module-level: picklable for the worker pool)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -33,8 +34,9 @@ def mixed_phases_run(spec: RunSpec, checkpointing: str | None = None) -> dict[st
         engine.eval()
         with torch.no_grad():
             engine(input_ids=ids)
-            generated.append(engine.module.generate(ids[:, :4], max_new_tokens=5, do_sample=False,
-                                                    min_new_tokens=5, pad_token_id=0))
+            generated.append(
+                engine.module.generate(ids[:, :4], max_new_tokens=5, do_sample=False, min_new_tokens=5, pad_token_id=0)
+            )
         engine.assert_quiescent()
         engine.train()
         loss = engine(input_ids=ids, labels=ids).loss
@@ -43,5 +45,9 @@ def mixed_phases_run(spec: RunSpec, checkpointing: str | None = None) -> dict[st
         engine.assert_quiescent()
         losses.append(loss.item())
     params = engine.full_parameters()  # a collective: every rank calls it
-    return {"losses": losses, "generated": generated, "params": params if rank == 0 else None,
-            "invalidations": engine.prefetcher.invalidations}
+    return {
+        "losses": losses,
+        "generated": generated,
+        "params": params if rank == 0 else None,
+        "invalidations": engine.prefetcher.invalidations,
+    }

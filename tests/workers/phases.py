@@ -9,6 +9,7 @@
 Every engine here wraps :class:`RepeatBlockOPT` (the tiny 2-block OPT with tied embeddings) with persistence
 threshold 0, so the groups are ``root``, ``model.decoder.layers.0`` and ``model.decoder.layers.1``.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -19,8 +20,18 @@ import transformers
 
 from tests.harness.models import tiny_opt
 
-__all__ = ["PHASE_KINDS", "Phase", "RepeatBlockOPT", "direct_calls_probe", "event_probe", "generate_bytes_probe",
-           "phase_data", "phase_sequence_pair", "phase_sequence_run", "repeat_block_opt"]
+__all__ = [
+    "PHASE_KINDS",
+    "Phase",
+    "RepeatBlockOPT",
+    "direct_calls_probe",
+    "event_probe",
+    "generate_bytes_probe",
+    "phase_data",
+    "phase_sequence_pair",
+    "phase_sequence_run",
+    "repeat_block_opt",
+]
 
 Phase = tuple[str, int]
 """``(kind, argument)``: ``("generate", max_new_tokens)``, ``("ckpt", use_reentrant)``, else the argument is 0."""
@@ -34,8 +45,13 @@ class RepeatBlockOPT(transformers.OPTForCausalLM):
     """OPT whose forward, given ``repeat_block=True``, calls decoder block 0 a second time inside the same forward
     (on block 0's own output) and adds ``0.01 · mean(second output²)`` to the loss. Otherwise plain OPT."""
 
-    def forward(self, input_ids: torch.Tensor | None = None, labels: torch.Tensor | None = None,
-                repeat_block: bool = False, **kwargs: Any) -> Any:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        labels: torch.Tensor | None = None,
+        repeat_block: bool = False,
+        **kwargs: Any,
+    ) -> Any:
         """HF's causal-LM output; with ``repeat_block`` its loss includes the second call of block 0."""
         if not repeat_block:
             return super().forward(input_ids=input_ids, labels=labels, **kwargs)
@@ -57,14 +73,23 @@ def repeat_block_opt(seed: int = 0) -> RepeatBlockOPT:
     return model
 
 
-def _config(bucket: int, world_size: int, lr: float = 1e-2, optimizer: str = "AdamW",
-            reuse: int = 1_000_000_000) -> dict[str, Any]:
+def _config(
+    bucket: int, world_size: int, lr: float = 1e-2, optimizer: str = "AdamW", reuse: int = 1_000_000_000
+) -> dict[str, Any]:
     """ZeRO-3, micro-batch 2, no accumulation, nothing persistent, prefetch ``bucket``, no weight decay;
     ``reuse`` is ``stage3_max_reuse_distance`` (0: every group released after its forward)."""
-    return {"train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 1, "train_batch_size": 2 * world_size,
-            "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": bucket,
-                                  "stage3_param_persistence_threshold": 0, "stage3_max_reuse_distance": reuse},
-            "optimizer": {"type": optimizer, "params": {"lr": lr, "weight_decay": 0.0}}}
+    return {
+        "train_micro_batch_size_per_gpu": 2,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": 2 * world_size,
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_prefetch_bucket_size": bucket,
+            "stage3_param_persistence_threshold": 0,
+            "stage3_max_reuse_distance": reuse,
+        },
+        "optimizer": {"type": optimizer, "params": {"lr": lr, "weight_decay": 0.0}},
+    }
 
 
 def _engine(bucket: int, **config: Any) -> Any:
@@ -73,8 +98,9 @@ def _engine(bucket: int, **config: Any) -> Any:
 
     hybridzero.init_distributed()
     world = torch.distributed.get_world_size()
-    engine, *_ = hybridzero.initialize(model=repeat_block_opt(0), config=_config(bucket, world, **config),
-                                       record_events=True)
+    engine, *_ = hybridzero.initialize(
+        model=repeat_block_opt(0), config=_config(bucket, world, **config), record_events=True
+    )
     return engine
 
 
@@ -108,8 +134,13 @@ def _generate(engine: Any, ids: torch.Tensor, max_new_tokens: int) -> torch.Tens
     engine.eval()
     prompts = ids[:, :3]
     with torch.no_grad():
-        out = engine.module.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=max_new_tokens,
-                                     do_sample=False, pad_token_id=_PAD)
+        out = engine.module.generate(
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=_PAD,
+        )
     engine.train()
     return out
 
@@ -162,9 +193,12 @@ def phase_sequence_run(phases: Sequence[Phase], bucket: int) -> dict[str, Any]:
         except AssertionError as exc:
             raise AssertionError(f"after phase {i} {phase} of {list(phases)}: {exc}") from exc
     params = engine.full_parameters()  # a collective: every rank calls it
-    return {"outputs": outputs, "params": params if rank == 0 else None,
-            "invalidations": engine.prefetcher.invalidations,
-            "prefetches": sum(1 for e in engine.events if e[0] == "prefetch")}
+    return {
+        "outputs": outputs,
+        "params": params if rank == 0 else None,
+        "invalidations": engine.prefetcher.invalidations,
+        "prefetches": sum(1 for e in engine.events if e[0] == "prefetch"),
+    }
 
 
 def phase_sequence_pair(phases: Sequence[Phase]) -> dict[int, dict[str, Any]]:
@@ -193,8 +227,11 @@ def event_probe(bucket: int, mixed: Sequence[Phase]) -> dict[str, Any]:
     for i, phase in enumerate(mixed):
         run_phase(engine, phase, phase_data(i + 1, torch.distributed.get_rank()))
         engine.assert_quiescent()
-    return {"iterations": iterations, "groups": [g.name for g in engine.groups],
-            "mixed_invalidations": engine.prefetcher.invalidations - before}
+    return {
+        "iterations": iterations,
+        "groups": [g.name for g in engine.groups],
+        "mixed_invalidations": engine.prefetcher.invalidations - before,
+    }
 
 
 def generate_bytes_probe(new_tokens: int) -> dict[str, Any]:
@@ -212,16 +249,27 @@ def generate_bytes_probe(new_tokens: int) -> dict[str, Any]:
     mark = engine.comm_ledger().copy()
     engine.eval()
     with torch.no_grad():
-        out = engine.module.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                                     min_new_tokens=new_tokens, do_sample=False, pad_token_id=_PAD)
+        out = engine.module.generate(
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            pad_token_id=_PAD,
+        )
     handle.remove()
     window = engine.comm_ledger().since(mark)
     engine.assert_quiescent()
     gathers = window.total(collective="all_gather")
-    return {"forwards": forwards[0], "groups": len(engine.groups), "gather_calls": gathers.calls,
-            "gather_bytes": gathers.bytes, "group_bytes": sum(4 * g.numel for g in engine.groups),
-            "other_calls": sum(e.calls for k, e in window.items() if k.collective != "all_gather"),
-            "generated": out}
+    return {
+        "forwards": forwards[0],
+        "groups": len(engine.groups),
+        "gather_calls": gathers.calls,
+        "gather_bytes": gathers.bytes,
+        "group_bytes": sum(4 * g.numel for g in engine.groups),
+        "other_calls": sum(e.calls for k, e in window.items() if k.collective != "all_gather"),
+        "generated": out,
+    }
 
 
 def direct_calls_probe(lr: float) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Per-rank bodies for config keys that act in the engine: the gradient-reduction options
 (``gradient_allreduce_op``, ``prescale_gradients``, ``gradient_predivide_factor``), ``ignore_unused_parameters`` and
 ``steps_per_print``."""
+
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,7 @@ def full_gradients(engine: Engine) -> dict[str, torch.Tensor]:
             engine.comm.all_gather(flat, group.grad_shard, phase="consolidate")
         for slot in group.slots:
             if slot.trainable:
-                out[slot.spec.name] = flat[slot.spec.offset:slot.spec.end].view(slot.spec.shape).clone()
+                out[slot.spec.name] = flat[slot.spec.offset : slot.spec.end].view(slot.spec.shape).clone()
     return out
 
 

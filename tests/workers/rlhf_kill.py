@@ -5,6 +5,7 @@ kills its own process (``kill -9``: no ``finally``, no atexit, no flush) right b
 iteration ``ITERATION`` — so the roles saved before it are on disk and the rest are not. The hook wraps
 ``Engine.save_checkpoint`` of this test process only; nothing in the package changes.
 """
+
 from __future__ import annotations
 
 import json

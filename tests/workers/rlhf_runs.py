@@ -5,6 +5,7 @@ seeded, with the demo tokenizer) and a value-model directory (same config, its o
 from fixed weights without training steps 1 and 2. The ``*_run`` functions are module-level (picklable) and run
 on every rank of a :class:`~tests.harness.spawn.WorldPool`.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,10 +39,20 @@ def make_model_dirs(root: Path, seed: int = 0, **config_overrides: Any) -> tuple
 
 # the values these tests were written against (the settings' defaults are now DeepSpeed-Chat's: fp16, stage 0,
 # Dahoas/rm-static, TensorBoard off); a test's own settings override them
-HARNESS_DEFAULTS: dict[str, Any] = {"data_path": ["demo"], "dtype": "fp32", "enable_tensorboard": True,
-                                    "lr_scheduler_type": "warmup_cosine"}
-STEP3_DEFAULTS: dict[str, Any] = {**HARNESS_DEFAULTS, "actor_zero_stage": 3, "critic_zero_stage": 3,
-                                  "reference_zero_stage": 3, "reward_zero_stage": 3, "num_warmup_steps": 0}
+HARNESS_DEFAULTS: dict[str, Any] = {
+    "data_path": ["demo"],
+    "dtype": "fp32",
+    "enable_tensorboard": True,
+    "lr_scheduler_type": "warmup_cosine",
+}
+STEP3_DEFAULTS: dict[str, Any] = {
+    **HARNESS_DEFAULTS,
+    "actor_zero_stage": 3,
+    "critic_zero_stage": 3,
+    "reference_zero_stage": 3,
+    "reward_zero_stage": 3,
+    "num_warmup_steps": 0,
+}
 STEP12_DEFAULTS: dict[str, Any] = {**HARNESS_DEFAULTS, "zero_stage": 3}
 
 
@@ -61,8 +72,12 @@ def step3_run(settings: dict[str, Any], grpo: bool = False, fail_at: int | None 
 
     model = GRPOSettings if grpo else PPOSettings
     result = train_step3(model(**{**STEP3_DEFAULTS, **settings}), monitor=monitor)
-    return {"history": result["history"], "models": result["models"], "start": result["start"],
-            "world": torch.distributed.get_world_size()}
+    return {
+        "history": result["history"],
+        "models": result["models"],
+        "start": result["start"],
+        "world": torch.distributed.get_world_size(),
+    }
 
 
 def sft_run(settings: dict[str, Any]) -> dict[str, Any]:
@@ -94,8 +109,10 @@ def step_both_run(actor_dir: str, value_dir: str, overflow_in: str) -> dict[str,
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
     optim = OptimSpec(1e-3, 0.0, "constant", 0, 10)
     cfg = ds_config(stage=3, dtype="fp16", micro_batch=2, world_size=world, optim=optim)
-    engines = {"actor": load_actor_engine(actor_dir, cfg, False),
-               "critic": build_engine(load_value_model(value_dir).float(), cfg)}
+    engines = {
+        "actor": load_actor_engine(actor_dir, cfg, False),
+        "critic": build_engine(load_value_model(value_dir).float(), cfg),
+    }
     before = {n: e.full_parameters() for n, e in engines.items()}
     scales = {n: e.loss_scale for n, e in engines.items()}
     ids = torch.tensor([[4, 5, 6, 7], [8, 9, 10, 11]])
@@ -107,9 +124,13 @@ def step_both_run(actor_dir: str, value_dir: str, overflow_in: str) -> dict[str,
     skipped = step_both(engines["actor"], engines["critic"])
     after = {n: e.full_parameters() for n, e in engines.items()}
     changed = {n: any(not torch.equal(before[n][k], after[n][k]) for k in before[n]) for n in engines}
-    return {"skipped": skipped, "changed": changed, "scales_before": scales,
-            "scales_after": {n: e.loss_scale for n, e in engines.items()},
-            "applied": {n: e.was_step_applied() for n, e in engines.items()}}
+    return {
+        "skipped": skipped,
+        "changed": changed,
+        "scales_before": scales,
+        "scales_after": {n: e.loss_scale for n, e in engines.items()},
+        "applied": {n: e.was_step_applied() for n, e in engines.items()},
+    }
 
 
 def ema_run(actor_dir: str, beta: float) -> dict[str, Any]:
@@ -121,8 +142,16 @@ def ema_run(actor_dir: str, beta: float) -> dict[str, Any]:
     hybridzero.init_distributed()
     world = torch.distributed.get_world_size()
     frozen = ds_config(stage=3, dtype="fp32", micro_batch=1, world_size=world)
-    ema, actor = load_actor_engine(actor_dir, frozen, False), load_actor_engine(actor_dir, ds_config(
-        stage=3, dtype="fp32", micro_batch=1, world_size=world, optim=OptimSpec(1e-2, 0.0, "constant", 0, 1)), False)
+    ema, actor = (
+        load_actor_engine(actor_dir, frozen, False),
+        load_actor_engine(
+            actor_dir,
+            ds_config(
+                stage=3, dtype="fp32", micro_batch=1, world_size=world, optim=OptimSpec(1e-2, 0.0, "constant", 0, 1)
+            ),
+            False,
+        ),
+    )
     actor.backward(actor(input_ids=torch.tensor([[4, 5, 6, 7]])).logits.float().pow(2).mean())
     actor.step()
     before = ema.full_parameters()
@@ -135,5 +164,10 @@ def ema_run(actor_dir: str, beta: float) -> dict[str, Any]:
     except ValueError as exc:
         error = str(exc)
     kept = ema.full_parameters()
-    return {"before": before, "source": actor.full_parameters(), "after": after, "error": error,
-            "unchanged_after_error": all(torch.equal(kept[k], v) for k, v in after.items())}
+    return {
+        "before": before,
+        "source": actor.full_parameters(),
+        "after": after,
+        "error": error,
+        "unchanged_after_error": all(torch.equal(kept[k], v) for k, v in after.items()),
+    }

@@ -15,6 +15,7 @@ training steps of actor and critic. The losses are a deterministic PPO sketch:
 models, and combines gradients as the engine does (per step: the per-rank gradients summed in rank order in fp32,
 divided by the world size), like :func:`tests.harness.parity.reference_run`.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,7 +50,7 @@ class RlhfSpec:
     kl_coef: float = 0.1
     seed: int = 0
 
-    def replace(self, **changes: Any) -> "RlhfSpec":
+    def replace(self, **changes: Any) -> RlhfSpec:
         """A copy with ``changes`` applied."""
         return dataclasses.replace(self, **changes)
 
@@ -90,8 +91,12 @@ def prompts_for(spec: RlhfSpec, world_size: int) -> torch.Tensor:
 
 def build_models(spec: RlhfSpec) -> Models:
     """Unsharded initial models: actor and reference share initial weights; critic and reward differ."""
-    return Models(actor=tiny_opt(spec.seed), ref=tiny_opt(spec.seed), critic=ValueModel(spec.seed + 1),
-                  reward=ValueModel(spec.seed + 2))
+    return Models(
+        actor=tiny_opt(spec.seed),
+        ref=tiny_opt(spec.seed),
+        critic=ValueModel(spec.seed + 1),
+        reward=ValueModel(spec.seed + 2),
+    )
 
 
 def token_logprobs(logits: torch.Tensor, seqs: torch.Tensor) -> torch.Tensor:
@@ -103,8 +108,13 @@ def token_logprobs(logits: torch.Tensor, seqs: torch.Tensor) -> torch.Tensor:
 def generate(actor: nn.Module, prompts: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     """Greedy generation of up to ``max_new_tokens`` tokens (HF's own stopping: EOS or the length)."""
     with torch.no_grad():
-        return actor.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=max_new_tokens,
-                              do_sample=False, pad_token_id=_PAD)
+        return actor.generate(
+            prompts,
+            attention_mask=torch.ones_like(prompts),
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            pad_token_id=_PAD,
+        )
 
 
 def make_experience(models: Models, seqs: torch.Tensor, spec: RlhfSpec) -> Experience:
@@ -116,20 +126,21 @@ def make_experience(models: Models, seqs: torch.Tensor, spec: RlhfSpec) -> Exper
         values = models.critic(seqs)
         reward = models.reward(seqs)[:, -1]
     returns = reward[:, None] - spec.kl_coef * (old_logp - ref_logp)[:, start:]
-    return Experience(seqs=seqs, old_logp=old_logp, returns=returns, advantages=returns - values[:, start:-1],
-                      start=start)
+    return Experience(
+        seqs=seqs, old_logp=old_logp, returns=returns, advantages=returns - values[:, start:-1], start=start
+    )
 
 
 def actor_loss(actor: Callable[..., Any], exp: Experience) -> torch.Tensor:
     """``−mean(advantage · ratio)`` over the generated tokens (ratio = exp(logp − old_logp))."""
-    logp = token_logprobs(actor(input_ids=exp.seqs).logits, exp.seqs)[:, exp.start:]
-    ratio = torch.exp(logp - exp.old_logp[:, exp.start:])
+    logp = token_logprobs(actor(input_ids=exp.seqs).logits, exp.seqs)[:, exp.start :]
+    ratio = torch.exp(logp - exp.old_logp[:, exp.start :])
     return -(exp.advantages * ratio).mean()
 
 
 def critic_loss(critic: Callable[..., Any], exp: Experience) -> torch.Tensor:
     """``mean((value − return)²)`` over the positions that generated a token."""
-    values = critic(exp.seqs)[:, exp.start:-1]
+    values = critic(exp.seqs)[:, exp.start : -1]
     return (values - exp.returns).pow(2).mean()
 
 
@@ -140,8 +151,11 @@ def _ds_config(spec: RlhfSpec, world_size: int, trained: bool) -> dict[str, Any]
         "train_micro_batch_size_per_gpu": spec.prompts_per_rank,
         "gradient_accumulation_steps": 1,
         "train_batch_size": spec.prompts_per_rank * world_size,
-        "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": spec.prefetch_bucket_size,
-                              "stage3_param_persistence_threshold": 0},
+        "zero_optimization": {
+            "stage": 3,
+            "stage3_prefetch_bucket_size": spec.prefetch_bucket_size,
+            "stage3_param_persistence_threshold": 0,
+        },
     }
     if trained:
         cfg["optimizer"] = {"type": "AdamW", "params": {"lr": spec.lr, "weight_decay": 0.01}}
@@ -196,8 +210,12 @@ def engine_sequence(spec: RlhfSpec) -> dict[str, Any]:
                 _quiescent(engines, f"critic training step in PPO step {step}")
     actor, critic = engines.actor.full_parameters(), engines.critic.full_parameters()  # collectives: every rank
     prefetches = {name: sum(1 for e in engine.events if e[0] == "prefetch") for name, engine in built.items()}
-    return {"generated": generated, "actor": actor if rank == 0 else None, "critic": critic if rank == 0 else None,
-            "prefetches": prefetches}
+    return {
+        "generated": generated,
+        "actor": actor if rank == 0 else None,
+        "critic": critic if rank == 0 else None,
+        "prefetches": prefetches,
+    }
 
 
 # --- single-process reference -----------------------------------------------------------------------------------------
@@ -240,8 +258,10 @@ def reference_sequence(spec: RlhfSpec, world_size: int) -> dict[str, Any]:
     torch.set_num_threads(1)  # the workers' setting: same kernels, same rounding
     try:
         models = build_models(spec)
-        opts = {name: torch.optim.AdamW(getattr(models, name).parameters(), lr=spec.lr, weight_decay=0.01)
-                for name in ("actor", "critic")}
+        opts = {
+            name: torch.optim.AdamW(getattr(models, name).parameters(), lr=spec.lr, weight_decay=0.01)
+            for name in ("actor", "critic")
+        }
         prompts = prompts_for(spec, world_size)
         generated: list[list[torch.Tensor]] = [[] for _ in range(world_size)]
         for step in range(spec.steps):
@@ -251,12 +271,14 @@ def reference_sequence(spec: RlhfSpec, world_size: int) -> dict[str, Any]:
                     generated[r].append(exp.seqs)
             for _ in range(spec.ppo_epochs):
                 for row in exps:
-                    combined_step(models.actor, opts["actor"],
-                                   [lambda e=e: actor_loss(models.actor, e) for e in row])
-                    combined_step(models.critic, opts["critic"],
-                                   [lambda e=e: critic_loss(models.critic, e) for e in row])
-        return {"generated": generated,
-                "actor": {n: p.detach().clone() for n, p in models.actor.named_parameters()},
-                "critic": {n: p.detach().clone() for n, p in models.critic.named_parameters()}}
+                    combined_step(models.actor, opts["actor"], [lambda e=e: actor_loss(models.actor, e) for e in row])
+                    combined_step(
+                        models.critic, opts["critic"], [lambda e=e: critic_loss(models.critic, e) for e in row]
+                    )
+        return {
+            "generated": generated,
+            "actor": {n: p.detach().clone() for n, p in models.actor.named_parameters()},
+            "critic": {n: p.detach().clone() for n, p in models.critic.named_parameters()},
+        }
     finally:
         torch.set_num_threads(threads)

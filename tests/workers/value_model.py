@@ -11,6 +11,7 @@ matrix-vector path whose rounding depends on the 16-byte alignment of the weight
 binds parameters as views at arbitrary offsets of a flat buffer. Elementwise ops round the same at any address, so
 the sharded and the unsharded model stay bit-for-bit comparable.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,7 +32,7 @@ class ValueModel(nn.Module):
         self.base = tiny_opt(seed).model
         width = int(self.base.config.word_embed_proj_dim)
         generator = torch.Generator().manual_seed(seed + 7919)
-        self.v_head = nn.Parameter(torch.randn(width, generator=generator) * width ** -0.5)
+        self.v_head = nn.Parameter(torch.randn(width, generator=generator) * width**-0.5)
         self.train()
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

@@ -1,5 +1,6 @@
 """Per-rank bodies for ``zero.Init`` tests: construction under Init equals eager construction bit for bit, writes
 made by constructors survive, the hooks do not outlive the block, and no rank ever holds the whole model."""
+
 from __future__ import annotations
 
 import contextlib
@@ -55,12 +56,15 @@ def hf_model_matches_eager(model: str, stage: int) -> dict[str, Any]:
     placeholders = all(p.stride() == (0,) * p.dim() for p in built.parameters())
     held = init.store.held_bytes()
     init_start, init_losses, engine = _train(built, spec)
-    return {"names": sorted(init_start) == sorted(eager_start),
-            "mismatched": [n for n in eager_start if not torch.equal(eager_start[n], init_start[n])],
-            "losses": (eager_losses, init_losses), "placeholders": placeholders,
-            "held_fraction": held / sum(t.numel() * 4 for t in eager_start.values()),
-            "store_released": init.store.held_bytes() == 0,
-            "owner_is_not_init": all(REGISTRY.owner_of(p) is not init.store for p in engine.module.parameters())}
+    return {
+        "names": sorted(init_start) == sorted(eager_start),
+        "mismatched": [n for n in eager_start if not torch.equal(eager_start[n], init_start[n])],
+        "losses": (eager_losses, init_losses),
+        "placeholders": placeholders,
+        "held_fraction": held / sum(t.numel() * 4 for t in eager_start.values()),
+        "store_released": init.store.held_bytes() == 0,
+        "owner_is_not_init": all(REGISTRY.owner_of(p) is not init.store for p in engine.module.parameters()),
+    }
 
 
 def differently_seeded_ranks_agree_on_rank_0() -> list[str]:
@@ -88,11 +92,15 @@ def module_argument_partitions_a_built_model() -> dict[str, Any]:
     init = hybridzero.zero.Init(module=model)
     assert init.store is not None
     placeholders = all(p.stride() == (0,) * p.dim() for p in model.parameters())
-    engine, *_ = hybridzero.initialize(model=model, config=ds_config(RunSpec(model="gpt2_tied"),
-                                                                     torch.distributed.get_world_size()))
+    engine, *_ = hybridzero.initialize(
+        model=model, config=ds_config(RunSpec(model="gpt2_tied"), torch.distributed.get_world_size())
+    )
     got = engine.full_parameters()
-    return {"placeholders": placeholders, "mismatched": [n for n in want if not torch.equal(want[n], got[n])],
-            "names": sorted(got) == sorted(want)}
+    return {
+        "placeholders": placeholders,
+        "mismatched": [n for n in want if not torch.equal(want[n], got[n])],
+        "names": sorted(got) == sorted(want),
+    }
 
 
 def custom_init_(module: nn.Module) -> None:
@@ -166,11 +174,13 @@ def custom_module_matches_eager(nested: bool) -> dict[str, Any]:
     before = _full(built)
     engine, *_ = hybridzero.initialize(model=built, config=ds_config(RunSpec(), world))
     after = engine.full_parameters()
-    return {"before": [n for n in eager if not torch.equal(eager[n], before[n])],
-            "after": [n for n in eager if not torch.equal(eager[n], after[n])],
-            "names": sorted(after) == sorted(eager),
-            "tied": engine.module.head.weight is engine.module.emb.weight,
-            "padding_row": float(after["emb.weight"][3].abs().sum())}
+    return {
+        "before": [n for n in eager if not torch.equal(eager[n], before[n])],
+        "after": [n for n in eager if not torch.equal(eager[n], after[n])],
+        "names": sorted(after) == sorted(eager),
+        "tied": engine.module.head.weight is engine.module.emb.weight,
+        "padding_row": float(after["emb.weight"][3].abs().sum()),
+    }
 
 
 def enabled_false_and_exceptions() -> dict[str, Any]:
@@ -179,8 +189,10 @@ def enabled_false_and_exceptions() -> dict[str, Any]:
     from hybridzero.zero.registry import REGISTRY
 
     hybridzero.init_distributed()
-    hooks = (len(nn.modules.module._global_module_registration_hooks),
-             len(nn.modules.module._global_parameter_registration_hooks))
+    hooks = (
+        len(nn.modules.module._global_module_registration_hooks),
+        len(nn.modules.module._global_parameter_registration_hooks),
+    )
     torch.manual_seed(1)
     want = nn.Sequential(nn.Linear(5, 3), nn.Linear(3, 7)).state_dict()
     torch.manual_seed(1)
@@ -195,8 +207,10 @@ def enabled_false_and_exceptions() -> dict[str, Any]:
             raise KeyError("inside")
     except KeyError:
         raised = True
-    after_hooks = (len(nn.modules.module._global_module_registration_hooks),
-                   len(nn.modules.module._global_parameter_registration_hooks))
+    after_hooks = (
+        len(nn.modules.module._global_module_registration_hooks),
+        len(nn.modules.module._global_parameter_registration_hooks),
+    )
     later = nn.Sequential(nn.Linear(5, 3), nn.Linear(3, 7))  # built outside: whole, owned by nobody
     whole = all(p.stride() != (0,) * p.dim() and REGISTRY.owner_of(p) is None for p in later.parameters())
     bad = []
@@ -212,16 +226,30 @@ def enabled_false_and_exceptions() -> dict[str, Any]:
             hybridzero.initialize(model=small, config=ds_config(RunSpec(), torch.distributed.get_world_size()))
         except RuntimeError as exc:
             inside = str(exc)
-    return {"eager_ok": eager_ok, "unowned": unowned, "raised": raised, "hooks": (hooks, after_hooks),
-            "whole_after": whole, "errors": bad, "initialize_inside": inside}
+    return {
+        "eager_ok": eager_ok,
+        "unowned": unowned,
+        "raised": raised,
+        "hooks": (hooks, after_hooks),
+        "whole_after": whole,
+        "errors": bad,
+        "initialize_inside": inside,
+    }
 
 
 def big_llama(layers: int) -> nn.Module:
     """The construction test's block-dominated Llama (hidden 512, intermediate 2047, vocab 101), built for real."""
     from tests.harness.models import tiny_llama
 
-    return tiny_llama(hidden_size=512, intermediate_size=2047, num_attention_heads=8, num_key_value_heads=2,
-                      head_dim=64, vocab_size=101, num_hidden_layers=layers)
+    return tiny_llama(
+        hidden_size=512,
+        intermediate_size=2047,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        vocab_size=101,
+        num_hidden_layers=layers,
+    )
 
 
 def _allocations_return_to_os() -> None:
@@ -263,6 +291,11 @@ def init_peak_memory(layers: int) -> dict[str, Any]:
     rss_growth = _status_bytes("VmHWM") - rss0
     assert init.store is not None
     sizes = [p.numel() for p in model.parameters()]
-    return {"numel": sum(sizes), "largest": max(sizes), "rss_growth": rss_growth,
-            "live_growth": live_tensor_bytes() - live0, "held": init.store.held_bytes(),
-            "open_after": len(init.store.open_params())}
+    return {
+        "numel": sum(sizes),
+        "largest": max(sizes),
+        "rss_growth": rss_growth,
+        "live_growth": live_tensor_bytes() - live0,
+        "held": init.store.held_bytes(),
+        "open_after": len(init.store.open_params()),
+    }

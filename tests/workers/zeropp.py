@@ -1,4 +1,5 @@
 """Per-rank ZeRO++ training runs (qwZ / qgZ / hpZ) with ledger totals per collective and group."""
+
 from __future__ import annotations
 
 import time

@@ -1,5 +1,6 @@
 """RLHF data: records and their sources (:mod:`.records`, :mod:`.sources`), tokenization (:mod:`.tokens`), how
 global batches are dealt to ranks (:mod:`.dealing`) and step 3's unsupervised stream (:mod:`.ptx`)."""
+
 from __future__ import annotations
 
 from hybridzero.rlhf.data.dealing import Plan, epoch_order, make_plan, rank_prompts, rank_slice, steps_per_epoch
@@ -28,8 +29,31 @@ from hybridzero.rlhf.data.tokens import (
     sft_example,
 )
 
-__all__ = ["DEMO_FILES", "IGNORE_INDEX", "PAIRWISE_COLUMNS", "PROMPT_POLICIES", "SFT_COLUMNS", "PairwiseExample",
-           "Plan", "PromptBatch", "SFTExample", "check_budget", "epoch_order", "load_prompts", "load_records",
-           "make_plan", "pad_sequences", "pad_token_id", "pairwise_example", "phase_records", "prompt_batch",
-           "prompt_tensors", "rank_prompts", "rank_slice", "sft_example", "split_for_phase", "steps_per_epoch",
-           "train_eval_split"]
+__all__ = [
+    "DEMO_FILES",
+    "IGNORE_INDEX",
+    "PAIRWISE_COLUMNS",
+    "PROMPT_POLICIES",
+    "SFT_COLUMNS",
+    "PairwiseExample",
+    "Plan",
+    "PromptBatch",
+    "SFTExample",
+    "check_budget",
+    "epoch_order",
+    "load_prompts",
+    "load_records",
+    "make_plan",
+    "pad_sequences",
+    "pad_token_id",
+    "pairwise_example",
+    "phase_records",
+    "prompt_batch",
+    "prompt_tensors",
+    "rank_prompts",
+    "rank_slice",
+    "sft_example",
+    "split_for_phase",
+    "steps_per_epoch",
+    "train_eval_split",
+]

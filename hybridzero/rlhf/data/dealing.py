@@ -11,6 +11,7 @@ the ``j``-th training mini-batch of every rank is slice ``r`` of global chunk ``
 same set of samples at every world size. Sample ``j`` of the prompt at epoch position ``q`` has the id
 ``(epoch x n_prompts + q) x k + j`` (its sampling seed; see :mod:`hybridzero.rlhf.rollout`).
 """
+
 from __future__ import annotations
 
 import random
@@ -25,8 +26,10 @@ __all__ = ["Plan", "epoch_order", "make_plan", "rank_prompts", "rank_slice", "st
 def steps_per_epoch(n_items: int, global_batch: int, what: str) -> int:
     """Whole global batches in an epoch; raises naming ``what`` when the data cannot fill even one."""
     if n_items < global_batch:
-        raise ValueError(f"{what}: {n_items} record(s) cannot fill one global batch of {global_batch} "
-                         "(per-device batch x world size x accumulation); lower the batch size or add data")
+        raise ValueError(
+            f"{what}: {n_items} record(s) cannot fill one global batch of {global_batch} "
+            "(per-device batch x world size x accumulation); lower the batch size or add data"
+        )
     return n_items // global_batch
 
 
@@ -43,7 +46,7 @@ def rank_slice(global_indices: Sequence[int], rank: int, world: int) -> list[int
     if len(global_indices) % world:
         raise ValueError(f"a global batch of {len(global_indices)} does not split over {world} ranks")
     per = len(global_indices) // world
-    return list(global_indices[rank * per:(rank + 1) * per])
+    return list(global_indices[rank * per : (rank + 1) * per])
 
 
 @dataclass(frozen=True)
@@ -71,9 +74,11 @@ def make_plan(s: PPOSettings, world: int, n_prompts: int) -> Plan:
     per_gen = s.per_device_generation_batch_size // k
     per_iter = per_gen * world * s.generation_batches
     if n_prompts < per_iter:
-        raise ValueError(f"step 3 has {n_prompts} usable prompt(s) but one iteration needs {per_iter} "
-                         f"(per_device_generation_batch_size {s.per_device_generation_batch_size} / {k} sample(s) "
-                         f"per prompt x world {world} x generation_batches {s.generation_batches})")
+        raise ValueError(
+            f"step 3 has {n_prompts} usable prompt(s) but one iteration needs {per_iter} "
+            f"(per_device_generation_batch_size {s.per_device_generation_batch_size} / {k} sample(s) "
+            f"per prompt x world {world} x generation_batches {s.generation_batches})"
+        )
     per_epoch = n_prompts // per_iter
     total = per_epoch * s.num_train_epochs
     if s.max_steps is not None:
@@ -82,8 +87,9 @@ def make_plan(s: PPOSettings, world: int, n_prompts: int) -> Plan:
     if s.enable_test_mode:  # DeepSpeed-Chat stops after test_stop_step generation batches, else after one epoch
         wanted = -(-s.test_stop_step // s.generation_batches) if s.test_stop_step else per_epoch
         total = min(total, wanted)
-    return Plan(world, k, per_gen, s.per_device_training_batch_size // k, per_iter, per_epoch, total, n_prompts,
-                horizon)
+    return Plan(
+        world, k, per_gen, s.per_device_training_batch_size // k, per_iter, per_epoch, total, n_prompts, horizon
+    )
 
 
 def rank_prompts(order: list[int], plan: Plan, iteration_in_epoch: int, batch: int, rank: int) -> list[int]:

@@ -14,6 +14,7 @@ directory written by ``datasets``' ``save_to_disk`` (a ``DatasetDict`` or one sp
 its scripts). Without a local copy the name goes to ``datasets.load_dataset`` (its cache, or the network), and the
 error names where the copy was looked for.
 """
+
 from __future__ import annotations
 
 import os
@@ -93,8 +94,11 @@ def _zhihu(row: dict[str, Any]) -> Triple:
 
 
 def _miracl(row: dict[str, Any]) -> Triple:
-    return (_human(row["query"]), _space(_first_text(row["positive_passages"])),
-            _space(_first_text(row["negative_passages"])))
+    return (
+        _human(row["query"]),
+        _space(_first_text(row["positive_passages"])),
+        _space(_first_text(row["negative_passages"])),
+    )
 
 
 def _hc3(row: dict[str, Any]) -> Triple:
@@ -105,6 +109,7 @@ def _hc3(row: dict[str, Any]) -> Triple:
 def _mkqa(lang: str) -> Callable[[dict[str, Any]], Triple]:
     def extract(row: dict[str, Any]) -> Triple:
         return _human(row["queries"].get(lang)), _space(_first_text(row["answers"].get(lang))), None
+
     return extract
 
 
@@ -125,24 +130,27 @@ class DsChatDataset:
     extract: Callable[[dict[str, Any]], Triple]
 
 
-DSCHAT_DATASETS: dict[str, DsChatDataset] = {d.name: d for d in (
-    DsChatDataset("Dahoas/rm-static", "Dahoas/rm-static", _plain),
-    DsChatDataset("Dahoas/full-hh-rlhf", "Dahoas/full-hh-rlhf", _plain),
-    DsChatDataset("Dahoas/synthetic-instruct-gptj-pairwise", "Dahoas/synthetic-instruct-gptj-pairwise", _gptj),
-    DsChatDataset("yitingxie/rlhf-reward-datasets", "yitingxie/rlhf-reward-datasets", _yitingxie),
-    DsChatDataset("openai/webgpt_comparisons", "openai/webgpt_comparisons", _webgpt),
-    DsChatDataset("stanfordnlp/SHP", "stanfordnlp/SHP", _shp),
-    DsChatDataset("pvduy/sharegpt_alpaca_oa_vicuna_format", "pvduy/sharegpt_alpaca_oa_vicuna_format", _sharegpt),
-    DsChatDataset("local/jsonfile", "data", _local_json),
-    DsChatDataset("wangrui6/Zhihu-KOL", "wangrui6/Zhihu-KOL", _zhihu),
-    DsChatDataset("Cohere/miracl-zh-queries-22-12", "Cohere/miracl-zh-queries-22-12", _miracl),
-    DsChatDataset("Hello-SimpleAI/HC3-Chinese", "Hello-SimpleAI/HC3-Chinese", _hc3),
-    DsChatDataset("mkqa-Chinese", "mkqa", _mkqa("zh_cn")),
-    DsChatDataset("mkqa-Japanese", "mkqa", _mkqa("ja")),
-    DsChatDataset("Cohere/miracl-ja-queries-22-12", "Cohere/miracl-ja-queries-22-12", _miracl),
-    DsChatDataset("lmqg/qg_jaquad", "lmqg/qg_jaquad", _qg_jaquad),
-    DsChatDataset("lmqg/qag_jaquad", "lmqg/qag_jaquad", _qag_jaquad),
-)}
+DSCHAT_DATASETS: dict[str, DsChatDataset] = {
+    d.name: d
+    for d in (
+        DsChatDataset("Dahoas/rm-static", "Dahoas/rm-static", _plain),
+        DsChatDataset("Dahoas/full-hh-rlhf", "Dahoas/full-hh-rlhf", _plain),
+        DsChatDataset("Dahoas/synthetic-instruct-gptj-pairwise", "Dahoas/synthetic-instruct-gptj-pairwise", _gptj),
+        DsChatDataset("yitingxie/rlhf-reward-datasets", "yitingxie/rlhf-reward-datasets", _yitingxie),
+        DsChatDataset("openai/webgpt_comparisons", "openai/webgpt_comparisons", _webgpt),
+        DsChatDataset("stanfordnlp/SHP", "stanfordnlp/SHP", _shp),
+        DsChatDataset("pvduy/sharegpt_alpaca_oa_vicuna_format", "pvduy/sharegpt_alpaca_oa_vicuna_format", _sharegpt),
+        DsChatDataset("local/jsonfile", "data", _local_json),
+        DsChatDataset("wangrui6/Zhihu-KOL", "wangrui6/Zhihu-KOL", _zhihu),
+        DsChatDataset("Cohere/miracl-zh-queries-22-12", "Cohere/miracl-zh-queries-22-12", _miracl),
+        DsChatDataset("Hello-SimpleAI/HC3-Chinese", "Hello-SimpleAI/HC3-Chinese", _hc3),
+        DsChatDataset("mkqa-Chinese", "mkqa", _mkqa("zh_cn")),
+        DsChatDataset("mkqa-Japanese", "mkqa", _mkqa("ja")),
+        DsChatDataset("Cohere/miracl-ja-queries-22-12", "Cohere/miracl-ja-queries-22-12", _miracl),
+        DsChatDataset("lmqg/qg_jaquad", "lmqg/qg_jaquad", _qg_jaquad),
+        DsChatDataset("lmqg/qag_jaquad", "lmqg/qag_jaquad", _qag_jaquad),
+    )
+}
 
 
 def find_dschat_dataset(path: str) -> DsChatDataset | None:
@@ -206,8 +214,10 @@ def dschat_rows(path: str, data_root: str | None) -> list[dict[str, str]] | None
         try:
             prompt, chosen, rejected = spec.extract(row)
         except (KeyError, IndexError, TypeError, AttributeError, ValueError) as exc:
-            raise ValueError(f"{spec.name}: record {index} does not have {spec.name}'s schema "
-                             f"({type(exc).__name__}: {exc}); it has {sorted(row) if isinstance(row, dict) else row}")
+            raise ValueError(
+                f"{spec.name}: record {index} does not have {spec.name}'s schema "
+                f"({type(exc).__name__}: {exc}); it has {sorted(row) if isinstance(row, dict) else row}"
+            ) from exc
         if prompt is None or chosen is None:
             continue
         out.append({"prompt": prompt, "chosen": chosen} | ({"rejected": rejected} if rejected is not None else {}))

@@ -10,6 +10,7 @@ the LM loss on every token (pretraining-style). Batches are global batches of
 ``r`` takes slice ``r``. The stream is a pure function of the number of batches drawn, so a resumed run can
 re-position it with :meth:`PtxStream.skip`.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,13 +56,18 @@ def unsupervised_records(name: str, config: str | None, data_root: str | None) -
         return [(r["prompt"], r["response"]) for r in load_records(demo_data_dir() / "sft.jsonl")]
     copy = _local_unsupervised(name, config, data_root)
     if copy is None:
-        raise FileNotFoundError(f"unsupervised_dataset_name {name!r} (config {config!r}): no local copy as a path, "
-                                f"or under --data_root as NAME/CONFIG or NAME (data_root {data_root!r})")
+        raise FileNotFoundError(
+            f"unsupervised_dataset_name {name!r} (config {config!r}): no local copy as a path, "
+            f"or under --data_root as NAME/CONFIG or NAME (data_root {data_root!r})"
+        )
     if copy.is_dir() and not (copy / "train.jsonl").exists():
         rows = read_hf_directory(copy, "train")
     else:
-        rows = read_jsonl_file(copy / "train.jsonl" if copy.is_dir() else copy) if copy.suffix != ".json" \
+        rows = (
+            read_jsonl_file(copy / "train.jsonl" if copy.is_dir() else copy)
+            if copy.suffix != ".json"
             else read_json_file(copy)
+        )
     out: list[tuple[str, str]] = []
     for index, row in enumerate(rows):
         if isinstance(row, dict) and isinstance(row.get("text"), str):
@@ -84,13 +90,16 @@ class PtxStream:
         name = s.unsupervised_dataset_name
         assert name is not None
         max_len = s.max_prompt_seq_len + s.max_answer_seq_len
-        self.examples = [sft_example(tok, prompt, text, max_len).input_ids
-                         for prompt, text in unsupervised_records(name, s.unsupervised_dataset_config_name,
-                                                                  s.data_root)]
+        self.examples = [
+            sft_example(tok, prompt, text, max_len).input_ids
+            for prompt, text in unsupervised_records(name, s.unsupervised_dataset_config_name, s.data_root)
+        ]
         self.batch = s.per_device_training_batch_size
         if len(self.examples) < self.batch * world:
-            raise ValueError(f"unsupervised_dataset_name {name!r}: {len(self.examples)} record(s) cannot fill one "
-                             f"ptx batch of {self.batch * world}")
+            raise ValueError(
+                f"unsupervised_dataset_name {name!r}: {len(self.examples)} record(s) cannot fill one "
+                f"ptx batch of {self.batch * world}"
+            )
         self.pad_id, self.rank, self.world, self.seed = pad_id, rank, world, s.seed + 17
         self.drawn = 0
 
@@ -104,7 +113,7 @@ class PtxStream:
         per_epoch = len(self.examples) // span
         epoch, pos = divmod(self.drawn, per_epoch)
         order = epoch_order(len(self.examples), self.seed, epoch)
-        mine = rank_slice(order[pos * span:(pos + 1) * span], self.rank, self.world)
+        mine = rank_slice(order[pos * span : (pos + 1) * span], self.rank, self.world)
         self.drawn += 1
         rows = [self.examples[i] for i in mine]
         ids = pad_sequences(rows, self.pad_id)

@@ -11,6 +11,7 @@ Hugging Face ``datasets`` directory (written by ``save_to_disk``; needs the opti
 Phase split (DeepSpeed-Chat's ``--data_split 2,4,4``): one seeded permutation of the records is cut into three
 contiguous, disjoint portions proportional to the weights, so the three training phases never see the same record.
 """
+
 from __future__ import annotations
 
 import random
@@ -50,8 +51,7 @@ def _validate_rows(rows: list[Any], source: str, columns: tuple[str, ...] | None
         missing = [name for name in needed if name not in row]
         if missing:
             raise ValueError(
-                f"{source}: record {index} is missing column(s) {missing}; needed {list(needed)}, "
-                f"it has {sorted(row)}"
+                f"{source}: record {index} is missing column(s) {missing}; needed {list(needed)}, it has {sorted(row)}"
             )
         bad = [name for name in needed if not isinstance(row[name], str)]
         if bad:
@@ -60,9 +60,7 @@ def _validate_rows(rows: list[Any], source: str, columns: tuple[str, ...] | None
     return out
 
 
-def load_records(
-    path: str | Path, columns: Sequence[str] | None = None, split: str = "train"
-) -> list[dict[str, str]]:
+def load_records(path: str | Path, columns: Sequence[str] | None = None, split: str = "train") -> list[dict[str, str]]:
     """Load and validate records from a ``.json`` / ``.jsonl`` file, a Hugging Face dataset directory, or a Hub
     dataset name (``Dahoas/rm-static``: anything that is not an existing path, a ``.json``/``.jsonl`` name, an
     absolute or a ``./`` path; needs ``datasets`` and network access or its cache).
@@ -149,9 +147,7 @@ def split_for_phase(records: Sequence[Any], split: str = "2,4,4", phase: int = 1
     return [records[i] for i in order[start:stop]]
 
 
-def train_eval_split(
-    records: Sequence[Any], eval_fraction: float, seed: int = 1234
-) -> tuple[list[Any], list[Any]]:
+def train_eval_split(records: Sequence[Any], eval_fraction: float, seed: int = 1234) -> tuple[list[Any], list[Any]]:
     """Shuffle with ``seed`` and hold out ``round(eval_fraction * n)`` (at least one) records for evaluation.
 
     Returns ``(train, eval)``, disjoint and together covering ``records``. Raises ``ValueError`` when
@@ -178,14 +174,17 @@ def _for_phase(rows: list[dict[str, str]], phase: int, name: str) -> list[dict[s
     if phase == 2:
         kept = [r for r in rows if "rejected" in r]
         if not kept:
-            raise ValueError(f"{name}: no record of its step-2 share has a rejected answer; DeepSpeed-Chat uses "
-                             "this dataset for steps 1 and 3 only (give it a data_split such as 10,0,0)")
+            raise ValueError(
+                f"{name}: no record of its step-2 share has a rejected answer; DeepSpeed-Chat uses "
+                "this dataset for steps 1 and 3 only (give it a data_split such as 10,0,0)"
+            )
         return kept
     return [r if "rejected" in r else {"prompt": r["prompt"], "response": r["chosen"]} for r in rows]
 
 
-def phase_records(paths: Sequence[str], split: str, phase: int, columns: Sequence[str] | None,
-                  seed: int, data_root: str | None = None) -> list[dict[str, str]]:
+def phase_records(
+    paths: Sequence[str], split: str, phase: int, columns: Sequence[str] | None, seed: int, data_root: str | None = None
+) -> list[dict[str, str]]:
     """The records of training ``phase`` from every dataset in ``paths`` (in order).
 
     ``"demo"`` is the shipped demo dataset's file for the phase (no split: its files are per phase); a

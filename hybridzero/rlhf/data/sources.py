@@ -1,6 +1,7 @@
 """Readers behind :func:`hybridzero.rlhf.data.load_records`: JSON, JSONL, saved ``datasets`` directories and Hub
 dataset names (the last two through the optional ``datasets`` package). Each returns the raw rows; validation and
 schema checks happen in :mod:`hybridzero.rlhf.data`."""
+
 from __future__ import annotations
 
 import importlib
@@ -65,6 +66,8 @@ def read_hub_dataset(name: str, split: str) -> list[Any]:
     try:
         loaded = datasets.load_dataset(name, split=split)
     except Exception as exc:
-        raise FileNotFoundError(f"no dataset at {name!r}: not a local file or directory, and the Hub load "
-                                f"failed ({type(exc).__name__}: {exc})") from exc
+        raise FileNotFoundError(
+            f"no dataset at {name!r}: not a local file or directory, and the Hub load "
+            f"failed ({type(exc).__name__}: {exc})"
+        ) from exc
     return [dict(row) for row in loaded]

@@ -3,6 +3,7 @@
 Token layouts: SFT and pairwise sequences are ``prompt + answer + eos`` (no other special tokens, unpadded);
 generation prompts are left-padded to a common width.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -35,8 +36,11 @@ def pad_token_id(tok: PreTrainedTokenizerBase, pad_to_eos: bool = False) -> int:
 
 def check_budget(model_context: int, max_prompt_len: int, max_answer_len: int) -> None:
     """Raise ``ValueError`` unless ``max_prompt_len + max_answer_len`` fits the model context (``n_positions``)."""
-    for name, value in (("model_context", model_context), ("max_prompt_len", max_prompt_len),
-                        ("max_answer_len", max_answer_len)):
+    for name, value in (
+        ("model_context", model_context),
+        ("max_prompt_len", max_prompt_len),
+        ("max_answer_len", max_answer_len),
+    ):
         if value <= 0:
             raise ValueError(f"{name} must be positive, got {value}")
     if max_prompt_len + max_answer_len > model_context:
@@ -71,7 +75,7 @@ def _join(prompt_ids: list[int], answer_ids: list[int], max_len: int) -> tuple[l
         raise ValueError(f"max_len must be at least 2, got {max_len}")
     n_prompt = min(len(prompt_ids), max_len - 1)
     n_answer = min(len(answer_ids), max_len - n_prompt)
-    kept_prompt = prompt_ids[len(prompt_ids) - n_prompt:]
+    kept_prompt = prompt_ids[len(prompt_ids) - n_prompt :]
     n_cut = len(prompt_ids) + len(answer_ids) - n_prompt - n_answer
     return kept_prompt + answer_ids[:n_answer], n_prompt, n_cut
 
@@ -149,7 +153,7 @@ def pad_sequences(sequences: Sequence[Sequence[int]], pad_value: int, left: bool
     out = torch.full((len(sequences), width), pad_value, dtype=torch.long)
     for row, seq in enumerate(sequences):
         start = width - len(seq) if left else 0
-        out[row, start:start + len(seq)] = torch.tensor(list(seq), dtype=torch.long)
+        out[row, start : start + len(seq)] = torch.tensor(list(seq), dtype=torch.long)
     return out
 
 
@@ -193,12 +197,13 @@ def prompt_batch(
     input_ids = pad_sequences(rows, pad_id, left=True)
     mask = torch.zeros_like(input_ids)
     for row, ids in enumerate(rows):
-        mask[row, input_ids.shape[1] - len(ids):] = 1
+        mask[row, input_ids.shape[1] - len(ids) :] = 1
     return PromptBatch(input_ids=input_ids, attention_mask=mask, counts=counts, kept=kept)
 
 
-def prompt_tensors(tok: PreTrainedTokenizerBase, prompts: Sequence[str],
-                   pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+def prompt_tensors(
+    tok: PreTrainedTokenizerBase, prompts: Sequence[str], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Left-padded ``(input_ids, attention_mask)`` of already budget-checked prompts."""
     rows = [tok.encode(p, add_special_tokens=False) for p in prompts]
     ids = pad_sequences(rows, pad_id, left=True)
@@ -221,7 +226,7 @@ def load_prompts(s: PPOSettings, tok: PreTrainedTokenizerBase, model_context: in
                 counts["dropped"] += 1
                 continue
             counts["truncated"] += 1
-            r = {**r, "prompt": tok.decode(ids[-s.max_prompt_seq_len:])}
+            r = {**r, "prompt": str(tok.decode(ids[-s.max_prompt_seq_len :]))}
         prompts.append(r["prompt"])
     if not prompts:
         raise ValueError(f"no usable step-3 prompts: {counts} (max_prompt_seq_len {s.max_prompt_seq_len})")

@@ -7,6 +7,7 @@ evaluates the SFT and the PPO policies on held-out prompts (``eval_prompts.jsonl
 (greedy and sampled), the copy rate and the reward model's mean score, so reward hacking (reward up, rule flat or
 down) would show. Writes ``summary.json`` and PNG plots, and prints where everything is.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,24 +55,68 @@ def demo_settings(out: Path, quick: bool = False, world: int = 2) -> tuple[SFTSe
     """
     per = 64 // world
     # what the demo was tuned with, spelled out (the settings' defaults are DeepSpeed-Chat's, which differ)
-    own: dict[str, Any] = {"data_path": ["demo"], "dtype": "fp32", "enable_tensorboard": True,
-                           "lr_scheduler_type": "warmup_cosine"}
+    own: dict[str, Any] = {
+        "data_path": ["demo"],
+        "dtype": "fp32",
+        "enable_tensorboard": True,
+        "lr_scheduler_type": "warmup_cosine",
+    }
     stages = {"actor_zero_stage": 3, "critic_zero_stage": 3, "reference_zero_stage": 3, "reward_zero_stage": 3}
-    sft = SFTSettings(**own, zero_stage=3, output_dir=str(out / "step1_sft"), per_device_train_batch_size=per,
-                      max_seq_len=24,
-                      learning_rate=3e-3, num_train_epochs=30, num_warmup_steps=20,
-                      max_steps=12 if quick else None, print_every=100, seed=1)
-    reward = RewardSettings(**own, zero_stage=3, output_dir=str(out / "step2_reward"),
-                            model_name_or_path=sft.output_dir, per_device_train_batch_size=per, max_seq_len=24, learning_rate=1e-3,
-                            num_train_epochs=8, num_warmup_steps=10, eval_fraction=0.1,
-                            max_steps=6 if quick else None, print_every=50, seed=2)
-    ppo = PPOSettings(**own, **stages, output_dir=str(out / "step3_ppo"), actor_model_name_or_path=sft.output_dir,
-                      critic_model_name_or_path=reward.output_dir, per_device_generation_batch_size=per,
-                      per_device_training_batch_size=per // 2, generation_batches=1, ppo_epochs=1,
-                      max_prompt_seq_len=8, max_answer_seq_len=8, actor_learning_rate=1e-4,
-                      critic_learning_rate=3e-4, num_warmup_steps=5, kl_ctl=0.05, num_train_epochs=10,
-                      max_steps=2 if quick else None, enable_ema=True, ema_beta=0.95, enable_hybrid_engine=True,
-                      monitor="demo", print_every=10, save_interval=40, seed=3, resume=False)
+    sft = SFTSettings(
+        **own,
+        zero_stage=3,
+        output_dir=str(out / "step1_sft"),
+        per_device_train_batch_size=per,
+        max_seq_len=24,
+        learning_rate=3e-3,
+        num_train_epochs=30,
+        num_warmup_steps=20,
+        max_steps=12 if quick else None,
+        print_every=100,
+        seed=1,
+    )
+    reward = RewardSettings(
+        **own,
+        zero_stage=3,
+        output_dir=str(out / "step2_reward"),
+        model_name_or_path=sft.output_dir,
+        per_device_train_batch_size=per,
+        max_seq_len=24,
+        learning_rate=1e-3,
+        num_train_epochs=8,
+        num_warmup_steps=10,
+        eval_fraction=0.1,
+        max_steps=6 if quick else None,
+        print_every=50,
+        seed=2,
+    )
+    ppo = PPOSettings(
+        **own,
+        **stages,
+        output_dir=str(out / "step3_ppo"),
+        actor_model_name_or_path=sft.output_dir,
+        critic_model_name_or_path=reward.output_dir,
+        per_device_generation_batch_size=per,
+        per_device_training_batch_size=per // 2,
+        generation_batches=1,
+        ppo_epochs=1,
+        max_prompt_seq_len=8,
+        max_answer_seq_len=8,
+        actor_learning_rate=1e-4,
+        critic_learning_rate=3e-4,
+        num_warmup_steps=5,
+        kl_ctl=0.05,
+        num_train_epochs=10,
+        max_steps=2 if quick else None,
+        enable_ema=True,
+        ema_beta=0.95,
+        enable_hybrid_engine=True,
+        monitor="demo",
+        print_every=10,
+        save_interval=40,
+        seed=3,
+        resume=False,
+    )
     return sft, reward, ppo
 
 
@@ -79,33 +124,56 @@ def _eval_prompts() -> list[str]:
     return [r["prompt"] for r in load_records(demo_data_dir() / "eval_prompts.jsonl", ("prompt",))]
 
 
-def evaluate_policy(actor_dir: str, reward_dir: str, prompts: list[str], *, do_sample: bool, seed: int = 99,
-                    prompt_width: int = 8, answer_len: int = 8) -> dict[str, float]:
+def evaluate_policy(
+    actor_dir: str,
+    reward_dir: str,
+    prompts: list[str],
+    *,
+    do_sample: bool,
+    seed: int = 99,
+    prompt_width: int = 8,
+    answer_len: int = 8,
+) -> dict[str, float]:
     """Hidden-rule and reward-model scores of the policy in ``actor_dir`` on ``prompts`` (dealt over ranks)."""
     comm = world_comm()
     world, rank = comm.world_size, comm.rank
     tok = load_tokenizer(actor_dir)
     cfg = ds_config(stage=3, dtype="fp32", micro_batch=1, world_size=world)
     actor = load_actor_engine(actor_dir, cfg, False)
-    reward = build_engine(load_value_model(reward_dir).float(), ds_config(stage=3, dtype="fp32", micro_batch=1,
-                                                                          world_size=world))
+    reward = build_engine(
+        load_value_model(reward_dir).float(), ds_config(stage=3, dtype="fp32", micro_batch=1, world_size=world)
+    )
     mine = list(range(rank, len(prompts), world))
     ids, mask = prompt_tensors(tok, [prompts[i] for i in mine], int(tok.pad_token_id))
-    ro = rollout(actor.generate, ids, mask, sample_ids=mine, run_seed=seed, prompt_width=prompt_width,
-                 answer_len=answer_len, pad_id=int(tok.pad_token_id), eos_id=tok.eos_token_id, do_sample=do_sample)
+    ro = rollout(
+        actor.generate,
+        ids,
+        mask,
+        sample_ids=mine,
+        run_seed=seed,
+        prompt_width=prompt_width,
+        answer_len=answer_len,
+        pad_id=int(tok.pad_token_id),
+        eos_id=tok.eos_token_id,
+        do_sample=do_sample,
+    )
     with torch.no_grad():
         values = reward(input_ids=ro.sequences, attention_mask=ro.attention_mask)
         scores = values.gather(1, last_token_index(ro.attention_mask)[:, None]).squeeze(1)
-    answers = [tok.decode(row[prompt_width:][m[prompt_width:].bool()].tolist(), skip_special_tokens=True)
-               for row, m in zip(ro.sequences, ro.attention_mask)]
-    sums = [sum(rule_score(prompts[i], a) for i, a in zip(mine, answers)),
-            sum(rule_partial(prompts[i], a) for i, a in zip(mine, answers)),
-            sum(float(rule_is_copy(prompts[i], a)) for i, a in zip(mine, answers)),
-            float(scores.sum()), float(len(mine))]
+    answers = [
+        str(tok.decode(row[prompt_width:][m[prompt_width:].bool()].tolist(), skip_special_tokens=True))
+        for row, m in zip(ro.sequences, ro.attention_mask)
+    ]
+    sums = [
+        sum(float(rule_score(prompts[i], a)) for i, a in zip(mine, answers)),
+        sum(float(rule_partial(prompts[i], a)) for i, a in zip(mine, answers)),
+        sum(float(rule_is_copy(prompts[i], a)) for i, a in zip(mine, answers)),
+        float(scores.sum()),
+        float(len(mine)),
+    ]
     total = global_sum(actor, sums)
     n = max(total[4], 1.0)
-    return {"rule_exact": total[0] / n, "rule_partial": total[1] / n, "copy_rate": total[2] / n,
-            "reward": total[3] / n}
+    return {"rule_exact": total[0] / n, "rule_partial": total[1] / n, "copy_rate": total[2] / n, "reward": total[3] / n}
 
 
 def _verdict(results: dict[str, dict[str, float]], echo: Callable[[str], None]) -> None:
@@ -113,11 +181,12 @@ def _verdict(results: dict[str, dict[str, float]], echo: Callable[[str], None]) 
     echo("policy evaluation on held-out prompts (hidden rule = exact reversal; the models never saw it):")
     echo(f"{'policy':<18}{'rule exact':>11}{'rule partial':>13}{'copy rate':>10}{'RM reward':>10}")
     for name, r in results.items():
-        echo(f"{name:<18}{r['rule_exact']:>11.3f}{r['rule_partial']:>13.3f}{r['copy_rate']:>10.3f}"
-             f"{r['reward']:>10.3f}")
+        echo(f"{name:<18}{r['rule_exact']:>11.3f}{r['rule_partial']:>13.3f}{r['copy_rate']:>10.3f}{r['reward']:>10.3f}")
     sft, ppo = results["sft (sampled)"], results["ppo (sampled)"]
-    echo(f"PPO - SFT, sampled: rule exact {ppo['rule_exact'] - sft['rule_exact']:+.3f}, "
-         f"RM reward {ppo['reward'] - sft['reward']:+.3f}")
+    echo(
+        f"PPO - SFT, sampled: rule exact {ppo['rule_exact'] - sft['rule_exact']:+.3f}, "
+        f"RM reward {ppo['reward'] - sft['reward']:+.3f}"
+    )
 
 
 def run_demo(out_dir: str = "runs/demo", quick: bool = False) -> dict[str, Any]:
@@ -132,19 +201,28 @@ def run_demo(out_dir: str = "runs/demo", quick: bool = False) -> dict[str, Any]:
     ppo_m = train_step3(ppo_s, monitor=demo_monitor())
     prompts = _eval_prompts()
     results = {}
-    for name, path in (("sft", sft_s.output_dir), ("ppo", ppo_m["models"]["actor"]),
-                       ("ppo ema", ppo_m["models"].get("actor_ema"))):
+    for name, path in (
+        ("sft", sft_s.output_dir),
+        ("ppo", ppo_m["models"]["actor"]),
+        ("ppo ema", ppo_m["models"].get("actor_ema")),
+    ):
         for sampled in (False, True):
             if path is not None:
                 label = f"{name} ({'sampled' if sampled else 'greedy'})"
                 results[label] = evaluate_policy(path, reward_s.output_dir, prompts, do_sample=sampled)
-    summary = {"world_size": world, "sft": sft_m, "reward": reward_m, "ppo_last": ppo_m["history"][-1],
-               "evaluation": results, "models": {"sft": sft_s.output_dir, "reward": reward_s.output_dir,
-                                                 **ppo_m["models"]}}
+    summary = {
+        "world_size": world,
+        "sft": sft_m,
+        "reward": reward_m,
+        "ppo_last": ppo_m["history"][-1],
+        "evaluation": results,
+        "models": {"sft": sft_s.output_dir, "reward": reward_s.output_dir, **ppo_m["models"]},
+    }
     if rank == 0:
         try:
-            plots = [str(p) for d in (sft_s.output_dir, reward_s.output_dir, ppo_s.output_dir)
-                     for p in plot_run(Path(d))]
+            plots = [
+                str(p) for d in (sft_s.output_dir, reward_s.output_dir, ppo_s.output_dir) for p in plot_run(Path(d))
+            ]
         except PlotsUnavailable as exc:
             plots = []
             echo(f"plots skipped: {exc}")
@@ -153,6 +231,8 @@ def run_demo(out_dir: str = "runs/demo", quick: bool = False) -> dict[str, Any]:
         _verdict(results, echo)
         echo(f"reward model held-out accuracy: {reward_m['eval_accuracy']:.3f}")
         echo(f"plots: {out}/step*/plots/ ({len(plots)} PNG files); summary: {out / 'summary.json'}")
-        echo(f"final models: actor {ppo_m['models']['actor']}, EMA actor {ppo_m['models'].get('actor_ema')}, "
-             f"critic {ppo_m['models'].get('critic')}, reward model {reward_s.output_dir}")
+        echo(
+            f"final models: actor {ppo_m['models']['actor']}, EMA actor {ppo_m['models'].get('actor_ema')}, "
+            f"critic {ppo_m['models'].get('critic')}, reward model {reward_s.output_dir}"
+        )
     return summary

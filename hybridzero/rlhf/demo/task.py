@@ -12,6 +12,7 @@ is the digits in reverse order (``"5 1 8 3"``) and then end of sequence. Invaria
 The quality rule (:func:`rule_score`) lives only here: no model, reward model or training file ever sees it.
 Everything is deterministic from the seeds (``random.Random``; no global random state, no downloads).
 """
+
 from __future__ import annotations
 
 import json
@@ -142,8 +143,9 @@ def make_records(n: int, seed: int, kind: RecordKind, exclude: Collection[str] =
     if n < 0:
         raise ValueError(f"n must be non-negative, got {n}")
     if kind == "prompts" and n > (prompt_space() - len(exclude)) // 2:
-        raise ValueError(f"{n} unique prompts requested; at most half of the {prompt_space()} prompts not "
-                         f"excluded are supported")
+        raise ValueError(
+            f"{n} unique prompts requested; at most half of the {prompt_space()} prompts not excluded are supported"
+        )
     rng = random.Random(seed)
     blocked: set[str] = set(exclude)  # a local copy: ``exclude`` is never mutated
     records: list[dict[str, str]] = []
