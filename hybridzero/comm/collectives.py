@@ -1,4 +1,5 @@
-"""The one wrapper through which every collective goes (the only importer of ``torch.distributed``).
+"""The one wrapper through which every collective of the engine goes (with ``comm/__init__.py``, whose public
+functions are DeepSpeed's ``deepspeed.comm`` face, the only importer of ``torch.distributed``).
 
 Invariants:
 * Every call is recorded in the owning :class:`~hybridzero.comm.ledger.Ledger` (calls, whole-buffer bytes, wire

@@ -26,7 +26,8 @@ _BUCKET = Annotated[int, integer(1)]  # a 0-element bucket never fills
 
 
 class OffloadConfig(Block):
-    """One ``zero_optimization.offload_*`` block (acts through :mod:`hybridzero.optim.offload`).
+    """One ``zero_optimization.offload_*`` block (acts through :mod:`hybridzero.zero.offload` and
+    :mod:`hybridzero.optim.swap`).
 
     Invariants: ``device`` is ``none``, ``cpu`` or ``nvme``; ``nvme`` needs ``nvme_path``; ``buffer_count >= 1``
     (chunks of optimizer state in flight between the swap files and memory). Rules across the two blocks and the
@@ -48,8 +49,8 @@ class OffloadConfig(Block):
         }
     )
 
-    device: Annotated[str, choice("none", "cpu", "nvme")] = key("none", "device", note="optim.offload")
-    pin_memory: Annotated[bool, boolean] = key(False, "pin_memory", note="optim.offload (CUDA only)")
+    device: Annotated[str, choice("none", "cpu", "nvme")] = key("none", "device", note="zero.offload")
+    pin_memory: Annotated[bool, boolean] = key(False, "pin_memory", note="zero.offload (CUDA only)")
     nvme_path: Annotated[str | None, optional(text)] = key(None, "nvme_path", note="optim.swap")
     buffer_count: Annotated[int, integer(1)] = key(4, "buffer_count", note="optim.swap (chunks in flight)")
 

@@ -1,11 +1,16 @@
-"""Gradient-norm clipping math on local pieces of a (possibly sharded) gradient.
+"""Gradient-norm clipping math: the clip coefficient, and a sum of squares over local gradient pieces.
 
 A sharded engine clips in three steps:
 
-1. each rank computes :func:`sum_of_squares` over the gradient pieces it owns;
+1. each rank sums the squares of the gradient pieces it owns;
 2. the local sums are all-reduced (SUM) across the ranks that partition the gradients,
    and ``total_norm = sqrt(global_sum)``;
 3. every rank scales its pieces by :func:`clip_coefficient` ``(total_norm, max_norm)``.
+
+The engine does steps 1-2 in :func:`hybridzero.optim.sharded.global_grad_norm`: squares accumulated in fp64, in
+cache-sized chunks (:func:`~hybridzero.optim.sharded.square_sum_fp64`), so the norm does not depend on how the
+elements are split over ranks; it uses only :func:`clip_coefficient` from this module. :func:`sum_of_squares` is
+the fp32 variant below, kept as a tested helper (the engine does not call it).
 
 Invariant for step 1: every gradient element is counted exactly once across all ranks.
 Pieces that are *replicated* (identical on several ranks, e.g. parameters that are not
@@ -13,10 +18,10 @@ partitioned, or the same shard held by every member of a replica group) must be 
 by only one of those ranks (or divided by the replication factor), otherwise the norm is
 overestimated and gradients are clipped too hard.
 
-Numerics: the per-tensor norm is ``torch.linalg.vector_norm(t, dtype=float32)`` (low
-precision inputs are upcast before reduction), squared and accumulated in fp32.  The result
+Numerics of :func:`sum_of_squares`: the per-tensor norm is ``torch.linalg.vector_norm(t, dtype=float32)`` (low
+precision inputs are upcast before reduction), squared and accumulated in fp32. The result
 therefore matches torch's own total norm (a norm of per-tensor norms) to fp32 rounding, not
-bitwise; :func:`clip_coefficient` is bitwise identical to the coefficient
+bitwise. :func:`clip_coefficient` is bitwise identical to the coefficient
 ``torch.nn.utils.clip_grad_norm_`` derives from a given total norm.  Non-finite gradients
 propagate (``inf``/``nan`` sums give a ``0``/``nan`` coefficient), as in torch with
 ``error_if_nonfinite=False``; callers decide whether to skip the step.

@@ -1,4 +1,5 @@
-"""The engine's checkpoint orchestration: save, verify-then-load, 16-bit export (format: :mod:`hybridzero.checkpoint`).
+"""The engine's checkpoint orchestration: save and verify-then-load (format: :mod:`hybridzero.checkpoint`;
+16-bit export: :mod:`hybridzero.runtime.weights16`).
 
 The engine exposes its state through a narrow seam (:class:`Checkpointable`: gather groups with their masters and
 one write path, optimizer, scheduler and loss scaler with ``state_dict``/``load_state_dict``, counters); this module

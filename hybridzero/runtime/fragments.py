@@ -5,7 +5,7 @@ read and write one parameter's fp32 state. :class:`TensorFragments` is what an e
 parameters (:data:`hybridzero.zero.registry.REGISTRY`): it answers ``GatheredParameters`` through the
 coordinator-side :class:`ZeroParamOwner` and the fragment API through the groups' flat buffers.
 
-Coordinates (invariant 6, shapes from metadata): a parameter is the range ``[offset, end)`` of its group's padded flat
+Coordinates (shapes from metadata): a parameter is the range ``[offset, end)`` of its group's padded flat
 buffer. This rank's master (and the optimizer state, which lives on views of the master) covers the whole buffer
 when ``group.master_is_whole`` (stage 0, persistent parameters), else ``layout.shard_range(rank)``; the fp32 gradient
 shard covers the whole buffer only for replicated (persistent) groups. "Local" values are this rank's part of the

@@ -1,6 +1,6 @@
 """Phase tracking and hooks: when each gather group is gathered, released and reduced.
 
-Phases come from the engine's own root-level events (DESIGN invariant 3)::
+Phases come from the engine's own root-level events::
 
     IDLE --root pre-forward--> FORWARD --root post-forward (always, also on exceptions)--> IDLE
     IDLE --first pre-backward hook or gradient--> BACKWARD --autograd end-of-backward callback--> IDLE

@@ -16,7 +16,7 @@ Invariants (each tested):
   (stages 1 and 2) shards gradients and master weights and all-gathers the updated parameters after each step;
   ``DDP`` (stage 0) reduces gradients through shards, then all-gathers them and steps a whole master copy on every
   rank; ``PERSISTENT`` (small parameters at stage 3) keeps everything whole (layout over one rank).
-* Every write to the shard goes through :meth:`ShardedGroup.write_shard` (invariant 5: one write path).
+* Every write to the shard goes through :meth:`ShardedGroup.write_shard` (one write path).
 * Shapes come from the :class:`FlatLayout` metadata, never from the local shard's size.
 """
 
@@ -286,8 +286,8 @@ class ShardedGroup:
         self._grads_seen = set()
         return grad
 
-    # --- the one write path (invariant 5) -----------------------------------------------------------------------
-    # --- hpZ secondary shard (invariant 5: a cache of the primary, never stale) -------------------------------------
+    # --- the one write path -----------------------------------------------------------------------------------
+    # --- hpZ secondary shard (a cache of the primary, never stale) --------------------------------------------------
     def secondary_valid(self) -> bool:
         """A secondary exists and was built from the current master version."""
         return self.secondary is not None and self.secondary_version == self.version

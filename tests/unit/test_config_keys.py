@@ -64,7 +64,7 @@ ACTS: dict[str, str] = {
     "zero_optimization.zero_quantized_nontrainable_weights": _ZEROPP,
     "zero_optimization.zero_quantization_block_size": _ZEROPP,
     "zero_optimization.zero_quantized_gradients_bits": _ZEROPP,
-    # offload (optim.offload / optim.swap): bitwise-identical runs with the state on the host or in swap files
+    # offload (zero.offload / optim.swap): bitwise-identical runs with the state on the host or in swap files
     "zero_optimization.offload_optimizer": _OFFLOAD,
     "zero_optimization.offload_optimizer.device": _OFFLOAD,
     "zero_optimization.offload_optimizer.nvme_path": _OFFLOAD,
