@@ -375,12 +375,18 @@ class ZeroCoordinator:
         for group in self.groups:
             group.drop_secondary()  # consumed: the next forward builds fresh ones
         self.end_phase()
-        if unused:  # raised after the collectives completed, so every rank stays in step and quiescent
-            raise RuntimeError(
-                f"{len(unused)} trainable parameter(s) got no gradient in this backward: {', '.join(unused)}; "
-                "zero_optimization.ignore_unused_parameters is false, so this is an error (as in DeepSpeed). Set it "
-                "to true (the default) if parts of the model are unused on purpose, or freeze those parameters"
-            )
+        if self.check_unused:
+            # After the collectives completed (every rank quiescent), agreed with one all_gather_object: any rank's
+            # unused parameters raise on every rank together, so the error is not a group failure and the engine
+            # stays usable (a caller may catch it).
+            error = None
+            if unused:
+                error = RuntimeError(
+                    f"{len(unused)} trainable parameter(s) got no gradient in this backward: {', '.join(unused)}; "
+                    "zero_optimization.ignore_unused_parameters is false, so this is an error (as in DeepSpeed). Set "
+                    "it to true (the default) if parts of the model are unused on purpose, or freeze those parameters"
+                )
+            self.reducer.comm.agree(error, "backward", phase="backward")
 
     def _unused_parameters(self) -> list[str]:
         """Names of trainable parameters with no gradient in this backward (only when checking); resets the record."""
