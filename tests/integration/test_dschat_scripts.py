@@ -480,6 +480,17 @@ def _fill(argv: list[str], paths: dict[str, str]) -> list[str]:
     return [paths.get(a, a) for a in argv]
 
 
+def _lora_targets(argv: list[str]) -> list[str]:
+    """The OPT scripts' LoRA target, DS-Chat's default "decoder.layers.", names OPT's blocks; the tiny stand-in model
+    is a Llama, whose blocks are "model.layers.": point each LoRA flag the script turns on at them (last one wins)."""
+    pairs = {
+        "--lora_dim": "--lora_module_name",
+        "--actor_lora_dim": "--actor_lora_module_name",
+        "--critic_lora_dim": "--critic_lora_module_name",
+    }
+    return [arg for flag, target in pairs.items() if flag in argv for arg in (target, "layers.")]
+
+
 def write_fixtures(root: Path) -> None:
     """Small local copies of the datasets the scripts name (their own schemas), digits the demo tokenizer knows."""
 
@@ -494,7 +505,7 @@ def write_fixtures(root: Path) -> None:
                 "rejected": " " + digits(i),
                 "response": " " + digits(i)[::-1],
             }
-            for i in range(700)
+            for i in range(1400)  # step 1 of opt/single_gpu/run_1.3b.sh: one global batch of 16 x 2 x 8 = 256
         ],
         "Dahoas/full-hh-rlhf": [
             {"prompt": f"{digits(i)} =", "chosen": " 1", "rejected": " 2", "response": " 1"} for i in range(40)
@@ -558,6 +569,7 @@ def test_script_runs_at_world_2(script: str, tmp_path: Path) -> None:
         "2",
         step,
         *_fill(argv, paths),
+        *_lora_targets(argv),
         *_STOP[step],
         "--progress",
         "false",

@@ -153,7 +153,7 @@ def test_step3_with_actor_and_critic_lora_flags(tmp_path: Path) -> None:
         "--enable_mixed_precision_lora",
         "--enable_hybrid_engine",
         "--enable_ema",
-        "--test_stop_step",
+        "--max_steps",
         "2",
         "--output_dir",
         str(tmp_path / "ppo"),
