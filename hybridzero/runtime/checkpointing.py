@@ -16,6 +16,9 @@ Invariants:
 * Save is atomic (see :mod:`hybridzero.checkpoint.paths`): ``latest`` moves only after every rank's files are
   written and checksummed and the tag is published. Inside a gradient-accumulation window the consistent state
   is saved (parameters, optimizer state, counters as of the window's start); the partial gradients are not.
+
+Kept in one file for now (~450 lines): save and the two load phases share the seam and the staged-state types; the
+natural split (save / verify-and-stage / apply) is noted in docs/architecture.md as next work.
 """
 
 from __future__ import annotations

@@ -1,6 +1,9 @@
 """A checkpoint is a trust boundary: hostile files never run code, hostile tags and ``latest`` contents never
 leave the save directory, every corruption is refused on every rank naming the file with the engine bitwise
-unchanged, and a save killed at any point leaves the previous checkpoint loadable."""
+unchanged, and a save killed at any point leaves the previous checkpoint loadable.
+
+One file of hostile cases (a little over 400 lines): the cases share their fixtures and read as one checklist.
+"""
 
 from __future__ import annotations
 

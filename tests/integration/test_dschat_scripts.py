@@ -8,6 +8,9 @@ temporary folder, and the DeepSpeed-Chat dataset names resolve to small fixtures
 
 Entries that need a slice still being built are marked with it (``NEEDS``); the lead removes the mark at merge.
 Every entry parses (fast test); the runs are slow tests.
+
+Long because it holds the scripts' argument lists as data (one entry per DeepSpeed-Chat script); the test code
+itself is short.
 """
 
 from __future__ import annotations
