@@ -508,7 +508,7 @@ def write_fixtures(root: Path) -> None:
                 "rejected": " " + digits(i),
                 "response": " " + digits(i)[::-1],
             }
-            for i in range(1400)  # step 1 of opt/single_gpu/run_1.3b.sh: one global batch of 16 x 2 x 8 = 256
+            for i in range(2800)  # step 1 of opt/single_gpu/run_1.3b.sh: two global batches of 16 x 2 x 8 = 256
         ],
         "Dahoas/full-hh-rlhf": [
             {"prompt": f"{digits(i)} =", "chosen": " 1", "rejected": " 2", "response": " 1"} for i in range(40)
