@@ -251,6 +251,8 @@ class Comm:
         got = torch.empty(self.world_size * longest, dtype=torch.uint8, device=device)
         self._finish(dist.all_gather_single(got, sent, group=self.group, async_op=True), False)
         rows = got.view(self.world_size, longest).cpu()
+        # Bytes from the peer ranks of this job, never from a file: the same trust as torch.distributed's own
+        # all_gather_object (also pickle). Files we read go through safetensors/JSON only.
         return [pickle.loads(rows[r, : int(n)].numpy().tobytes()) for r, n in enumerate(sizes.tolist())]
 
     def barrier(self, *, phase: str) -> None:
