@@ -132,17 +132,11 @@ def train_reward(s: RewardSettings) -> dict[str, Any]:
         engine.step()
         return sums
 
-    spec = LoopSpec(
+    spec = LoopSpec.from_settings(
+        s,
         phase="reward",
         n_items=len(train_pairs),
-        micro=s.per_device_train_batch_size,
-        accumulation=s.gradient_accumulation_steps,
-        epochs=s.num_train_epochs,
         total_steps=total,
-        seed=s.seed,
-        eval_interval=s.eval_interval,
-        print_every=s.print_every,
-        progress=s.progress,
         micro_step=micro_step,
         reduce=lambda sums: _reduce(engine, sums),
         evaluate=lambda: _evaluate(engine, eval_pairs, pad_id, s.per_device_eval_batch_size),

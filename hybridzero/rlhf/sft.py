@@ -115,17 +115,11 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
         engine.step()
         return {"loss": float(loss.detach()) / s.gradient_accumulation_steps}
 
-    spec = LoopSpec(
+    spec = LoopSpec.from_settings(
+        s,
         phase="sft",
         n_items=len(train_ex),
-        micro=s.per_device_train_batch_size,
-        accumulation=s.gradient_accumulation_steps,
-        epochs=s.num_train_epochs,
         total_steps=total,
-        seed=s.seed,
-        eval_interval=s.eval_interval,
-        print_every=s.print_every,
-        progress=s.progress,
         micro_step=micro_step,
         reduce=lambda sums: {"loss": global_sum(engine, [sums["loss"]])[0] / engine.comm.world_size},
         evaluate=lambda: _evaluate(engine, eval_ex, pad_id, s.per_device_eval_batch_size),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from torch import nn
 from tqdm import tqdm
@@ -48,6 +49,25 @@ class LoopSpec:
     evaluate: Callable[[], dict[str, float]]
     step_line: Callable[[int, int, int, dict[str, float]], str]
     eval_line: Callable[[int, dict[str, float]], str]
+
+    @classmethod
+    def from_settings(
+        cls, s: SupervisedSettings, *, phase: str, n_items: int, total_steps: int, **callbacks: Any
+    ) -> LoopSpec:
+        """The loop's sizes and cadence read from step 1/2 settings ``s``; ``callbacks`` are the five callables."""
+        return cls(
+            phase=phase,
+            n_items=n_items,
+            micro=s.per_device_train_batch_size,
+            accumulation=s.gradient_accumulation_steps,
+            epochs=s.num_train_epochs,
+            total_steps=total_steps,
+            seed=s.seed,
+            eval_interval=s.eval_interval,
+            print_every=s.print_every,
+            progress=s.progress,
+            **callbacks,
+        )
 
 
 def supervised_engine(model: nn.Module, s: SupervisedSettings, n_train: int, what: str) -> tuple[Engine, int, int]:

@@ -1,6 +1,6 @@
 """Unit tests for hybridzero.config: DeepSpeed JSON -> one typed, frozen Config.
 
-Kept as one file (~420 lines): every test here checks one function, ``load_config``, key by key;
+Kept as one file (~550 lines after formatting): every test here checks one function, ``load_config``, key by key;
 optimizer/scheduler blocks and file handling live in ``test_config_sources.py``.
 """
 
