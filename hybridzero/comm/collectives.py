@@ -52,11 +52,14 @@ class FailureState:
     """What this process knows about failures on one process group; shared by a :class:`Comm` and its splits.
 
     ``failed`` is set once (sticky) when this rank tore the group down; ``agreed`` is the last exception that every
-    rank raised together after :meth:`Comm.agree` (not fatal: the ranks are still in step)."""
+    rank raised together after :meth:`Comm.agree` (not fatal: the ranks are still in step). ``owed`` is a collective
+    this rank owes its peers before any other on the group (the close of a ZeRO-3 synced generation, see
+    :mod:`hybridzero.runtime.synced_generation`): :meth:`Comm._check_usable` runs it once, first."""
 
     def __init__(self) -> None:
         self.failed: str | None = None
         self.agreed: BaseException | None = None
+        self.owed: Callable[[], None] | None = None
 
 
 class PendingCollective:
@@ -311,7 +314,11 @@ class Comm:
         return 0 if self._local else self._own_rank
 
     def _check_usable(self) -> None:
-        """Refuse to issue a collective once this rank failed: it could pair with a peer's different one."""
+        """Refuse to issue a collective once this rank failed: it could pair with a peer's different one. Before the
+        first collective after an owed one was registered (``failures.owed``), issue that one (it may raise)."""
+        owed, self.failures.owed = self.failures.owed, None
+        if owed is not None and self.failures.failed is None:
+            owed()
         if self.failures.failed is not None:
             raise PeerFailure(
                 f"collective on group '{self.name}' refused: the process group was torn down after "

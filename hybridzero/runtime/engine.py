@@ -35,6 +35,7 @@ from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
 from hybridzero.runtime.failures import failure_guard
 from hybridzero.runtime.fragments import TensorFragments
 from hybridzero.runtime.services import EngineServices
+from hybridzero.runtime.synced_generation import SyncedGenerationGuard, guard_fits
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import materialize
 from hybridzero.zero.coordinator import ZeroCoordinator
@@ -137,6 +138,11 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
             # until all ranks are done, so a rank that finished early still joins the gathers. No other state of
             # ours lives on the module.
             setattr(self.module, "_is_fsdp_managed_module", True)  # noqa: B010 - HF reads this flag
+        self.synced_generation = (
+            SyncedGenerationGuard(self.module, comm, self.coordinator, self.device)
+            if config.zero.stage == 3 and comm.group is None and guard_fits(comm.world_size)
+            else None
+        )  # a rank leaving HF's synced generation with an exception cannot strand its peers
         views = sharded.shard_views(self.groups, index_of, len(overrides))
         if self.placement.state_in_files:  # streamed chunks hold at most sub_group_size elements
             views = sharded.split_views(views, z.sub_group_size)
@@ -418,5 +424,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
     def destroy(self) -> None:
         """DeepSpeed's ``destroy`` (:class:`DeepSpeedEngineAPI`), and the NVMe swap directory removed."""
         super().destroy()
+        if self.synced_generation is not None:
+            self.synced_generation.remove()
         if self.swapper is not None:
             self.swapper.close()

@@ -133,8 +133,9 @@ def test_event_order_of_a_train_step_and_trace_invalidations(world: Any) -> None
 
 def test_generate_all_gathers_equal_forwards_times_groups(world: Any) -> None:
     """A 16-token greedy generate at world 2 (prefetch off, nothing persistent, same prompts on both ranks so nobody
-    stops early) issues exactly one all-gather per group per forward and no other collective, moves exactly that many
-    bytes, and leaves the engine quiescent (asserted in the worker)."""
+    stops early) issues exactly one all-gather per group per forward and, besides them, only the synced-generation
+    guard's one 4-byte exchange per forward (runtime/synced_generation.py); it moves exactly that many bytes and leaves
+    the engine quiescent (asserted in the worker)."""
     results = world(2).run(generate_bytes_probe, 16, timeout=_TIMEOUT_S)
     for r in results:
         assert r["forwards"] == 16  # prefill + 15 decoding steps
@@ -142,6 +143,7 @@ def test_generate_all_gathers_equal_forwards_times_groups(world: Any) -> None:
         assert r["gather_calls"] == r["forwards"] * r["groups"]
         assert r["gather_bytes"] == r["forwards"] * r["group_bytes"]
         assert r["other_calls"] == 0
+        assert (r["sync_calls"], r["sync_bytes"]) == (r["forwards"], 4 * r["forwards"])
     assert torch.equal(results[0]["generated"], results[1]["generated"])
 
 

@@ -267,7 +267,11 @@ def generate_bytes_probe(new_tokens: int) -> dict[str, Any]:
         "gather_calls": gathers.calls,
         "gather_bytes": gathers.bytes,
         "group_bytes": sum(4 * g.numel for g in engine.groups),
-        "other_calls": sum(e.calls for k, e in window.items() if k.collective != "all_gather"),
+        "other_calls": sum(
+            e.calls for k, e in window.items() if k.collective != "all_gather" and k.phase != "generate_sync"
+        ),
+        "sync_calls": window.total(phase="generate_sync").calls,
+        "sync_bytes": window.total(phase="generate_sync").bytes,
         "generated": out,
     }
 
