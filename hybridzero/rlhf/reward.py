@@ -2,9 +2,10 @@
 
 Each micro-batch stacks its chosen and rejected sequences (right-padded) into one forward; the loss is DeepSpeed-
 Chat's pairwise ``-log sigmoid(score(chosen) - score(rejected))``, averaged over pairs. Reported per step and on the
-held-out ``eval_fraction``: loss, accuracy (share of pairs with ``chosen > rejected``; ties count as wrong) and the
-mean chosen / rejected scores, summed over ranks. The trunk starts from ``model_name_or_path`` (a causal-LM
-directory, e.g. step 1's output; ``"demo"`` builds the demo model from scratch) and the head from a seeded draw.
+evaluation records (a DeepSpeed-Chat dataset's test split where it has one, else a held-out ``eval_fraction``):
+loss, accuracy (share of pairs with ``chosen > rejected``; ties count as wrong) and the mean chosen / rejected scores,
+summed over ranks. The trunk starts from ``model_name_or_path`` (a causal-LM directory, e.g. step 1's
+output; ``"demo"`` builds the demo model from scratch) and the head from a seeded draw.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from hybridzero.comm.collectives import init_distributed
-from hybridzero.rlhf.data.records import PAIRWISE_COLUMNS, phase_records, train_eval_split
+from hybridzero.rlhf.data.records import PAIRWISE_COLUMNS, phase_train_eval
 from hybridzero.rlhf.data.tokens import pad_sequences, pad_token_id, pairwise_example
 from hybridzero.rlhf.demo.task import demo_model_config
 from hybridzero.rlhf.engines import global_sum
@@ -110,8 +111,9 @@ def train_reward(s: RewardSettings) -> dict[str, Any]:
     tok = load_tokenizer(s.model_name_or_path)
     pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
     model = _build_model(s, tok).float()
-    records = phase_records(s.data_path, s.data_split, 2, PAIRWISE_COLUMNS, s.seed, s.data_root)
-    train_recs, eval_recs = train_eval_split(records, s.eval_fraction, s.seed)
+    train_recs, eval_recs = phase_train_eval(
+        s.data_path, s.data_split, 2, PAIRWISE_COLUMNS, s.seed, s.data_root, s.eval_fraction
+    )  # a DeepSpeed-Chat dataset's own test split where it has one, else a held-out eval_fraction
     engine, total, global_batch = supervised_engine(model, s, len(train_recs), "reward-model training pairs")
     encode = [
         pairwise_example(tok, r["prompt"], r["chosen"], r["rejected"], s.max_seq_len) for r in train_recs + eval_recs

@@ -3,8 +3,10 @@
 Runs on the current process group (``hybridzero.init_distributed()`` first; a plain process is a world of 1).
 Each optimizer step consumes one global batch (``per_device_train_batch_size x world x accumulation``) of a seeded
 per-epoch order; the loss of a micro-batch is the token mean over its response tokens (HF's ``labels`` loss).
-Evaluation reports the token-mean loss and perplexity over the held-out ``eval_fraction`` of the phase's data,
-summed over ranks. The result is a Hugging Face directory in ``output_dir`` (weights, config, tokenizer) plus
+Evaluation reports the token-mean loss and perplexity, summed over ranks, on each DeepSpeed-Chat dataset's own
+test split (its share of the phase) where the copy has one, else on a held-out ``eval_fraction`` of the phase's data
+(:func:`~hybridzero.rlhf.data.records.phase_train_eval`). The result is a Hugging Face directory in
+``output_dir`` (weights, config, tokenizer) plus
 ``metrics.jsonl`` and TensorBoard scalars.
 """
 
@@ -17,7 +19,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridzero.comm.collectives import init_distributed
-from hybridzero.rlhf.data.records import phase_records, train_eval_split, whole_records
+from hybridzero.rlhf.data.records import phase_train_eval, train_eval_split, whole_records
 from hybridzero.rlhf.data.tokens import IGNORE_INDEX, pad_sequences, pad_token_id, sft_example
 from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.models import load_causal_lm, load_tokenizer, save_causal_lm
@@ -89,9 +91,14 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
     tok = load_tokenizer(s.model_name_or_path)
     pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
     model, hf_config = load_causal_lm(s.model_name_or_path, tok, s.seed)
-    records = phase_records(s.data_path, s.data_split, 1, None, s.seed, s.data_root)
-    records += whole_records(s.sft_only_data_path, s.data_root)
-    train_recs, eval_recs = train_eval_split(records, s.eval_fraction, s.seed)
+    train_recs, eval_recs = phase_train_eval(
+        s.data_path, s.data_split, 1, None, s.seed, s.data_root, s.eval_fraction
+    )  # a DeepSpeed-Chat dataset's own test split where it has one, else a held-out eval_fraction
+    if s.sft_only_data_path:
+        only_train, only_eval = train_eval_split(
+            whole_records(s.sft_only_data_path, s.data_root), s.eval_fraction, s.seed
+        )
+        train_recs, eval_recs = train_recs + only_train, eval_recs + only_eval
     engine, total, global_batch = supervised_engine(model, s, len(train_recs), "SFT training data")
     total_per_epoch = len(train_recs) // global_batch
     train_ex, cut = _tokenize(train_recs, tok, s.max_seq_len)

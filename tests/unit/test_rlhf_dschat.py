@@ -19,7 +19,7 @@ from hybridzero.rlhf.cli import settings_from_args
 from hybridzero.rlhf.data.dealing import make_plan
 from hybridzero.rlhf.data.dschat import DSCHAT_DATASETS, dschat_rows
 from hybridzero.rlhf.data.ptx import unsupervised_records
-from hybridzero.rlhf.data.records import phase_records, whole_records
+from hybridzero.rlhf.data.records import phase_records, phase_train_eval, whole_records
 from hybridzero.rlhf.engines import OptimSpec, decay_groups, hf_scheduler
 from hybridzero.rlhf.models import ModelLoadError, check_loadable
 from hybridzero.rlhf.settings import (
@@ -315,3 +315,36 @@ def test_deepspeed_chat_launcher_and_config_flags_are_accepted(schedule: str) ->
         schedule,
         "/data",
     )
+
+
+@pytest.mark.parametrize("saved", [False, True])
+def test_evaluation_uses_a_datasets_own_test_split(tmp_path: Path, saved: bool) -> None:
+    """As DeepSpeed-Chat: a copy with a test split is evaluated on that split's share of the phase (and trained on
+    its whole train share); a copy without one holds out eval_fraction of the phase share."""
+    rows = [{"prompt": f"P{i}", "chosen": f"c{i}", "rejected": f"r{i}"} for i in range(40)]
+    test = [{"prompt": f"T{i}", "chosen": f"tc{i}", "rejected": f"tr{i}"} for i in range(20)]
+    folder = tmp_path / DSCHAT_DATASETS["Dahoas/rm-static"].folder
+    folder.mkdir(parents=True)
+    if saved:
+        datasets = pytest.importorskip("datasets")
+        parts = {"train": datasets.Dataset.from_list(rows), "test": datasets.Dataset.from_list(test)}
+        datasets.DatasetDict(parts).save_to_disk(str(folder))
+    else:
+        for name, part in (("train.jsonl", rows), ("test.jsonl", test)):
+            (folder / name).write_text("".join(json.dumps(r) + "\n" for r in part))
+    _write_copy(
+        tmp_path,
+        "Dahoas/synthetic-instruct-gptj-pairwise",
+        [{"prompt": f"G{i}", "chosen": f"gc{i}", "rejected": f"gr{i}"} for i in range(40)],
+    )
+    names = ["Dahoas/rm-static", "Dahoas/synthetic-instruct-gptj-pairwise"]
+    train, evals = phase_train_eval(names, "2,4,4", 2, None, 1234, str(tmp_path), 0.25)
+    share = phase_records(names[:1], "2,4,4", 2, None, 1234, str(tmp_path))
+    assert len(share) == 16 and all(r in train for r in share)  # rm-static: its whole train share is trained on
+    from_test = [r for r in evals if r["prompt"].startswith("T")]
+    assert len(from_test) == 8 and not any(r["prompt"].startswith("P") for r in evals)  # 4/10 of the 20 test rows
+    gptj_train = [r for r in train if "G" in r["prompt"]]
+    gptj_eval = [r for r in evals if "G" in r["prompt"]]
+    assert (len(gptj_train), len(gptj_eval)) == (12, 4)  # no test split: eval_fraction 0.25 of its 16-row share
+    assert len(evals) == len(from_test) + len(gptj_eval)
+    assert not any(r in train for r in evals)

@@ -10,6 +10,7 @@ from hybridzero.rlhf.data.records import (
     SFT_COLUMNS,
     load_records,
     phase_records,
+    phase_train_eval,
     split_for_phase,
     train_eval_split,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "pad_token_id",
     "pairwise_example",
     "phase_records",
+    "phase_train_eval",
     "prompt_batch",
     "prompt_tensors",
     "rank_prompts",

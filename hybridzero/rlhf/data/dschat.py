@@ -9,7 +9,9 @@ Where the copy lives: a ``--data_path`` entry that names a DeepSpeed-Chat datase
 from ``DATA_ROOT/Dahoas/rm-static`` (``DATA_ROOT`` = ``--data_root``, else ``$HYBRIDZERO_DATA_ROOT``); a path that
 ends with such a name (``/data/Dahoas/rm-static``) is read from that path with the name's adapter. A copy is a
 directory written by ``datasets``' ``save_to_disk`` (a ``DatasetDict`` or one split), or a folder holding
-``train.jsonl`` / ``train.json``; its ``train`` split is used. ``mkqa-Chinese`` and ``mkqa-Japanese`` both read the
+``train.jsonl`` / ``train.json``; its ``train`` split is used for training and, where the copy has one, its
+``test`` split (``test.jsonl`` / ``test.json``, or DeepSpeed-Chat's ``eval.json``) for evaluation
+(:func:`dschat_test_rows`). ``mkqa-Chinese`` and ``mkqa-Japanese`` both read the
 ``mkqa`` copy; ``local/jsonfile`` reads ``DATA_ROOT/data/train.json`` (DeepSpeed-Chat's ``data/train.json`` beside
 its scripts). Without a local copy the name goes to ``datasets.load_dataset`` (its cache, or the network), and the
 error names where the copy was looked for.
@@ -26,12 +28,13 @@ from typing import Any
 
 from hybridzero.rlhf.data.sources import (
     read_hf_directory,
+    read_hf_split,
     read_hub_dataset,
     read_json_file,
     read_jsonl_file,
 )
 
-__all__ = ["DSCHAT_DATASETS", "DsChatDataset", "dschat_rows", "find_dschat_dataset", "local_copy"]
+__all__ = ["DSCHAT_DATASETS", "DsChatDataset", "dschat_rows", "dschat_test_rows", "find_dschat_dataset", "local_copy"]
 
 Triple = tuple[str | None, str | None, str | None]
 DATA_ROOT_ENV = "HYBRIDZERO_DATA_ROOT"
@@ -209,6 +212,44 @@ def dschat_rows(path: str, data_root: str | None) -> list[dict[str, str]] | None
             raw = read_hub_dataset(spec.folder if spec.folder == "mkqa" else spec.name, "train")
         except FileNotFoundError as exc:
             raise FileNotFoundError(f"{spec.name}: no local copy (looked for {where}); {exc}") from None
+    return _extract(spec, raw)
+
+
+def _read_test(copy: Path) -> list[Any] | None:
+    """The evaluation split of a local copy, or ``None`` when it has none."""
+    for name in ("test.jsonl", "eval.jsonl"):
+        if (copy / name).is_file():
+            return read_jsonl_file(copy / name)
+    for name in ("test.json", "eval.json"):
+        if (copy / name).is_file():
+            try:
+                return read_json_file(copy / name)
+            except ValueError:
+                return read_jsonl_file(copy / name)
+    if (copy / "train.json").is_file() or (copy / "train.jsonl").is_file() or not copy.is_dir():
+        return None
+    return read_hf_split(copy, "test")
+
+
+def dschat_test_rows(path: str, data_root: str | None) -> list[dict[str, str]] | None:
+    """Records of the ``test`` split of the DeepSpeed-Chat dataset ``path`` names (DeepSpeed-Chat evaluates on it),
+    or ``None`` when its copy has no test split (or ``path`` names no such dataset)."""
+    spec = find_dschat_dataset(path)
+    if spec is None:
+        return None
+    copy = local_copy(path, spec, data_root)
+    if copy is not None:
+        raw = _read_test(copy)
+    else:
+        try:
+            raw = read_hub_dataset(spec.folder if spec.folder == "mkqa" else spec.name, "test")
+        except FileNotFoundError:
+            return None
+    return None if not raw else _extract(spec, raw)
+
+
+def _extract(spec: DsChatDataset, raw: list[Any]) -> list[dict[str, str]]:
+    """``spec``'s adapter over ``raw`` rows (rows without a prompt or chosen answer skipped)."""
     out: list[dict[str, str]] = []
     for index, row in enumerate(raw):
         try:

@@ -20,7 +20,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-from hybridzero.rlhf.data.dschat import dschat_rows
+from hybridzero.rlhf.data.dschat import dschat_rows, dschat_test_rows
 from hybridzero.rlhf.data.sources import (
     read_hf_directory,
     read_hub_dataset,
@@ -204,6 +204,43 @@ def phase_records(
             share = _for_phase(split_for_phase(rows, split, phase, seed), phase, path)
             out += _validate_rows(share, path, tuple(columns) if columns is not None else None)
     return out
+
+
+def phase_train_eval(
+    paths: Sequence[str],
+    split: str,
+    phase: int,
+    columns: Sequence[str] | None,
+    seed: int,
+    data_root: str | None,
+    eval_fraction: float,
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """``(train, eval)`` records of ``phase`` for steps 1-2, per dataset in ``paths`` (in order).
+
+    A DeepSpeed-Chat dataset whose copy has a ``test`` split is evaluated, as DeepSpeed-Chat does, on that split's
+    share of ``phase`` (same ``split`` and ``seed``) and trained on its whole train-split share; any other dataset
+    (or a test split too small to have a share for ``phase``) holds out ``eval_fraction`` of its phase share. Train
+    and eval are disjoint whenever the dataset's own splits are."""
+    train: list[dict[str, str]] = []
+    evals: list[dict[str, str]] = []
+    cols = tuple(columns) if columns is not None else None
+    for path in paths:
+        share = phase_records([path], split, phase, columns, seed, data_root)
+        test = dschat_test_rows(path, data_root) if path != "demo" else None
+        held = _phase_share(test, split, phase, seed) if test is not None else []
+        if held:
+            train += share
+            evals += _validate_rows(_for_phase(held, phase, path), path, cols)
+        else:
+            kept, out = train_eval_split(share, eval_fraction, seed)
+            train, evals = train + kept, evals + out
+    return train, evals
+
+
+def _phase_share(rows: list[dict[str, str]], split: str, phase: int, seed: int) -> list[dict[str, str]]:
+    """``rows``' share of ``phase``, or ``[]`` when the split leaves it none (a small test split)."""
+    bounds = _phase_bounds(_parse_split(split), len(rows))
+    return split_for_phase(rows, split, phase, seed) if bounds[phase] > bounds[phase - 1] else []
 
 
 def whole_records(paths: Sequence[str], data_root: str | None = None) -> list[dict[str, str]]:

@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_hf_directory", "read_hub_dataset", "read_json_file", "read_jsonl_file"]
+__all__ = ["read_hf_directory", "read_hf_split", "read_hub_dataset", "read_json_file", "read_jsonl_file"]
 
 
 def read_json_file(path: Path) -> list[Any]:
@@ -51,6 +51,16 @@ def read_hf_directory(path: Path, split: str) -> list[Any]:
             raise ValueError(f"{path}: no split {split!r}; available splits: {sorted(loaded.keys())}")
         loaded = loaded[split]
     return [dict(row) for row in loaded]
+
+
+def read_hf_split(path: Path, split: str) -> list[Any] | None:
+    """One split of a ``save_to_disk`` directory, or ``None`` when it has no such split (a directory of a single
+    ``Dataset`` holds the ``train`` split only)."""
+    datasets = importlib.import_module("datasets")  # the caller already read the train split through it
+    loaded = datasets.load_from_disk(str(path))
+    if not hasattr(loaded, "keys"):
+        return None if split != "train" else [dict(row) for row in loaded]
+    return [dict(row) for row in loaded[split]] if split in loaded else None
 
 
 def read_hub_dataset(name: str, split: str) -> list[Any]:
