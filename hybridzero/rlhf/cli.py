@@ -60,7 +60,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "release_inference_cache": (False, "the hybrid engine keeps no inference cache between generations"),
     "inference_tp_size": (1, "tensor-parallel inference is not implemented"),
     "tp_gather_partition_size": (8, "tensor-parallel inference is not implemented"),
-    "add_eot_token": (False, "answers end with the tokenizer's eos token; no separate end-of-turn token"),
     "dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "actor_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "critic_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
@@ -98,6 +97,8 @@ _IGNORED = {
     "tensorboard_path": "TensorBoard files go to OUTPUT_DIR/tensorboard",
     "eval_iters": "evaluation covers the whole held-out split",
     "print_answers_interval": "answers are printed with the report every --print_every iterations",
+    "add_eot_token": "step 3 uses the tokenizer steps 1-2 saved (it ends answers with the eot token if they added it)",
+    "eot_token": "step 3 uses the tokenizer steps 1-2 saved (it ends answers with the eot token if they added it)",
 }
 _ALIASES: dict[str, str] = {}
 
@@ -145,6 +146,8 @@ def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseMode
         text = field.description or f"default: {field.get_default(call_default_factory=True)!r}"
         parser.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=text, **_flag_kwargs(field.annotation))
     for name, why in _IGNORED.items():
+        if name in model.model_fields:
+            continue  # a setting of this command (steps 1-2's --add_eot_token)
         parser.add_argument(
             f"--{name}",
             dest=f"ignored__{name}",

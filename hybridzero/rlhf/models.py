@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import os
 import shutil
 from pathlib import Path
@@ -305,6 +306,26 @@ def load_tokenizer(path: str) -> PreTrainedTokenizerBase:
     return tok
 
 
+def add_eot_token(tok: PreTrainedTokenizerBase, eot: str) -> None:
+    """DeepSpeed-Chat's ``--add_eot_token``: ``eot`` becomes one special token that ends every answer. Our answers
+    end with the tokenizer's eos, so ``eot`` becomes the eos (added to the vocabulary if new); the saved tokenizer
+    carries it to the next step, and step 3 stops generating at it."""
+    tok.add_special_tokens({"eos_token": eot})
+
+
+def fit_embeddings(model: nn.Module, vocab: int, seed: int) -> int:
+    """Grow an HF model's token embeddings (and tied / output ones) to cover ``vocab`` ids, rounded up to a multiple
+    of 8 as DeepSpeed-Chat does; new rows are drawn by the model's own init under ``seed`` (every rank alike). Returns
+    the embedding count (unchanged when it already covers ``vocab``)."""
+    hf = cast(Any, model)
+    have = int(hf.get_input_embeddings().num_embeddings)
+    if have >= vocab:
+        return have
+    torch.manual_seed(seed)
+    hf.resize_token_embeddings(8 * math.ceil(vocab / 8), mean_resizing=False)
+    return int(hf.get_input_embeddings().num_embeddings)
+
+
 def load_causal_lm(path: str, tokenizer: PreTrainedTokenizerBase, seed: int) -> tuple[nn.Module, PretrainedConfig]:
     """``(model, hf_config)``: the demo model built from scratch (seeded) for ``"demo"``, else the HF directory."""
     if path == "demo":
@@ -317,6 +338,8 @@ def load_causal_lm(path: str, tokenizer: PreTrainedTokenizerBase, seed: int) -> 
     for key, value in dropout_overrides(hf_config).items():
         setattr(hf_config, key, value)
     model.to(torch.float32)
+    if fit_embeddings(model, len(tokenizer), seed) != hf_config.vocab_size:  # a token added by --add_eot_token
+        hf_config.vocab_size = cast(Any, model).config.vocab_size
     return model, hf_config
 
 

@@ -11,7 +11,7 @@ output; ``"demo"`` builds the demo model from scratch) and the head from a seede
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -24,6 +24,8 @@ from hybridzero.rlhf.demo.task import demo_model_config
 from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.models import (
     ValueHeadModel,
+    add_eot_token,
+    fit_embeddings,
     last_token_index,
     load_tokenizer,
     load_value_model,
@@ -102,13 +104,18 @@ def _build_model(s: RewardSettings, tok: PreTrainedTokenizerBase) -> ValueHeadMo
     if s.model_name_or_path == "demo":
         torch.manual_seed(s.seed)
         return ValueHeadModel(demo_model_config(tok), head_seed=s.seed)
-    return load_value_model(s.model_name_or_path, head_seed=s.seed)
+    model = load_value_model(s.model_name_or_path, head_seed=s.seed)
+    if fit_embeddings(model.transformer, len(tok), s.seed) != model.config.vocab_size:  # --add_eot_token's token
+        model.config.vocab_size = cast(Any, model.transformer).config.vocab_size
+    return model
 
 
 def train_reward(s: RewardSettings) -> dict[str, Any]:
     """Run step 2; returns the final metrics (every rank) and writes the value model to ``s.output_dir``."""
     init_distributed()
     tok = load_tokenizer(s.model_name_or_path)
+    if s.add_eot_token:
+        add_eot_token(tok, s.eot_token)
     pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
     model = _build_model(s, tok).float()
     train_recs, eval_recs = phase_train_eval(

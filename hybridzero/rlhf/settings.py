@@ -121,6 +121,10 @@ class SupervisedSettings(StepSettings, SupervisedLoRA):
     gradient_checkpointing: bool = False
     eval_fraction: float = Field(0.05, gt=0.0, lt=1.0)
     eval_interval: int = Field(0, ge=0, description="evaluate every N steps (0: at the end of each epoch only)")
+    add_eot_token: bool = Field(
+        False, description="--eot_token becomes one special token ending every answer (the tokenizer's eos)"
+    )
+    eot_token: str = Field("<|endoftext|>", description="DeepSpeed-Chat's end-of-turn token (with --add_eot_token)")
 
 
 class SFTSettings(SupervisedSettings):
@@ -128,11 +132,6 @@ class SFTSettings(SupervisedSettings):
 
     output_dir: str = "runs/step1_sft"
     sft_only_data_path: list[str] = Field(default_factory=list, description="datasets used whole in step 1 only")
-    eot_token: str = Field(
-        "<|endoftext|>",
-        description="DeepSpeed-Chat's end-of-turn token; used only with "
-        "--add_eot_token (answers end with the tokenizer's eos token)",
-    )
     print_loss: bool = Field(False, description="print every rank's loss at every step")
 
 

@@ -22,7 +22,7 @@ from hybridzero.comm.collectives import init_distributed
 from hybridzero.rlhf.data.records import phase_train_eval, train_eval_split, whole_records
 from hybridzero.rlhf.data.tokens import IGNORE_INDEX, pad_sequences, pad_token_id, sft_example
 from hybridzero.rlhf.engines import global_sum
-from hybridzero.rlhf.models import load_causal_lm, load_tokenizer, save_causal_lm
+from hybridzero.rlhf.models import add_eot_token, load_causal_lm, load_tokenizer, save_causal_lm
 from hybridzero.rlhf.runlog import open_runlog
 from hybridzero.rlhf.settings import SFTSettings
 from hybridzero.rlhf.supervised import LoopSpec, run_loop, supervised_engine
@@ -89,6 +89,8 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
     """Run step 1; returns the final metrics (on every rank) and writes ``s.output_dir``."""
     init_distributed()
     tok = load_tokenizer(s.model_name_or_path)
+    if s.add_eot_token:
+        add_eot_token(tok, s.eot_token)
     pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
     model, hf_config = load_causal_lm(s.model_name_or_path, tok, s.seed)
     train_recs, eval_recs = phase_train_eval(

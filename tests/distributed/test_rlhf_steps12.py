@@ -139,3 +139,32 @@ def test_tokenizer_without_pad_pads_with_eos_and_without_either_fails() -> None:
     tok.eos_token = None
     with pytest.raises(ValueError, match="tokenizer has no pad token"):
         pad_token_id(tok, pad_to_eos=True)
+
+
+def test_add_eot_token_adds_one_special_token_that_ends_answers(world, tmp_path: Path) -> None:
+    """DeepSpeed-Chat's ``--add_eot_token``: the eot string becomes one new special token (the tokenizer's eos, so
+    every answer ends with it and step 3 stops at it), the embeddings grow to cover it (a multiple of 8, new rows
+    alike on every rank), and steps 1 and 2 save directories that load with it."""
+    import transformers
+
+    from hybridzero.rlhf.data.tokens import sft_example
+    from hybridzero.rlhf.models import load_value_model
+
+    actor, _ = make_model_dirs(tmp_path / "models")
+    before = transformers.AutoTokenizer.from_pretrained(actor)
+    vocab = transformers.AutoConfig.from_pretrained(actor).vocab_size
+    eot = "<|eot|>"
+    common = {"per_device_train_batch_size": 4, "max_seq_len": 24, "progress": False, "max_steps": 2}
+    common |= {"model_name_or_path": actor, "add_eot_token": True, "eot_token": eot, "print_every": 1000}
+    pool = world(2)
+    pool.run(sft_run, dict(common, output_dir=str(tmp_path / "sft")))
+    tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "sft")
+    assert tok.eos_token == eot and eot not in before.get_vocab() and len(tok) == len(before) + 1
+    grown = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "sft")
+    size = grown.get_input_embeddings().num_embeddings
+    assert size == grown.config.vocab_size and size % 8 == 0 and size >= len(tok) and size >= vocab
+    example = sft_example(tok, "Q: 12", " 21", 24)
+    assert example.input_ids[-1] == tok.convert_tokens_to_ids(eot) == tok.eos_token_id
+    pool.run(reward_run, dict(common, model_name_or_path=str(tmp_path / "sft"), output_dir=str(tmp_path / "rm")))
+    rm = load_value_model(tmp_path / "rm")
+    assert rm.transformer.get_input_embeddings().num_embeddings == size
