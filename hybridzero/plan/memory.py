@@ -29,7 +29,7 @@ from hybridzero.plan.layout import GroupShape
 from hybridzero.zero.groups import ShardMode
 from hybridzero.zero.offload import Placement
 
-__all__ = ["activation_bytes", "kv_cache_bytes", "model_states", "states_per_element"]
+__all__ = ["activation_bytes", "gathered_model_bytes", "kv_cache_bytes", "model_states", "states_per_element"]
 
 _CATEGORIES = ("parameters", "master_weights", "gradients", "optimizer_state")
 
@@ -81,6 +81,12 @@ def model_states(groups: Sequence[GroupShape], cfg: Config, rank: int) -> dict[s
         "gathered": 0,
         "persisted_numel": sum(g.layout.padded_numel for g in groups if g.replicated),
     }
+
+
+def gathered_model_bytes(groups: Sequence[GroupShape], itemsize: int) -> int:
+    """Bytes of every ZeRO-3 group gathered at once (``runtime/hybrid.py::gathered_bytes``: the hybrid engine's
+    generation buffers, compared with ``max_gathered_bytes``)."""
+    return sum(g.layout.padded_numel * itemsize for g in groups if not g.always_full)
 
 
 def activation_bytes(hf: Any, micro_batch: int, seq_len: int, itemsize: int, checkpointing: bool) -> int:

@@ -45,8 +45,7 @@ def load_hf_config(model: str) -> transformers.PretrainedConfig:
         path = path / "config.json"
     if not path.is_file():
         raise ValueError(
-            f"--model {model!r} is neither a known shape ({', '.join(sorted(shapes))}) nor a config.json / HF "
-            "directory"
+            f"--model {model!r} is neither a known shape ({', '.join(sorted(shapes))}) nor a config.json / HF directory"
         )
     fields = json.loads(path.read_text(encoding="utf-8"))
     if not isinstance(fields, dict) or "model_type" not in fields:

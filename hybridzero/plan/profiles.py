@@ -29,6 +29,7 @@ class DeviceProfile:
     host_link: str
     shared: bool
     cpu_adam_gelems: float
+    nvme_gbps: float
 
     @property
     def memory_bytes(self) -> int:
@@ -87,6 +88,7 @@ def device_profile(name: str) -> DeviceProfile:
         host_link=str(d["host_link"]),
         shared=bool(d["shared"]),
         cpu_adam_gelems=float(d["cpu_adam_gelems"]),
+        nvme_gbps=float(d["nvme_gbps"]),
     )
 
 

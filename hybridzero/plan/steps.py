@@ -125,7 +125,10 @@ class StepSimulator:
         eligible = [
             g
             for g in batch
-            if g.state is _State.SHARDED and not g.shape.always_full and not g.secondary and g.shape.quantize_block is None
+            if g.state is _State.SHARDED
+            and not g.shape.always_full
+            and not g.secondary
+            and g.shape.quantize_block is None
         ]
         if len(eligible) < 2:
             for g in batch:
@@ -159,7 +162,10 @@ class StepSimulator:
             cand = self.state[gid]
             if cand is current or cand.state is not _State.SHARDED or any(c is cand for c in batch):
                 continue
-            if inflight + cand.numel > self.prefetcher.bucket_elems or live + cand.numel > self.prefetcher.max_live_elems:
+            if (
+                inflight + cand.numel > self.prefetcher.bucket_elems
+                or live + cand.numel > self.prefetcher.max_live_elems
+            ):
                 break
             batch.append(cand)
             inflight += cand.numel
@@ -201,8 +207,8 @@ class StepSimulator:
     def _root(self) -> _Group | None:
         return next((g for g in self.state if g.shape.owner == ""), None)
 
-    def forward(self) -> None:
-        """One grad-enabled training forward."""
+    def forward(self, grad: bool = True) -> None:
+        """One forward; with ``grad`` a training forward (reuse rule, hpZ secondaries), else inference."""
         root = self._root()
         self.prefetcher.begin("forward")
         if root is not None:
@@ -211,19 +217,20 @@ class StepSimulator:
             for g in block:
                 self._use(g, "forward")
             for g in block:
-                if self._keep_for_backward(g):
+                if grad and self._keep_for_backward(g):
                     self.kept.add(g.shape.index)
                     continue
-                self._build_secondary(g)
+                if grad:
+                    self._build_secondary(g)
                 if not self.prefetcher.reused_soon(g.shape.index, lambda gid: self.state[gid].numel):
                     self._release(g)
         keep = set(self.kept)
-        if root is not None:
+        if root is not None and grad:
             if self._keep_for_backward(root):
                 keep.add(root.shape.index)
             else:
                 self._build_secondary(root)
-        self._end_phase(keep)
+        self._end_phase(keep if grad else None)
 
     def backward(self) -> None:
         """One backward: gathers in reverse, gradient buckets, the drain."""
@@ -279,8 +286,15 @@ class StepSimulator:
         if not z.quantized_gradients:
             self._record("reduce_scatter", "world", "backward", self.topo.world * cols * self.reduce_item)
             return
-        bits, block, local, nodes = z.quantized_gradients_bits, z.quantization_block_size, self.topo.local, self.topo.nodes
-        self._record("reduce_scatter", "node", "backward", local * quantized_nbytes(nodes * cols, bits=bits, block=block))
+        bits, block, local, nodes = (
+            z.quantized_gradients_bits,
+            z.quantization_block_size,
+            self.topo.local,
+            self.topo.nodes,
+        )
+        self._record(
+            "reduce_scatter", "node", "backward", local * quantized_nbytes(nodes * cols, bits=bits, block=block)
+        )
         if nodes > 1:
             self._record("reduce_scatter", "cross", "backward", nodes * quantized_nbytes(cols, bits=bits, block=block))
 
@@ -305,6 +319,21 @@ class StepSimulator:
             elif shape.mode is ShardMode.PARAMS_WHOLE:
                 self._record("all_gather", "world", "step", self.item * shape.layout.padded_numel)
 
+    def inference_forward(self) -> Ledger:
+        """One ``no_grad`` forward (experience making: reference, reward, critic values); returns its ledger."""
+        mark = self.ledger.copy()
+        self.forward(grad=False)
+        return self.ledger.since(mark)
+
+    def generation(self) -> Ledger:
+        """Hybrid-engine generation from a quiescent engine: each ZeRO-3 group's own gather, all released on exit."""
+        mark = self.ledger.copy()
+        for g in self.state:
+            if not g.shape.always_full:
+                self._start_gather(g, "generate")
+        self._end_phase()
+        return self.ledger.since(mark)
+
     def train_step(self) -> Ledger:
         """One optimizer step (``gradient_accumulation_steps`` forward/backward pairs); returns its ledger."""
         mark = self.ledger.copy()
@@ -318,8 +347,4 @@ class StepSimulator:
 def generation_ledger(groups: Sequence[GroupShape], cfg: Config, topo: Topology) -> Ledger:
     """``runtime/hybrid.py::generation_mode``: every ZeRO-3 group gathered once (qwZ quantized), then no
     collective until exit."""
-    sim = StepSimulator(groups, cfg, topo)
-    for g in sim.state:
-        if not g.shape.always_full:
-            sim._start_gather(g, "generate")
-    return sim.ledger
+    return StepSimulator(groups, cfg, topo).generation()

@@ -2,8 +2,8 @@
 says), its model-state bytes per category equal ``memory_report()`` on every rank, and its per-step collective
 calls and bytes (whole buffer and wire) equal the engine's ledger, key for key -- for stages 0-3, fp32/bf16/fp16,
 prefetch and the reuse rule, hpZ, qwZ, qgZ (int8/int4), optimizer/parameter offload, LoRA (frozen base groups),
-gradient accumulation, clipping, the persistent group, tied and OPT-style models -- and one hybrid-engine
-generation's gathers equal the plan's."""
+gradient accumulation, clipping, inference forwards, the persistent group, tied and OPT-style models -- and one
+hybrid-engine generation's gathers (and gathered bytes) equal the plan's."""
 
 from __future__ import annotations
 
@@ -24,21 +24,57 @@ OFFLOAD = {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "
 FAST: list[tuple[str, RunSpec, bool]] = [
     ("s3_fp32", RunSpec(steps=3), True),
     ("s3_bf16_prefetch_persist", RunSpec(dtype="bf16", prefetch_bucket_size=20_000, persistence_threshold=100), False),
-    ("s3_fp16_clip_gas2", RunSpec(dtype="fp16", clipping=1.0, accumulation=2, reduce_bucket_size=3000, fp16=NO_SKIP), False),
+    (
+        "s3_fp16_clip_gas2",
+        RunSpec(dtype="fp16", clipping=1.0, accumulation=2, reduce_bucket_size=3000, fp16=NO_SKIP),
+        False,
+    ),
     ("s2_bf16", RunSpec(stage=2, dtype="bf16"), False),
     ("s0_fp32_clip", RunSpec(stage=0, clipping=0.5), False),
-    ("s3_lora", RunSpec(lora=("mlp", 3, True), extra_zero={"zero_quantized_nontrainable_weights": True, **QUANT}), True),
+    (
+        "s3_lora",
+        RunSpec(lora=("mlp", 3, True), extra_zero={"zero_quantized_nontrainable_weights": True, **QUANT}),
+        True,
+    ),
 ]
 NODES: list[tuple[str, RunSpec, bool]] = [
-    ("hpz_reuse0", RunSpec(prefetch_bucket_size=30_000, extra_zero={"zero_hpz_partition_size": 2, "stage3_max_reuse_distance": 0}), False),
-    ("qwz_qgz_hpz", RunSpec(dtype="bf16", extra_zero={"zero_quantized_weights": True, "zero_quantized_gradients": True, "zero_hpz_partition_size": 2, "stage3_max_reuse_distance": 0, **QUANT}), True),
-    ("qgz_int4_offload", RunSpec(reduce_bucket_size=4000, extra_zero={"zero_quantized_gradients": True, "zero_quantized_gradients_bits": 4, **QUANT, **OFFLOAD}), False),
+    (
+        "hpz_reuse0",
+        RunSpec(prefetch_bucket_size=30_000, extra_zero={"zero_hpz_partition_size": 2, "stage3_max_reuse_distance": 0}),
+        False,
+    ),
+    (
+        "qwz_qgz_hpz",
+        RunSpec(
+            dtype="bf16",
+            extra_zero={
+                "zero_quantized_weights": True,
+                "zero_quantized_gradients": True,
+                "zero_hpz_partition_size": 2,
+                "stage3_max_reuse_distance": 0,
+                **QUANT,
+            },
+        ),
+        True,
+    ),
+    (
+        "qgz_int4_offload",
+        RunSpec(
+            reduce_bucket_size=4000,
+            extra_zero={"zero_quantized_gradients": True, "zero_quantized_gradients_bits": 4, **QUANT, **OFFLOAD},
+        ),
+        False,
+    ),
 ]
 SLOW: list[tuple[str, RunSpec, bool]] = [
     ("s1_fp16", RunSpec(stage=1, dtype="fp16", fp16=NO_SKIP, extra_zero={"ignore_unused_parameters": False}), False),
     ("s0_bf16_gas2", RunSpec(stage=0, dtype="bf16", accumulation=2), False),
     ("s2_offload", RunSpec(stage=2, extra_zero={"offload_optimizer": {"device": "cpu"}}), False),
-    ("gpt2_tied_live", RunSpec(model="gpt2_tied", prefetch_bucket_size=9000, extra_zero={"stage3_max_live_parameters": 20_000}), True),
+    (
+        "gpt2_tied_live",
+        RunSpec(model="gpt2_tied", prefetch_bucket_size=9000, extra_zero={"stage3_max_live_parameters": 20_000}),
+        True,
+    ),
     ("opt_qwz", RunSpec(model="opt", dtype="bf16", extra_zero={"zero_quantized_weights": True, **QUANT}), True),
     ("s3_lora_partial", RunSpec(lora=("self_attn", 2, False), dtype="bf16", persistence_threshold=40), False),
 ]
@@ -55,7 +91,8 @@ def _check(names: list[str], results: list[list[dict[str, Any]]]) -> None:
             assert r["peak"][0] == r["peak"][1], f"{name}, rank {rank}: peak gathered {r['peak']}"
             if "generate" in r:
                 assert r["generate"][0] == r["generate"][1], f"{name}, rank {rank}: generation {r['generate']}"
-            assert any(v[1] > 0 for v in r["steps"][-1][0].values()), "a step moves bytes"
+                assert r["gathered_model"][0] == r["gathered_model"][1], f"{name}: {r['gathered_model']}"
+            assert any(v[1] > 0 for v in r["steps"][-2][0].values()), "a step moves bytes"
 
 
 def _run(pool: Any, cases: list[tuple[str, RunSpec, bool]]) -> None:

@@ -15,16 +15,18 @@ def _entries(ledger: Any) -> dict[tuple[str, str, str], tuple[int, int, int]]:
 
 
 def plan_versus_engine(spec: RunSpec, generate: bool = False) -> dict[str, Any]:
-    """Train ``spec`` on this rank's engine; return, per step, the engine's ledger and the plan's prediction, and the
-    memory report next to the plan's model states (this rank), the peak gathered bytes of both, and (with
-    ``generate``) one hybrid-engine generation's ledger next to the plan's."""
+    """Train ``spec`` on this rank's engine; return, per step (and for one ``no_grad`` forward after them), the
+    engine's ledger next to the plan's prediction, the memory report next to the plan's model states (this rank), the
+    peak gathered bytes of both, and (with ``generate``) one hybrid-engine generation's ledger and gathered bytes next
+    to the plan's."""
     import hybridzero
+    from hybridzero.comm import topology
     from hybridzero.config import load_config
     from hybridzero.plan.layout import group_shapes
-    from hybridzero.plan.memory import model_states
+    from hybridzero.plan.memory import gathered_model_bytes, model_states
     from hybridzero.plan.model import LoRAPlan, meta_model
     from hybridzero.plan.steps import StepSimulator, Topology, generation_ledger
-    from hybridzero.comm import topology
+    from hybridzero.runtime.hybrid import gathered_bytes
 
     hybridzero.init_distributed()
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
@@ -45,6 +47,10 @@ def plan_versus_engine(spec: RunSpec, generate: bool = False) -> dict[str, Any]:
             engine.backward(engine(input_ids=ids, labels=ids).loss)
             engine.step()
         steps.append((_entries(engine.comm_ledger().since(mark)), _entries(sim.train_step())))
+    mark = engine.comm_ledger().copy()
+    with torch.no_grad():
+        engine(input_ids=batches[0, 0, rank])  # an inference forward (experience making)
+    steps.append((_entries(engine.comm_ledger().since(mark)), _entries(sim.inference_forward())))
     out: dict[str, Any] = {
         "steps": steps,
         "memory": (engine.memory_report(), model_states(shapes, cfg, rank)),
@@ -54,6 +60,8 @@ def plan_versus_engine(spec: RunSpec, generate: bool = False) -> dict[str, Any]:
         mark = engine.comm_ledger().copy()
         engine.generate(input_ids=batches[0, 0, rank][:, :4], max_new_tokens=3, do_sample=False)
         out["generate"] = (_entries(engine.comm_ledger().since(mark)), _entries(generation_ledger(shapes, cfg, topo)))
+        item = cfg.compute_dtype.itemsize
+        out["gathered_model"] = (gathered_bytes(engine.coordinator), gathered_model_bytes(shapes, item))
     engine.destroy()
     return out
 
