@@ -21,7 +21,7 @@ from hybridzero.config import Config, load_config
 from hybridzero.plan.layout import GroupShape, group_shapes
 from hybridzero.plan.memory import activation_bytes, gathered_model_bytes, kv_cache_bytes, model_states
 from hybridzero.plan.profiles import DeviceProfile, Links
-from hybridzero.plan.roofline import Flops, link_class, step_time, transformer_flops
+from hybridzero.plan.roofline import Flops, StepWork, link_class, step_time, transformer_flops
 from hybridzero.plan.steps import StepSimulator, Topology, generation_ledger
 
 __all__ = ["HEADROOM", "Cluster", "Workload", "config_for", "plan_model"]
@@ -103,12 +103,15 @@ def _pcie_bytes(ledger: Ledger, cfg: Config, world: int) -> int:
     return up + down * 4 // cfg.communication_dtype.itemsize
 
 
-def _simulate(shapes: list[GroupShape], cfg: Config, topo: Topology, train: bool) -> tuple[Ledger, int]:
-    """The steady-state step's ledger (the first step learns the prefetch trace) and the peak gathered bytes."""
+def _simulate(shapes: list[GroupShape], cfg: Config, topo: Topology, train: bool) -> tuple[Ledger, int, bool]:
+    """The steady-state step's ledger (the first step learns the prefetch trace), the peak gathered bytes, and whether
+    that step prefetches anything (a bucket smaller than every group prefetches nothing: no gather overlaps)."""
     sim = StepSimulator(shapes, cfg, topo)
     run = sim.train_step if train else sim.inference_forward
     run()
-    return run(), sim.peak_gathered_bytes
+    first = sim.prefetched
+    ledger = run()
+    return ledger, sim.peak_gathered_bytes, sim.prefetched > first
 
 
 def _flops(model: nn.Module, hf: transformers.PretrainedConfig, micro: int, work: Workload) -> Flops:
@@ -161,30 +164,28 @@ def plan_model(
     cfg = config_for(raw, world, work.train)
     shapes = group_shapes(model, cfg, world)
     topo = Topology(world, cluster.gpus_per_node)
-    ledger, peak = _simulate(shapes, cfg, topo, work.train)
+    ledger, peak, prefetches = _simulate(shapes, cfg, topo, work.train)
     summary = _summary(cfg, work)
     item, micro = cfg.compute_dtype.itemsize, cfg.train_micro_batch_size_per_gpu
     states = model_states(shapes, cfg, 0)
     # an inference forward keeps one layer's activations at a time, as the checkpointed forward does
     acts = {ckpt: activation_bytes(hf, micro, work.seq_len, item, ckpt or not work.train) for ckpt in (False, True)}
     stepped = sum(g.optimizer_numel(0) for g in shapes) if work.train and cfg.optimizer is not None else 0
-    t = step_time(
+    work_done = StepWork(
         flops=_flops(model, hf, micro, work),
         micro_steps=cfg.gradient_accumulation_steps if work.train else 1,
         ledger=ledger,
         group_sizes={"world": world, "hpz": cfg.zero.hpz_partition_size, "node": topo.local, "cross": topo.nodes},
         nodes=topo.nodes,
-        ranks_per_device=cluster.gpus_per_node,
-        device=cluster.device,
-        links=cluster.links,
         dtype=summary["dtype"],
-        prefetch=cfg.zero.prefetch_bucket_size > 0,
+        prefetch=prefetches,
         overlap_reduce=cfg.zero.overlap_comm and not cfg.zero.quantized_gradients,
         stepped_elements=stepped,
         offload=cfg.zero.offload_optimizer.device,
         pcie_bytes=_pcie_bytes(ledger, cfg, world),
         state_file_bytes=int(states["optimizer_state_file"]),
     )
+    t = step_time(work_done, cluster.device, cluster.links, cluster.gpus_per_node)
     rows = _entries(ledger, topo.nodes)
     plan: dict[str, Any] = {
         "parameters": sum(p.numel() for p in model.parameters()),

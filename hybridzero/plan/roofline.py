@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from hybridzero.comm.ledger import Ledger
 from hybridzero.plan.profiles import DeviceProfile, LinkProfile, Links, link_profile
 
-__all__ = ["Flops", "StepTime", "link_class", "ring_steps", "step_time", "transformer_flops"]
+__all__ = ["Flops", "StepTime", "StepWork", "link_class", "ring_steps", "step_time", "transformer_flops"]
 
 ADAM_BYTES_PER_ELEMENT = 28
 
@@ -106,42 +106,42 @@ def _comm_seconds(ledger: Ledger, group_sizes: dict[str, int], nodes: int, links
     return out
 
 
-def step_time(
-    *,
-    flops: Flops,
-    micro_steps: int,
-    ledger: Ledger,
-    group_sizes: dict[str, int],
-    nodes: int,
-    ranks_per_device: int,
-    device: DeviceProfile,
-    links: Links,
-    dtype: str,
-    prefetch: bool,
-    overlap_reduce: bool,
-    stepped_elements: int,
-    offload: str,
-    pcie_bytes: int,
-    state_file_bytes: int,
-) -> StepTime:
+@dataclass(frozen=True)
+class StepWork:
+    """What one rank does in one optimizer step, as the plan predicts it (the roofline's input)."""
+
+    flops: Flops  # of one micro-batch
+    micro_steps: int
+    ledger: Ledger
+    group_sizes: dict[str, int]  # ranks of each ledger group
+    nodes: int
+    dtype: str
+    prefetch: bool
+    overlap_reduce: bool
+    stepped_elements: int  # optimizer elements on this rank
+    offload: str  # "none", "cpu" or "nvme"
+    pcie_bytes: int  # host<->device copies of offload
+    state_file_bytes: int  # optimizer state in NVMe files
+
+
+def step_time(work: StepWork, device: DeviceProfile, links: Links, ranks_per_device: int) -> StepTime:
     """The roofline estimate of one optimizer step on one rank (see module docstring)."""
-    rate = device.flops_per_s(dtype)
-    rate /= ranks_per_device if device.shared else 1
-    fwd = micro_steps * (flops.forward + flops.recompute) / rate
-    bwd = micro_steps * flops.backward / rate
-    comm = _comm_seconds(ledger, group_sizes, nodes, links)
+    rate = device.flops_per_s(work.dtype) / (ranks_per_device if device.shared else 1)
+    fwd = work.micro_steps * (work.flops.forward + work.flops.recompute) / rate
+    bwd = work.micro_steps * work.flops.backward / rate
+    comm = _comm_seconds(work.ledger, work.group_sizes, work.nodes, links)
     overlap = not device.shared
     exposed = comm.get("step", 0.0)
     for phase, compute in (("forward", fwd), ("backward", bwd)):
         gathers = comm.get(phase, 0.0)
-        exposed += max(0.0, gathers - compute) if prefetch and overlap else gathers
+        exposed += max(0.0, gathers - compute) if work.prefetch and overlap else gathers
     reduce = comm.get("reduce", 0.0)
-    exposed += max(0.0, reduce - bwd) if overlap_reduce and overlap else reduce
-    if offload == "none":
-        optimizer = stepped_elements * ADAM_BYTES_PER_ELEMENT / (device.hbm_gbps * 1e9)
+    exposed += max(0.0, reduce - bwd) if work.overlap_reduce and overlap else reduce
+    if work.offload == "none":
+        optimizer = work.stepped_elements * ADAM_BYTES_PER_ELEMENT / (device.hbm_gbps * 1e9)
         copies = 0.0
     else:
-        optimizer = stepped_elements / (device.cpu_adam_gelems * 1e9)
-        copies = 0.0 if device.host_link == "none" else pcie_bytes / (link_profile(device.host_link).gbps * 1e9)
-        copies += 2 * state_file_bytes / (device.nvme_gbps * 1e9)
+        optimizer = work.stepped_elements / (device.cpu_adam_gelems * 1e9)
+        host = 0.0 if device.host_link == "none" else work.pcie_bytes / (link_profile(device.host_link).gbps * 1e9)
+        copies = host + 2 * work.state_file_bytes / (device.nvme_gbps * 1e9)
     return StepTime(fwd + bwd, comm, exposed, optimizer, copies)

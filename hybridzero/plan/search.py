@@ -4,7 +4,7 @@ Candidates vary what a user tunes (stage, hpZ size, qwZ/qgZ, optimizer offload, 
 checkpointing) over the user's DeepSpeed config, keeping everything else (optimizer, accumulation, buckets). A
 candidate fits when its device bytes (model states on the device, peak gathered buffers, activations) stay within
 :data:`~hybridzero.plan.planner.HEADROOM` of the device's memory. Ranking is by step time per token (micro-batches
-differ in work), fastest first.
+differ in work), fastest first; ties (compute-bound candidates) go to the one moving fewer bytes across nodes.
 """
 
 from __future__ import annotations
@@ -75,5 +75,5 @@ def search(
         plan.pop("collectives")
         plan["tokens_per_s_per_rank"] = tokens / plan["step_time"]["total_s"]
         fitting.append(plan)
-    fitting.sort(key=lambda p: -p["tokens_per_s_per_rank"])
+    fitting.sort(key=lambda p: (-p["tokens_per_s_per_rank"], p["by_link"]["inter"]["wire_bytes"]))
     return fitting[:top]

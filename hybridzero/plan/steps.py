@@ -97,6 +97,7 @@ class StepSimulator:
         self._pending_cols = 0
         self._replicated = 0  # elements of persistent-group gradients waiting for the drain
         self._replicated_calls = 0
+        self.prefetched = 0  # gathers launched ahead of use by the prefetcher (overlap is possible only for these)
 
     # --- recording ----------------------------------------------------------------------------------------------
     def _record(self, collective: str, group: str, phase: str, nbytes: int) -> None:
@@ -168,6 +169,7 @@ class StepSimulator:
             ):
                 break
             batch.append(cand)
+            self.prefetched += 1
             inflight += cand.numel
             live += cand.numel
         if len(batch) > (1 if batch and batch[0] is current else 0):
