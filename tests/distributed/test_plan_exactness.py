@@ -80,19 +80,30 @@ SLOW: list[tuple[str, RunSpec, bool]] = [
 ]
 
 
+def mismatches(names: list[str], per_case: list[dict[str, Any]], rank: int) -> list[str]:
+    """Every difference between engine and plan in one rank's results (empty when the plan is exact)."""
+    out: list[str] = []
+    for name, r in zip(names, per_case):
+        for step, (engine, plan) in enumerate(r["steps"]):
+            if engine != plan:
+                out.append(f"{name}, rank {rank}, step {step}: ledger {engine} != plan {plan}")
+        report, predicted = r["memory"]
+        out += [
+            f"{name}, rank {rank}: {key} {report[key]} != plan {value}"
+            for key, value in predicted.items()
+            if report[key] != value
+        ]
+        for key in ("peak", "generate", "gathered_model"):
+            if key in r and r[key][0] != r[key][1]:
+                out.append(f"{name}, rank {rank}: {key} {r[key][0]} != plan {r[key][1]}")
+        if not any(v[1] > 0 for v in r["steps"][-2][0].values()):
+            out.append(f"{name}, rank {rank}: a step moved no bytes")
+    return out
+
+
 def _check(names: list[str], results: list[list[dict[str, Any]]]) -> None:
-    for rank, per_case in enumerate(results):
-        for name, r in zip(names, per_case):
-            for step, (engine, plan) in enumerate(r["steps"]):
-                assert engine == plan, f"{name}, rank {rank}, step {step}: ledger {engine} != plan {plan}"
-            report, predicted = r["memory"]
-            for key, value in predicted.items():
-                assert report[key] == value, f"{name}, rank {rank}: {key} {report[key]} != plan {value}"
-            assert r["peak"][0] == r["peak"][1], f"{name}, rank {rank}: peak gathered {r['peak']}"
-            if "generate" in r:
-                assert r["generate"][0] == r["generate"][1], f"{name}, rank {rank}: generation {r['generate']}"
-                assert r["gathered_model"][0] == r["gathered_model"][1], f"{name}: {r['gathered_model']}"
-            assert any(v[1] > 0 for v in r["steps"][-2][0].values()), "a step moves bytes"
+    found = [m for rank, per_case in enumerate(results) for m in mismatches(names, per_case, rank)]
+    assert not found, "\n".join(found)
 
 
 def _run(pool: Any, cases: list[tuple[str, RunSpec, bool]]) -> None:
@@ -117,3 +128,46 @@ def test_plan_equals_engine_matrix(world, world_size: int) -> None:
     cases = FAST + SLOW + (NODES if world_size == 4 else [])
     env = TWO_BY_TWO if world_size == 4 else None
     _run(world(world_size, env=env), cases)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_plan_equals_engine_under_two_torchrun_agents(tmp_path) -> None:
+    """2 nodes x 2 as a real launch: two ``torchrun --nnodes 2`` agents on loopback (LOCAL_WORLD_SIZE from torchrun)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    import torch
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "result.pt"
+    args = ["--nnodes", "2", "--nproc_per_node", "2", "--master_addr", "127.0.0.1", "--master_port", str(port)]
+    agents = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                *args,
+                "--node_rank",
+                str(i),
+                "-m",
+                "tests.harness.plan_two_node_main",
+                str(out),
+            ],
+            env={**os.environ, "OMP_NUM_THREADS": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    logs = [a.communicate(timeout=500)[0] for a in agents]
+    assert all(a.returncode == 0 for a in agents), "\n".join(log[-3000:] for log in logs)
+    res = torch.load(out, weights_only=True)
+    assert res["env"]["LOCAL_WORLD_SIZE"] == "2" and res["env"]["WORLD_SIZE"] == "4"
+    assert res["mismatches"] == [[], [], [], []]
