@@ -1,12 +1,13 @@
 """``hybridzero plan`` is exact where it can be: at world 1-4 (and 2 nodes x 2 as torchrun's LOCAL_WORLD_SIZE
 says), its model-state bytes per category equal ``memory_report()`` on every rank, and its per-step collective
 calls and bytes (whole buffer and wire) equal the engine's ledger, key for key -- for stages 0-3, fp32/bf16/fp16,
-prefetch and the reuse rule, hpZ, qwZ, qgZ (int8/int4), optimizer/parameter offload, LoRA (frozen base groups),
-gradient accumulation, clipping, inference forwards, the persistent group, tied and OPT-style models -- and one
-hybrid-engine generation's gathers (and gathered bytes) equal the plan's."""
+prefetch and the reuse rule, hpZ, qwZ, qgZ (int8/int4), optimizer (cpu, NVMe) and parameter offload, LoRA (frozen
+base groups), gradient accumulation, clipping, inference forwards, the persistent group, tied and OPT-style models --
+and one hybrid-engine generation's gathers (and gathered bytes) equal the plan's."""
 
 from __future__ import annotations
 
+import tempfile
 from typing import Any
 
 import pytest
@@ -17,6 +18,11 @@ from tests.workers.plan import plan_cases
 TWO_BY_TWO = {"LOCAL_WORLD_SIZE": "2"}
 QUANT = {"zero_quantization_block_size": 64}
 NO_SKIP = {"initial_scale_power": 4}  # the plan predicts applied steps; an fp16 overflow skips the step's all-gathers
+NVME = {  # optimizer state in swap files (each engine makes and removes its own directory under nvme_path)
+    "offload_optimizer": {"device": "nvme", "nvme_path": tempfile.gettempdir()},
+    "offload_param": {"device": "cpu"},
+    "sub_group_size": 3000,
+}
 OFFLOAD = {"offload_optimizer": {"device": "cpu"}, "offload_param": {"device": "cpu"}}
 
 # (name, spec, also check one generation); every spec runs 3 steps: the first without a prefetch trace, then the
@@ -38,6 +44,7 @@ FAST: list[tuple[str, RunSpec, bool]] = [
     ),
 ]
 NODES: list[tuple[str, RunSpec, bool]] = [
+    ("nvme_bf16", RunSpec(dtype="bf16", extra_zero=NVME), False),
     (
         "hpz_reuse0",
         RunSpec(prefetch_bucket_size=30_000, extra_zero={"zero_hpz_partition_size": 2, "stage3_max_reuse_distance": 0}),
