@@ -86,6 +86,8 @@ def _lora(spec: str | None) -> LoRAPlan | None:
 
 
 def _build(args: argparse.Namespace) -> tuple[dict[str, Any], str]:
+    if args.search and args.rlhf:
+        raise ValueError("--search ranks the configurations of one model; it does not combine with --rlhf")
     if args.nodes < 1 or args.gpus_per_node < 1:
         raise ValueError(f"--nodes {args.nodes} and --gpus_per_node {args.gpus_per_node} must be >= 1")
     cluster = Cluster(args.nodes, args.gpus_per_node, device_profile(args.device), links_for(args.device, args.link))

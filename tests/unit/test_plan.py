@@ -206,15 +206,18 @@ def test_cli_rlhf_and_search(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         (["--rlhf", "policy=llama-7b"], "role=MODEL"),
         (["--nodes", "0"], "must be >= 1"),
         (["--lora", "mlp"], "PART:DIM"),
+        (["--search", "--rlhf", "actor=bench-llama"], "does not combine with --rlhf"),
     ],
 )
 def test_cli_errors_name_the_argument(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: list[str], message: str
 ) -> None:
     args = {"--model": "bench-llama", "--config": _config(tmp_path), "--nodes": "1", "--gpus_per_node": "2"}
+    flags = [x for x in extra if x == "--search"]
+    extra = [x for x in extra if x != "--search"]
     for key, value in zip(extra[::2], extra[1::2]):
         args[key] = value
-    assert main(["plan", *[x for kv in args.items() for x in kv]]) == 1
+    assert main(["plan", *flags, *[x for kv in args.items() for x in kv]]) == 1
     assert message in capsys.readouterr().err
 
 
