@@ -6,6 +6,9 @@ Subcommands are registered by small ``_add_*`` functions listed in :func:`build_
 ``launch [--num_gpus N] STEP ARGS`` starts a step under torchrun with DeepSpeed's launcher flags
 (:mod:`hybridzero.launch`).
 
+``plan --model M --config ds_config.json --nodes N --gpus_per_node G ...`` predicts memory per rank, collective bytes
+per link and step time for a cluster (:mod:`hybridzero.plan.cli`).
+
 ``export CKPT_DIR OUT_DIR`` writes a Hugging Face directory (``config.json`` + safetensors) from an engine
 checkpoint, streaming one shard file at a time (:func:`hybridzero.checkpoint.export.export_hf`); LoRA adapters are
 merged into the weights (``--lora base``: left out) and ``--adapters DIR`` also writes them as a peft directory
@@ -22,6 +25,7 @@ from typing import Any
 from hybridzero.checkpoint.export import export_hf
 from hybridzero.checkpoint.lora_export import export_adapters
 from hybridzero.launch import launch_main
+from hybridzero.plan.cli import add_plan_command
 from hybridzero.rlhf.cli import add_rlhf_commands
 
 __all__ = ["build_parser", "main", "parse_size"]
@@ -65,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per subcommand."""
     parser = argparse.ArgumentParser(prog="hybridzero", description="hybridzero: ZeRO-3 sharded training tools.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_export, add_rlhf_commands):
+    for add in (_add_export, add_plan_command, add_rlhf_commands):
         add(subparsers)
     subparsers.add_parser(
         "launch",

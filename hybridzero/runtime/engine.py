@@ -40,7 +40,7 @@ from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import materialize
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.gathered import ZeroParamOwner
-from hybridzero.zero.groups import ShardedGroup, ShardMode
+from hybridzero.zero.groups import ShardedGroup, ShardMode, stage_mode
 from hybridzero.zero.init_source import init_stores, release_from_init, stage_group
 from hybridzero.zero.offload import Placement
 from hybridzero.zero.partition import param_aliases, plan_groups
@@ -163,7 +163,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         ``source`` when given, else by the model's own init), so no rank ever holds the whole model."""
         stage = self.config.zero.stage
         threshold = self.config.zero.param_persistence_threshold if stage == 3 else 0
-        mode = {0: ShardMode.DDP, 1: ShardMode.PARAMS_WHOLE, 2: ShardMode.PARAMS_WHOLE, 3: ShardMode.ZERO3}[stage]
+        mode = stage_mode(stage)
         aliases = param_aliases(self.module)
         meta = materialize.has_meta(self.module)
         init_fn = materialize.default_init_fn(self.module)

@@ -51,6 +51,15 @@ class ShardMode(enum.Enum):
     PERSISTENT = "persistent"
 
 
+def stage_mode(stage: int) -> ShardMode:
+    """The mode of a ZeRO ``stage``'s gather groups (the persistent group is always ``PERSISTENT``); pure, shared
+    by the engine and ``hybridzero plan`` so both lay out the same groups."""
+    modes = {0: ShardMode.DDP, 1: ShardMode.PARAMS_WHOLE, 2: ShardMode.PARAMS_WHOLE, 3: ShardMode.ZERO3}
+    if stage not in modes:
+        raise ValueError(f"zero_optimization.stage = {stage!r} is invalid: expected 0, 1, 2 or 3")
+    return modes[stage]
+
+
 class GroupState(enum.Enum):
     """Where a group's full parameters are."""
 

@@ -1,0 +1,115 @@
+"""Predicted bytes per rank: model states (the categories of ``engine.memory_report()``), activations, KV cache.
+
+Pure functions of :class:`~hybridzero.plan.layout.GroupShape` lists. The model-state rules are the engine's
+storage rules (``zero/groups.py``), each storage counted once as ``runtime/memory.py`` counts it:
+
+* master (fp32): this rank's shard (``ZERO3``, ``PARAMS_WHOLE``) or the whole padded buffer (``DDP``, persistent);
+* parameters: the bound whole buffer of always-full groups in the compute dtype -- none in fp32 when the master is
+  whole (the buffer *is* the master);
+* gradients: the fp32 gradient shard (none for frozen-only groups) plus, for ``DDP``, the whole fp32 gradient the
+  step all-gathers;
+* optimizer state: ``states_per_element`` fp32 tensors over the trainable range of this rank's master;
+* placement: ZeRO-Offload puts master, gradients and optimizer state on the host (optimizer state in files with
+  NVMe), exactly as ``zero.offload.Placement.where`` says.
+
+Invariant (tested at world 1-4 against ``memory_report()``): every number is equal, byte for byte, on every rank.
+Activation bytes are an estimate (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", eq. 2 without tensor parallelism), stated as such.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from hybridzero.config import Config
+from hybridzero.plan.layout import GroupShape
+from hybridzero.zero.groups import ShardMode
+from hybridzero.zero.offload import Placement
+
+__all__ = ["activation_bytes", "gathered_model_bytes", "kv_cache_bytes", "model_states", "states_per_element"]
+
+_CATEGORIES = ("parameters", "master_weights", "gradients", "optimizer_state")
+
+
+def states_per_element(cfg: Config) -> int:
+    """fp32 optimizer-state tensors per stepped element: Adam/AdamW 2 (3 with amsgrad), SGD 1 with momentum."""
+    if cfg.optimizer is None:
+        return 0
+    params = dict(cfg.optimizer.params)
+    if cfg.optimizer.type == "SGD":
+        return 1 if float(params.get("momentum", 0.0)) != 0.0 else 0
+    return 3 if params.get("amsgrad") else 2
+
+
+def model_states(groups: Sequence[GroupShape], cfg: Config, rank: int) -> dict[str, Any]:
+    """Bytes of each model-state category on ``rank`` between steps, as ``engine.memory_report()`` reports them
+    (``placement`` included; ``gathered`` is 0 between steps)."""
+    item = cfg.compute_dtype.itemsize
+    fp32 = cfg.compute_dtype.itemsize == 4
+    master = params = grads = state_numel = 0
+    for g in groups:
+        lo, hi = g.master_range(rank)
+        master += 4 * (hi - lo)
+        if g.always_full and not (fp32 and g.master_is_whole):
+            params += item * g.layout.padded_numel
+        if not g.frozen_only:
+            grads += 4 * g.layout.shard_numel
+        if g.mode is ShardMode.DDP:
+            grads += 4 * g.layout.padded_numel
+        state_numel += g.optimizer_numel(rank)
+    state = 4 * states_per_element(cfg) * state_numel
+    off_opt, off_param = cfg.zero.offload_optimizer, cfg.zero.offload_param
+    placement = Placement.build(torch.device("cpu"), off_opt.device, off_param.device, False)
+    file_bytes = state if placement.state_in_files else 0
+    resident = 0 if placement.state_in_files else state
+    sizes = {"parameters": params, "master_weights": master, "gradients": grads, "optimizer_state": resident}
+    where: dict[str, dict[str, int]] = {"device": {}, "host": {}, "file": {}}
+    for category in _CATEGORIES:
+        place = placement.where(category)
+        where["host" if place == "file" else place][category] = sizes[category]
+    where["device"]["gathered"] = 0
+    if placement.state_in_files:
+        where["file"]["optimizer_state"] = file_bytes
+    return {
+        "placement": where,
+        "optimizer_state_file": file_bytes,
+        **sizes,
+        "model_states": params + master + grads + resident,
+        "gathered": 0,
+        "persisted_numel": sum(g.layout.padded_numel for g in groups if g.replicated),
+    }
+
+
+def gathered_model_bytes(groups: Sequence[GroupShape], itemsize: int) -> int:
+    """Bytes of every ZeRO-3 group gathered at once (``runtime/hybrid.py::gathered_bytes``: the hybrid engine's
+    generation buffers, compared with ``max_gathered_bytes``)."""
+    return sum(g.layout.padded_numel * itemsize for g in groups if not g.always_full)
+
+
+def activation_bytes(hf: Any, micro_batch: int, seq_len: int, itemsize: int, checkpointing: bool) -> int:
+    """Estimated activation bytes of one micro-batch's forward kept for backward (one rank).
+
+    Per layer ``s b h (34 + 5 a s / h)`` bytes for 16-bit activations (Korthikanti et al., eq. 2; x2 in fp32),
+    plus logits ``s b V`` in the compute dtype and fp32 for the loss. With full activation checkpointing only each
+    layer's input ``2 s b h`` (x2 in fp32) is kept, plus one layer's activations during its recomputation."""
+    s, b = seq_len, micro_batch
+    h = int(hf.hidden_size)
+    a = int(hf.num_attention_heads)
+    layers = int(hf.num_hidden_layers)
+    scale = itemsize / 2
+    per_layer = s * b * h * (34 + 5 * a * s / h) * scale
+    logits = s * b * int(hf.vocab_size) * (itemsize + 4)
+    if checkpointing:
+        return int(layers * 2 * s * b * h * scale + per_layer + logits)
+    return int(layers * per_layer + logits)
+
+
+def kv_cache_bytes(hf: Any, batch: int, tokens: int, itemsize: int) -> int:
+    """KV cache of generation: ``2 x layers x kv_heads x head_dim x tokens x batch`` elements."""
+    heads = int(hf.num_attention_heads)
+    kv_heads = int(getattr(hf, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // heads)
+    return 2 * int(hf.num_hidden_layers) * kv_heads * head_dim * tokens * batch * itemsize
