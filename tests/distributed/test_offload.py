@@ -16,6 +16,7 @@ from tests.workers.offload import VARIANTS, offload_block, save_resume, start_wi
 from tests.workers.rlhf_runs import make_model_dirs, step3_run
 
 TIMEOUT = 400
+_ITEMSIZE = {"torch.float32": 4, "torch.bfloat16": 2, "torch.float16": 2}
 
 SPECS = {
     "s3_fp32_accum_clip": RunSpec(
@@ -76,7 +77,14 @@ def _check_placement(results: list[dict[str, Any]], world_size: int) -> None:
         rep = nvme["report"]["placement"]
         assert rep["file"]["optimizer_state"] == nvme["file_bytes"] == 8 * nvme["leaf_numel"]
         assert nvme["state_bytes"] == 0 and rep["host"]["optimizer_state"] == 0
-        assert nvme["files"] == ["optimizer_state.bin"] and nvme["swap_dir_removed"]
+        # ... and so are the sharded groups' fp32 masters; only the small whole (persistent) ones stay in memory
+        assert rep["file"]["master_weights"] == nvme["file_sizes"]["master.bin"] == 4 * nvme["sharded_numel"] > 0
+        whole = nvme["shard_numel"] - nvme["sharded_numel"]
+        assert rep["host"]["master_weights"] == nvme["master_bytes"] == 4 * whole
+        # the kept compute-dtype shard stands in for the master, on the device (no offload_param)
+        kept = rep["device"]["parameters"] - none["report"]["placement"]["device"]["parameters"]
+        assert kept == nvme["kept_bytes"] == nvme["sharded_numel"] * _ITEMSIZE[nvme["kept_dtype"]]
+        assert nvme["files"] == ["master.bin", "optimizer_state.bin"] and nvme["swap_dir_removed"]
     # the optimizer's elements are split over the ranks: each holds ~1/N of them (12 bytes each on the host)
     per_rank = [r["cpu"]["facts"]["leaf_numel"] for r in results]
     assert max(per_rank) - min(per_rank) <= sum(per_rank) // (2 * world_size) + 64 * 20

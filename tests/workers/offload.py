@@ -16,7 +16,8 @@ VARIANTS = ("none", "cpu", "nvme")
 
 
 def offload_block(variant: str, nvme_dir: str, param: bool = False) -> dict[str, Any]:
-    """The ``zero_optimization`` keys of one variant (``sub_group_size`` small so NVMe streams several chunks)."""
+    """The ``zero_optimization`` keys of one variant (``sub_group_size`` small so NVMe streams several chunks);
+    ``param`` adds ``offload_param`` on the same device (NVMe: compute shards in files, one read ahead)."""
     if variant == "none":
         return {}
     block: dict[str, Any] = {"device": variant}
@@ -24,7 +25,7 @@ def offload_block(variant: str, nvme_dir: str, param: bool = False) -> dict[str,
         block.update(nvme_path=nvme_dir, buffer_count=2)
     out: dict[str, Any] = {"offload_optimizer": block, "sub_group_size": 700}
     if param:
-        out["offload_param"] = {"device": "cpu"}
+        out["offload_param"] = {"device": "cpu"} if variant == "cpu" else {**block, "buffer_count": 2}
     return out
 
 
@@ -36,18 +37,24 @@ def _placement_facts(engine: Any) -> dict[str, Any]:
     """The memory report next to an independent count of live tensors (per device) and of swap-file bytes."""
     report = engine.memory_report()
     host = engine.placement.host
-    masters = [g.master for g in engine.groups]
+    live_masters = [g.master for g in engine.groups]  # between steps: empty placeholders where the master is in a file
+    kept = [g.compute for g in engine.groups if g.compute is not None]
     grads = [g.grad_shard for g in engine.groups]
     state = [t for st in engine.optimizer.state.values() for t in st.values() if torch.is_tensor(t) and t.dim() > 0]
-    shard_numel = sum(g.master.numel() for g in engine.groups)
-    leaf_numel = sum(p.numel() for group in engine._leaves for p, _ in group)
+    with _resident(engine):  # NVMe: masters read in, leaves viewing them (their sizes)
+        shard_numel = sum(g.master.numel() for g in engine.groups)
+        sharded_numel = sum(g.master.numel() for g in engine.groups if not g.master_is_whole)
+        leaf_numel = sum(p.numel() for group in engine._leaves for p, _ in group)
     facts: dict[str, Any] = {
         "report": report,
         "host": str(host),
         "shard_numel": shard_numel,
+        "sharded_numel": sharded_numel,
         "leaf_numel": leaf_numel,
-        "on_host": all(t.device == host for t in masters + grads + state),
-        "master_bytes": sum(t.numel() * t.element_size() for t in masters),
+        "on_host": all(t.device == host for t in live_masters + grads + state),
+        "master_bytes": sum(t.numel() * t.element_size() for t in live_masters),
+        "kept_bytes": sum(t.numel() * t.element_size() for t in kept),
+        "kept_dtype": str(kept[0].dtype) if kept else None,
         "state_bytes": sum(t.numel() * t.element_size() for t in state),
         "file_bytes": 0,
         "swap_dir": None,
@@ -55,8 +62,9 @@ def _placement_facts(engine: Any) -> dict[str, Any]:
     if engine.swapper is not None:
         path = engine.swapper.dir.path
         facts["swap_dir"] = str(path)
-        facts["file_bytes"] = os.path.getsize(path / "optimizer_state.bin")
         facts["files"] = sorted(p.name for p in path.iterdir())
+        facts["file_sizes"] = {p.name: os.path.getsize(p) for p in path.iterdir()}
+        facts["file_bytes"] = facts["file_sizes"]["optimizer_state.bin"]
     return facts
 
 
@@ -86,7 +94,7 @@ def train_variants(
         with _resident(engine):
             state = full_optimizer_state(engine)
         params = engine.full_parameters()
-        io = (engine.swapper.bytes_read, engine.swapper.bytes_written) if engine.swapper is not None else (0, 0)
+        io = engine.swapper.bytes_moved if engine.swapper is not None else (0, 0)
         engine.destroy()
         facts["swap_dir_removed"] = facts["swap_dir"] is None or not Path(facts["swap_dir"]).exists()
         out[variant] = {
