@@ -13,7 +13,7 @@ Invariants:
   :meth:`write` first waits for (and drops) any read of that key in flight, so a read never returns stale or torn
   bytes. Plain ``os.preadv`` / ``os.pwritev`` (no compiled extension); byte counters are thread-safe.
 * :class:`ReadAhead` learns which key followed which in the last pass (forward order, then backward order) and reads
-  that many keys ahead -- at most ``buffer_count`` buffers and ``max_in_cpu`` elements in flight.
+  ahead along it -- at most ``buffer_count`` buffers (the one in use included) and ``max_in_cpu`` elements ahead.
 """
 
 from __future__ import annotations
@@ -146,36 +146,39 @@ class TensorFile:
 
 class ReadAhead:
     """A :class:`TensorFile` of compute shards read ahead along the order of the previous reads (see module
-    docstring). Implements :class:`hybridzero.zero.offload.ShardFile`."""
+    docstring). Implements :class:`hybridzero.zero.offload.ShardFile`.
+
+    The order is learned as "after ``a`` then ``b`` came ``c``" (pairs, so a forward and the backward after it,
+    which pass the same key in opposite directions, are told apart); a wrong guess only costs a read."""
 
     def __init__(self, file: TensorFile, buffer_count: int, max_in_cpu: int) -> None:
         self.file = file
         self.buffer_count = max(1, buffer_count)
         self.max_in_cpu = max_in_cpu
-        self._next: dict[int, int] = {}  # key -> the key read after it last time
-        self._last: int | None = None
+        self._next: dict[tuple[int, int], int] = {}  # (key before, key) -> the key read after them last time
+        self._recent: tuple[int, int] = (-1, -1)  # the last two distinct keys read
 
     def read(self, key: int, lo: int = 0, hi: int | None = None) -> torch.Tensor:
         """``key``'s elements (as :meth:`TensorFile.read`); learns the order and starts the next reads."""
         out = self.file.read(key, lo, hi)
-        if self._last is not None and self._last != key:
-            self._next[self._last] = key
-        self._last = key
-        self._read_ahead(key)
+        before, last = self._recent
+        if key != last:
+            if last >= 0 and before >= 0:
+                self._next[(before, last)] = key
+            self._recent = (last, key)
+        self._read_ahead(*self._recent)
         return out
 
-    def _read_ahead(self, key: int) -> None:
+    def _read_ahead(self, before: int, key: int) -> None:
         seen = {key}
-        nxt = self._next.get(key)
-        for _ in range(self.buffer_count - 1):
-            if nxt is None or nxt in seen:
-                return
+        nxt = self._next.get((before, key))
+        while nxt is not None and nxt not in seen:
             count, numel = self.file.prefetched()
             if count + 1 >= self.buffer_count or numel + self.file.numel(nxt) > self.max_in_cpu:
                 return
             self.file.prefetch(nxt)
             seen.add(nxt)
-            nxt = self._next.get(nxt)
+            before, key, nxt = key, nxt, self._next.get((key, nxt))
 
     def write(self, key: int, t: torch.Tensor, lo: int = 0) -> None:
         """Write through to the file (drops a read of ``key`` in flight)."""

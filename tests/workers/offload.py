@@ -29,6 +29,12 @@ def offload_block(variant: str, nvme_dir: str, param: bool = False) -> dict[str,
     return out
 
 
+def _variant_block(variant: str, nvme_dir: str) -> dict[str, Any]:
+    """``"nvme+param"``: NVMe for the optimizer and the parameters; other names as :func:`offload_block`."""
+    name, _, param = variant.partition("+")
+    return offload_block(name, nvme_dir, param == "param")
+
+
 def _resident(engine: Any) -> contextlib.AbstractContextManager[None]:
     return engine.swapper.resident() if engine.swapper is not None else contextlib.nullcontext()
 
@@ -114,12 +120,12 @@ def save_resume(
 ) -> dict[str, Any]:
     """Train ``save_at`` steps with ``save_with`` offload and save; a fresh engine with ``load_with`` offload loads
     and trains to ``spec.steps``. Returns the resumed losses, full params and optimizer state."""
-    first = spec.replace(extra_zero={**spec.extra_zero, **offload_block(save_with, nvme_dir)})
+    first = spec.replace(extra_zero={**spec.extra_zero, **_variant_block(save_with, nvme_dir)})
     engine, batches, rank = _engine(first)
     _train(engine, batches, rank, range(save_at), spec.accumulation)
     engine.save_checkpoint(ckpt)
     engine.destroy()
-    second = spec.replace(extra_zero={**spec.extra_zero, **offload_block(load_with, nvme_dir)})
+    second = spec.replace(extra_zero={**spec.extra_zero, **_variant_block(load_with, nvme_dir)})
     engine, batches, rank = _engine(second)
     engine.load_checkpoint(ckpt)
     losses = _train(engine, batches, rank, range(save_at, spec.steps), spec.accumulation)
@@ -137,3 +143,30 @@ def start_with_bad_nvme_path(spec: RunSpec, nvme_path: str) -> str:
     except Exception as exc:  # noqa: BLE001 -- the test checks the type and the text
         return f"{type(exc).__name__}: {exc}"
     return ""
+
+
+def edit_and_train(spec: RunSpec, nvme_dir: str, variants: tuple[str, ...]) -> dict[str, Any]:
+    """Per variant: one step, then rank 0 halves ``spec.edit``'s parameters inside ``zero.GatheredParameters`` with
+    ``modifier_rank=0`` (with NVMe the master is read from and written back to its file, the compute shard
+    re-derived), a fragment write, then the remaining steps; returns the losses and full parameters."""
+    import hybridzero as deepspeed
+    from hybridzero import utils
+
+    out: dict[str, Any] = {}
+    for variant in variants:
+        engine, batches, rank = _engine(
+            spec.replace(extra_zero={**spec.extra_zero, **_variant_block(variant, nvme_dir)})
+        )
+        losses = _train(engine, batches, rank, range(1), spec.accumulation)
+        targets = [engine.module.get_parameter(n) for n in spec.edit]
+        with deepspeed.zero.GatheredParameters(targets, modifier_rank=0), torch.no_grad():
+            if rank == 0:
+                for t in targets:
+                    t.mul_(0.5)
+        value = utils.safe_get_full_fp32_param(targets[0])
+        utils.safe_set_full_fp32_param(targets[0], value + 0.25)
+        losses += _train(engine, batches, rank, range(1, spec.steps), spec.accumulation)
+        params = engine.full_parameters()
+        engine.destroy()
+        out[variant] = {"losses": losses, "params": params if rank == 0 else None}
+    return out
