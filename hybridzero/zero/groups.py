@@ -17,18 +17,15 @@ Invariants (each tested):
   ``DDP`` (stage 0) reduces gradients through shards, then all-gathers them and steps a whole master copy on every
   rank; ``PERSISTENT`` (small parameters at stage 3) keeps everything whole (layout over one rank).
 * Every write to the shard goes through :meth:`ShardedGroup.write_shard` (one write path).
-* ZeRO-Infinity (:meth:`ShardedGroup.offload_to_files`): the fp32 master is in a :class:`ShardFile` and ``master`` is
-  an empty placeholder, except inside :meth:`ShardedGroup.master_resident`; the group keeps its compute shard
-  (``compute``, or in a second file), which the optimizer step updates piecewise (:meth:`update_compute`) and
-  ``write_shard`` re-derives from a resident master. Either way it always equals the master cast to compute dtype.
+* ZeRO-Infinity (:mod:`hybridzero.zero.infinity`): the master may live in a file, ``master`` then being an empty
+  placeholder outside ``master_resident()``; the kept compute shard always equals the master cast.
 * Shapes come from the :class:`FlatLayout` metadata, never from the local shard's size.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -43,8 +40,9 @@ from hybridzero.comm.quantize import (
 )
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero.fill import read_range
+from hybridzero.zero.infinity import FileBackedMaster
 from hybridzero.zero.layout import FlatLayout, ParamSpec, build_layout, intersect
-from hybridzero.zero.offload import Placement, ShardFile, move
+from hybridzero.zero.offload import Placement, move
 
 
 class ShardMode(enum.Enum):
@@ -73,8 +71,9 @@ class Slot:
     trainable: bool
 
 
-class ShardedGroup:
-    """Flat, padded, sharded parameters of one gather group, with their gradient and master shards."""
+class ShardedGroup(FileBackedMaster):
+    """Flat, padded, sharded parameters of one gather group, with their gradient and master shards (with
+    ZeRO-Infinity's files through :class:`FileBackedMaster`)."""
 
     def __init__(
         self,
@@ -131,11 +130,7 @@ class ShardedGroup:
         self._placeholder = torch.empty(0, dtype=compute_dtype, device=device)
         whole_master = self.master_is_whole
         self.master = self._init_master(source, aliases or {}, whole_master)
-        # ZeRO-Infinity (offload_to_files): where the master and the compute shard live when not in memory
-        self.master_file: ShardFile | None = None
-        self.param_file: ShardFile | None = None
-        self.compute: torch.Tensor | None = None  # the kept compute shard (master in a file, params not)
-        self._master_depth = 0  # nesting of master_resident() blocks
+        self.init_files()  # ZeRO-Infinity (zero/infinity.py): none until offload_to_files
         self._send: torch.Tensor | None = None  # the gather's input, alive until the gather completed
         # A group of frozen parameters only (LoRA's base: zero/partition.py splits mixed blocks) has no gradient
         # bytes at all; every other group keeps whole, equal-sized gradient shards on every rank.
@@ -337,7 +332,7 @@ class ShardedGroup:
         optimizer step updates it piecewise instead, :meth:`update_compute`)."""
         self.version += 1
         self.drop_secondary()
-        self._refresh_compute()
+        self.refresh_compute()
         if self.mode is ShardMode.PARAMS_WHOLE:
             assert self.full is not None
             self.comm.all_gather(self.full, self.compute_shard(), phase="step")
@@ -350,67 +345,8 @@ class ShardedGroup:
         keeps no second copy of the shard: model states stay at 16 bytes per parameter / N with Adam). With the master
         offloaded to the host this is the copy that brings the shard to the device for the gather; with the master
         in a file it is the kept compute shard, read from its file with ``offload_param: nvme``."""
-        if self.param_file is not None:
-            shard = self.param_file.read(self.index)
-            copies = self.placement.copies
-            return copies.to_device(shard, self.compute_dtype) if copies else move(shard, self.device)
-        if self.compute is not None:
-            return move(self.compute, self.device)
-        return move(self.master, self.device, self.compute_dtype)
-
-    # --- ZeRO-Infinity: master (and compute shard) in files ----------------------------------------------------
-    def offload_to_files(self, master_file: ShardFile, param_file: ShardFile | None) -> None:
-        """Move the fp32 master into ``master_file`` (and the compute shard into ``param_file`` when given); from
-        here on ``master`` is an empty placeholder outside :meth:`master_resident`. Sharded groups only."""
-        if self.master_is_whole or self.master_file is not None:
-            raise ValueError(f"group {self.name!r}: only a sharded group's master goes to a file, once")
-        compute = move(self.master, self.placement.shard_device, self.compute_dtype)
-        if compute is self.master:
-            compute = compute.clone()  # fp32 on the same device: the kept shard must not alias the master
-        master_file.write(self.index, self.master)
-        if param_file is not None:
-            param_file.write(self.index, compute)
-        else:
-            self.compute = compute
-        self.master_file, self.param_file = master_file, param_file
-        self.master = torch.empty(0, dtype=torch.float32, device=self.host)
-
-    @contextlib.contextmanager
-    def master_resident(self) -> Iterator[torch.Tensor]:
-        """``master`` read from its file for the block and written back after (reentrant; a no-op without a file).
-        Writers inside still call :meth:`write_shard`, which then re-derives the compute shard from it."""
-        if self.master_file is None or self._master_depth > 0:
-            self._master_depth += 1
-            try:
-                yield self.master
-            finally:
-                self._master_depth -= 1
-            return
-        self.master = self._to_host(self.master_file.read(self.index))
-        self._master_depth = 1
-        try:
-            yield self.master
-        finally:
-            self._master_depth = 0
-            self.master_file.write(self.index, self.master)
-            self.master = torch.empty(0, dtype=torch.float32, device=self.host)
-
-    def update_compute(self, lo: int, values: torch.Tensor) -> None:
-        """The optimizer step streamed ``values`` (fp32 master elements ``[lo, lo + n)``) back to the file: bring
-        the kept compute shard up to date for them. Followed by :meth:`write_shard` once the step is done."""
-        if self.param_file is not None:
-            self.param_file.write(self.index, values.to(self.compute_dtype), lo)
-        elif self.compute is not None:
-            self.compute[lo : lo + values.numel()].copy_(values)
-
-    def _refresh_compute(self) -> None:
-        """Re-derive the kept compute shard from a resident master (inside :meth:`master_resident`)."""
-        if self.master_file is None or self._master_depth == 0:
-            return
-        if self.param_file is not None:
-            self.param_file.write(self.index, self.master.to(self.compute_dtype))
-        elif self.compute is not None:
-            self.compute.copy_(self.master)
+        kept = self.kept_shard()
+        return kept if kept is not None else move(self.master, self.device, self.compute_dtype)
 
     def assemble_grad(self) -> None:
         """DDP only: the whole reduced gradient from every rank's grad shard (before clipping and stepping)."""
