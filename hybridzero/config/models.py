@@ -4,7 +4,7 @@
 Every accepted key is either a typed field (``acts=False`` on the ones hybridzero does not act on) or listed in the
 block's ``_ignored`` set; both kinds without effect warn once by name (:mod:`.load`). Defaults are DeepSpeed's
 effective defaults; the deliberate differences (bucket sizes must be >= 1; ``offload_param`` needs stage 3 and an
-offloaded optimizer, and only ``cpu``) are noted where they occur.
+offloaded optimizer, ``nvme`` an ``nvme`` one) are noted where they occur.
 """
 
 from __future__ import annotations
@@ -91,8 +91,9 @@ class ZeroConfig(Block):
     Invariants: ``0 <= stage <= 3``; sizes/thresholds are ints >= 0 and bucket sizes ints >= 1 (elements, not
     bytes); ``hpz_partition_size >= 1``; ``overlap_comm`` is a bool -- omitted or ``null`` gives DeepSpeed's
     effective default, ``stage == 3``. The deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` mean an
-    offload block with device ``cpu``. ``offload_param`` acts only at stage 3, with ``device`` ``cpu`` and an offloaded
-    optimizer (the compute shard is cast from the fp32 master, so the master must live off the device too).
+    offload block with device ``cpu``. ``offload_param`` acts only at stage 3 with an offloaded optimizer (the compute
+    shard is cast from the fp32 master, so the master must live off the device too); its ``nvme`` needs the
+    optimizer's ``nvme`` (the compute shards go to files with the masters they are cast from).
     """
 
     _prefix: ClassVar[str] = "zero_optimization"

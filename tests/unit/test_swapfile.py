@@ -5,6 +5,7 @@ bit for bit."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from hybridzero.optim.swapfile import ReadAhead, TensorFile
 
 
 @pytest.fixture
-def io() -> ThreadPoolExecutor:
+def io() -> Iterator[ThreadPoolExecutor]:
     pool = ThreadPoolExecutor(max_workers=2)
     yield pool
     pool.shutdown(wait=True)
@@ -102,3 +103,10 @@ def test_space_check_names_path_and_bytes(tmp_path: Path) -> None:
     ):
         check_space(d, 2**100, "compute shards")
     assert d.closed  # nothing left behind by a refused start
+
+
+def test_unwritable_param_path_names_offload_param(tmp_path: Path) -> None:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a directory")
+    with pytest.raises(SwapSpaceError, match=r"offload_param.nvme_path = .* is not a writable directory"):
+        SwapDir(blocker / "swap", 0, "offload_param")
