@@ -14,6 +14,7 @@ import torch
 
 from hybridzero.optim.swapdir import SwapDir, SwapSpaceError, check_space
 from hybridzero.optim.swapfile import ReadAhead, TensorFile
+from hybridzero.zero.offload import CopyStream, Placement
 
 
 @pytest.fixture
@@ -110,3 +111,13 @@ def test_unwritable_param_path_names_offload_param(tmp_path: Path) -> None:
     blocker.write_text("not a directory")
     with pytest.raises(SwapSpaceError, match=r"offload_param.nvme_path = .* is not a writable directory"):
         SwapDir(blocker / "swap", 0, "offload_param")
+
+
+def test_copy_stream_is_a_plain_move_without_cuda() -> None:
+    """The side-stream H2D path only exists with CUDA; on a CPU device it is :func:`move` (same tensor or a cast)."""
+    copies = CopyStream(torch.device("cpu"))
+    t = torch.randn(9)
+    assert copies.stream is None and copies.to_device(t, torch.float32) is t
+    assert torch.equal(copies.to_device(t, torch.bfloat16), t.to(torch.bfloat16))
+    placement = Placement.build(torch.device("cpu"), "nvme", "nvme", pin_memory=True)
+    assert (placement.copies is None) == (not torch.cuda.is_available())  # no CUDA: nothing pinned, no stream
