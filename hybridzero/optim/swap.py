@@ -3,17 +3,19 @@
 ``offload_optimizer: {device: nvme, nvme_path, buffer_count}`` with ``sub_group_size``: the optimizer's leaves
 (views of the master, cut to at most ``sub_group_size`` elements by :func:`hybridzero.optim.sharded.split_views`)
 are grouped into chunks of whole leaves of at most ``sub_group_size`` elements. A step walks the chunks: read the
-chunk's state (``exp_avg``, ``exp_avg_sq``... every state tensor with a dimension) from the swap file, step the
-optimizer on the chunk's leaves only, write the state back. Reads of the next chunks and writes of the previous
-ones run on background threads (plain ``os.preadv``/``os.pwritev``, no compiled extension), at most
-``buffer_count`` chunks in memory at once. The master and gradient shards stay on the host (they are what the
-compute shards are cast from and what the reduction writes into).
+chunk's state (``exp_avg``, ``exp_avg_sq``... every state tensor with a dimension) from the swap file, together with
+the chunk's fp32 master elements when the master is in ``master.bin`` (:mod:`hybridzero.optim.swap_master`; the
+engine's swapper always does that for sharded groups), step the optimizer on the chunk's leaves only, update the
+groups' compute shards from the new master elements, write master and state back. Reads of the next chunks and
+writes of the previous ones run on background threads (plain ``os.preadv``/``os.pwritev``, no compiled extension),
+at most ``buffer_count`` chunks in memory at once. The gradient shards stay on the host (the reduction writes into
+them).
 
 Invariants:
 * Between steps an offloaded leaf has no entry in ``optimizer.state``; its state tensors are in the file and its
   scalars (Adam's ``step``) in :attr:`StateSwapper.scalars`. :meth:`StateSwapper.resident` brings everything back
-  for code that reads ``optimizer.state`` (checkpoint save/load) and swaps it out again after, so a checkpoint never
-  depends on the swap files.
+  (masters included, the leaves viewing them) for code that reads ``optimizer.state`` (checkpoint save/load) and
+  swaps it out again after, so a checkpoint never depends on the swap files.
 * The step is bitwise the step without offload: element-wise optimizers update each leaf from its own state only,
   and a leaf is stepped exactly once per step with the same hyperparameters.
 * Each (leaf, key) owns one fixed byte region of the file, allocated at its first swap-out; the file is reserved
