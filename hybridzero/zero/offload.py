@@ -90,18 +90,8 @@ class Placement:
 
     @property
     def state_in_files(self) -> bool:
-        """Optimizer state tensors are swapped out to files between steps."""
+        """Optimizer state tensors (and the sharded groups' fp32 masters) are in files between steps."""
         return self.optimizer == "nvme"
-
-    @property
-    def master_in_files(self) -> bool:
-        """The fp32 master shards of sharded groups live in files (ZeRO-Infinity); compute shards are kept."""
-        return self.optimizer == "nvme"
-
-    @property
-    def params_in_files(self) -> bool:
-        """The compute shards of ZeRO-3 groups live in files and are read in for each gather."""
-        return self.params == "nvme"
 
     @property
     def shard_device(self) -> torch.device:
