@@ -4,7 +4,7 @@
 Every accepted key is either a typed field (``acts=False`` on the ones hybridzero does not act on) or listed in the
 block's ``_ignored`` set; both kinds without effect warn once by name (:mod:`.load`). Defaults are DeepSpeed's
 effective defaults; the deliberate differences (bucket sizes must be >= 1; ``offload_param`` needs stage 3 and an
-offloaded optimizer, and only ``cpu``) are noted where they occur.
+offloaded optimizer, ``nvme`` an ``nvme`` one) are noted where they occur.
 """
 
 from __future__ import annotations
@@ -71,11 +71,18 @@ class OffloadConfig(Block):
 
 
 class ParamOffloadConfig(OffloadConfig):
-    """``zero_optimization.offload_param``: as :class:`OffloadConfig`, but parameter shards never go to files in
-    hybridzero (``device: nvme`` is refused by :class:`ZeroConfig`), so the NVMe tuning keys have no effect here."""
+    """``zero_optimization.offload_param``: as :class:`OffloadConfig`; with ``device: nvme`` (which needs
+    ``offload_optimizer.device: nvme``, see :class:`ZeroConfig`) the ZeRO-3 compute shards live in files under
+    ``nvme_path`` and are read in for each gather, ``buffer_count`` shards read ahead at most, holding at most
+    ``max_in_cpu`` elements (DeepSpeed's default 1e9) in those read-ahead buffers."""
 
-    nvme_path: Annotated[str | None, optional(text)] = key(None, "nvme_path", acts=False)
-    buffer_count: Annotated[int, integer(1)] = key(4, "buffer_count", acts=False)
+    _ignored: ClassVar[frozenset[str]] = OffloadConfig._ignored - {"max_in_cpu"}
+
+    nvme_path: Annotated[str | None, optional(text)] = key(None, "nvme_path", note="optim.swap_master (params.bin)")
+    buffer_count: Annotated[int, integer(1)] = key(5, "buffer_count", note="optim.swapfile (shards read ahead)")
+    max_in_cpu: Annotated[int, integer(0)] = key(
+        1_000_000_000, "max_in_cpu", note="optim.swapfile (elements read ahead)"
+    )
 
 
 class ZeroConfig(Block):
@@ -84,8 +91,9 @@ class ZeroConfig(Block):
     Invariants: ``0 <= stage <= 3``; sizes/thresholds are ints >= 0 and bucket sizes ints >= 1 (elements, not
     bytes); ``hpz_partition_size >= 1``; ``overlap_comm`` is a bool -- omitted or ``null`` gives DeepSpeed's
     effective default, ``stage == 3``. The deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` mean an
-    offload block with device ``cpu``. ``offload_param`` acts only at stage 3, with ``device`` ``cpu`` and an offloaded
-    optimizer (the compute shard is cast from the fp32 master, so the master must live off the device too).
+    offload block with device ``cpu``. ``offload_param`` acts only at stage 3 with an offloaded optimizer (the compute
+    shard is cast from the fp32 master, so the master must live off the device too); its ``nvme`` needs the
+    optimizer's ``nvme`` (the compute shards go to files with the masters they are cast from).
     """
 
     _prefix: ClassVar[str] = "zero_optimization"
@@ -199,10 +207,10 @@ class ZeroConfig(Block):
                 ("offload_param", "stage"),
                 param.device,
             )
-        if param.device == "nvme":
+        if param.device == "nvme" and opt.device != "nvme":
             raise BlockProblem(
-                "{0}.device = 'nvme' is not supported by hybridzero (parameter shards in files are "
-                "not built); use 'cpu' (optimizer state can go to nvme through {1})",
+                f"{{0}}.device = 'nvme' needs {{1}}.device 'nvme' in hybridzero (got {opt.device!r}): the compute "
+                f"shards go to files together with the fp32 master they are cast from",
                 ("offload_param", "offload_optimizer"),
                 param.device,
             )

@@ -29,7 +29,7 @@ import uuid
 import weakref
 from pathlib import Path
 
-__all__ = ["LOCK_SUFFIX", "SWAP_ROOT", "SwapDir", "SwapSpaceError", "remove_stale"]
+__all__ = ["LOCK_SUFFIX", "SWAP_ROOT", "SwapDir", "SwapSpaceError", "check_space", "remove_stale"]
 
 SWAP_ROOT = "hybridzero-swap"
 LOCK_SUFFIX = ".lock"
@@ -94,8 +94,9 @@ def _cleanup(path: Path, fds: list[int]) -> None:
 class SwapDir:
     """This rank's private swap directory; :meth:`open_file` gives reserved, positional-I/O files inside it."""
 
-    def __init__(self, nvme_path: str | os.PathLike[str], rank: int) -> None:
+    def __init__(self, nvme_path: str | os.PathLike[str], rank: int, key: str = "offload_optimizer") -> None:
         base = Path(nvme_path)
+        self.key = key  # the config block naming nvme_path, for messages
         root = base / SWAP_ROOT
         try:
             root.mkdir(parents=True, exist_ok=True)
@@ -107,7 +108,7 @@ class SwapDir:
             self.path.mkdir(mode=0o700)
         except OSError as exc:
             raise SwapSpaceError(
-                f"offload_optimizer.nvme_path = {str(base)!r} is not a writable directory "
+                f"{key}.nvme_path = {str(base)!r} is not a writable directory "
                 f"({exc.strerror or exc}); give a directory this process can create files in"
             ) from exc
         self._fds: list[int] = [lock_fd]
@@ -121,8 +122,8 @@ class SwapDir:
         if reserve > free:
             self.close()
             raise SwapSpaceError(
-                f"offload_optimizer.nvme_path: {reserve} bytes are needed for the swapped optimizer "
-                f"state on this rank but only {free} are free under {self.path.parent.parent}"
+                f"{self.key}.nvme_path: {reserve} bytes are needed for {name} on this rank but only "
+                f"{free} are free under {self.path.parent.parent}"
             )
         fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._fds.append(fd)
@@ -132,7 +133,7 @@ class SwapDir:
         except OSError as exc:
             self.close()
             raise SwapSpaceError(
-                f"offload_optimizer.nvme_path: cannot reserve {reserve} bytes under "
+                f"{self.key}.nvme_path: cannot reserve {reserve} bytes under "
                 f"{self.path.parent.parent} ({exc.strerror or exc})"
             ) from exc
         return fd
@@ -145,3 +146,15 @@ class SwapDir:
     def close(self) -> None:
         """Remove the directory and its files (idempotent)."""
         self._finalizer()
+
+
+def check_space(swap_dir: SwapDir, needed: int, what: str) -> None:
+    """Raise :class:`SwapSpaceError` (naming the path and both numbers) if the disk under ``swap_dir`` has fewer
+    than ``needed`` free bytes: every byte the run will write to its swap files, checked once at start-up."""
+    free = shutil.disk_usage(swap_dir.path).free
+    if needed > free:
+        swap_dir.close()
+        raise SwapSpaceError(
+            f"{swap_dir.key}.nvme_path: {needed} bytes are needed for {what} on this rank (fp32 masters, optimizer "
+            f"state and compute shards swapped to files) but only {free} are free under {swap_dir.path.parent.parent}"
+        )

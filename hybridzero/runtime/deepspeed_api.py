@@ -230,10 +230,11 @@ class DeepSpeedEngineAPI:
                     continue
                 self.param_owner.zero.check_not_gathered(group, "engine.load_state_dict")
                 lo, hi = master_range(group)
-                for slot in hits:
-                    flat = by_param[id(slot.param)].detach().reshape(-1).to(group.master)
-                    a, b = max(lo, slot.spec.offset), min(hi, slot.spec.end)
-                    if a < b:
-                        group.master[a - lo : b - lo].copy_(flat[a - slot.spec.offset : b - slot.spec.offset])
-                group.write_shard()
+                with group.master_resident() as master:  # NVMe offload: written back to its file
+                    for slot in hits:
+                        flat = by_param[id(slot.param)].detach().reshape(-1).to(master)
+                        a, b = max(lo, slot.spec.offset), min(hi, slot.spec.end)
+                        if a < b:
+                            master[a - lo : b - lo].copy_(flat[a - slot.spec.offset : b - slot.spec.offset])
+                    group.write_shard()
         return _IncompatibleKeys(missing, unexpected)

@@ -30,7 +30,7 @@ from hybridzero.optim import sharded
 from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
-from hybridzero.optim.swap import StateSwapper
+from hybridzero.optim.swap import build_swapper
 from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
 from hybridzero.runtime.failures import failure_guard
 from hybridzero.runtime.fragments import TensorFragments
@@ -148,11 +148,8 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
             views = sharded.split_views(views, z.sub_group_size)
         self._leaves = sharded.make_leaf_params(views)
         self.optimizer = self._build_optimizer(optimizer, overrides)
-        self.swapper = (
-            StateSwapper(self.optimizer, str(off_opt.nvme_path), comm.rank, z.sub_group_size, off_opt.buffer_count)
-            if self.placement.state_in_files and self.optimizer is not None
-            else None
-        )
+        # ZeRO-Infinity: optimizer state and sharded masters (and with offload_param nvme compute shards) in files
+        self.swapper = build_swapper(z, self.optimizer, comm.rank, self.groups, self._leaves)
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
 
     # --- construction -------------------------------------------------------------------------------------------
@@ -322,10 +319,10 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         trained = [g for g in self.groups if g.n_trainable > 0]  # frozen groups never change: nothing to move
         for group in trained:
             group.assemble_grad()
-        sharded.bind_grads(self._leaves)
         if self.swapper is not None:
-            self.swapper.step()  # ZeRO-Infinity: state streamed from the swap files chunk by chunk
+            self.swapper.step()  # ZeRO-Infinity: master + state streamed chunk by chunk (grads bound per chunk)
         else:
+            sharded.bind_grads(self._leaves)
             self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()

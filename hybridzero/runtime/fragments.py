@@ -123,10 +123,10 @@ class TensorFragments:
 
     def _local_state(self, group: ShardedGroup, key: str) -> torch.Tensor:
         """``key``'s state in this rank's master coordinates (zero where no leaf covers: frozen, padding)."""
-        out = torch.zeros(group.master.numel(), dtype=torch.float32, device=group.device)
         opt = self.host.optimizer
         assert opt is not None
-        with self.host.optimizer_state_resident():
+        with self.host.optimizer_state_resident():  # NVMe offload: masters resident too, leaves viewing them
+            out = torch.zeros(group.master.numel(), dtype=torch.float32, device=group.device)
             for lo, leaf in self._leaves(group):
                 value = opt.state.get(leaf, {}).get(key)
                 if isinstance(value, torch.Tensor) and value.shape == leaf.shape:
@@ -137,7 +137,8 @@ class TensorFragments:
     def full_fp32(self, param: torch.Tensor) -> torch.Tensor:
         """The parameter's fp32 master value, whole, on every rank."""
         group, slot = self.zero.locate(param)
-        flat = _full(group, group.master, group.master_is_whole)
+        with group.master_resident() as master:  # NVMe offload: read from its file
+            flat = _full(group, master, group.master_is_whole)
         return flat[slot.spec.offset : slot.spec.end].view(slot.spec.shape).clone()
 
     def full_grad(self, param: torch.Tensor) -> torch.Tensor | None:
@@ -171,9 +172,9 @@ class TensorFragments:
         flat = self._check_value(slot, value, "safe_set_full_fp32_param")
         self.zero.check_not_gathered(group, "safe_set_full_fp32_param")
         part = _param_part(master_range(group), slot)
-        with torch.no_grad():
+        with torch.no_grad(), group.master_resident() as master:  # NVMe offload: written back to its file
             if part is not None:
-                group.master[part[0] : part[1]].copy_(flat[part[2] : part[3]])
+                master[part[0] : part[1]].copy_(flat[part[2] : part[3]])
             group.write_shard()
 
     def set_full_optimizer_state(self, param: torch.Tensor, value: torch.Tensor, key: str) -> None:
@@ -204,7 +205,8 @@ class TensorFragments:
         """This rank's part of the parameter's fp32 master, flattened (possibly empty)."""
         group, slot = self.zero.locate(param)
         part = _param_part(master_range(group), slot)
-        return group.master[part[0] : part[1]].clone() if part else group.master.new_empty(0)
+        with group.master_resident() as master:  # NVMe offload: read from its file
+            return master[part[0] : part[1]].clone() if part else master.new_empty(0)
 
     def local_grad(self, param: torch.Tensor) -> torch.Tensor | None:
         """This rank's part of the reduced fp32 gradient, flattened (None for a frozen parameter)."""
@@ -242,9 +244,9 @@ class TensorFragments:
         group, slot = self.zero.locate(param)
         part, flat = self._check_local(group, slot, value, "safe_set_local_fp32_param")
         self.zero.check_not_gathered(group, "safe_set_local_fp32_param")
-        with torch.no_grad():
+        with torch.no_grad(), group.master_resident() as master:  # NVMe offload: written back to its file
             if part is not None:
-                group.master[part[0] : part[1]].copy_(flat)
+                master[part[0] : part[1]].copy_(flat)
             group.write_shard()
 
     def set_local_optimizer_state(self, param: torch.Tensor, value: torch.Tensor, key: str) -> None:

@@ -4,7 +4,9 @@ Invariant: each storage is counted once (the fp32 master doubles as the paramete
 the bound buffer of whole fp32 groups). ``model_states`` = parameters + master weights + gradients + optimizer
 state; ``gathered`` is transient (zero when the engine is quiescent, except pinned ``GatheredParameters``).
 ``placement`` says where each category lives between steps -- ``device``, ``host`` (ZeRO-Offload) or ``file``
-(optimizer state swapped to NVMe; its in-memory bytes are then 0 between steps) -- with its bytes.
+(NVMe: optimizer state, the sharded groups' fp32 masters and, with ``offload_param: nvme``, the compute shards;
+their in-memory bytes are then 0 between steps) -- with its bytes. With the master in a file the kept compute shards
+count as ``parameters`` where they live (device, or host with ``offload_param: cpu``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hybridzero.optim.swap import StateSwapper
 from hybridzero.zero.groups import GroupState, ShardedGroup
 from hybridzero.zero.offload import Placement
 
@@ -31,17 +34,24 @@ def _nbytes(tensors: Iterable[torch.Tensor | None], seen: set[int]) -> int:
     return total
 
 
+def _resident(placement: Placement | None, category: str) -> str:
+    """Where the in-memory part of ``category`` is: its placement, with "file" categories' buffers on the host."""
+    place = placement.where(category) if placement is not None else "device"
+    return "host" if place == "file" else place
+
+
 def memory_report(
     groups: Sequence[ShardedGroup],
     optimizer: torch.optim.Optimizer | None,
     placement: Placement | None = None,
-    file_bytes: int = 0,
+    swapper: StateSwapper | None = None,
 ) -> dict[str, Any]:
     """Bytes per category on this rank (see module docstring); ``persisted`` is the share of the persistent group;
-    ``file_bytes`` are the optimizer state bytes in swap files."""
+    with NVMe offload the bytes held in the swap files are reported under ``placement["file"]`` and ``*_file``."""
     seen: set[int] = set()
     master = _nbytes((g.master for g in groups), seen)
     params = _nbytes((g.full for g in groups if g.always_full), seen)
+    kept = _nbytes((g.compute for g in groups), seen)  # compute shards kept while the master is in a file
     gathered = _nbytes((g.full for g in groups if not g.always_full and g.state is not GroupState.SHARDED), seen)
     grads = _nbytes([g.grad_shard for g in groups] + [g.opt_grad for g in groups] + [g.grad_full for g in groups], seen)
     state = 0
@@ -51,27 +61,39 @@ def memory_report(
             seen,
         )
     persisted = sum(g.layout.padded_numel for g in groups if g.replicated)
-    sizes = {
-        "parameters": params,
-        "master_weights": master,
-        "gradients": grads,
-        "optimizer_state": state,
-        "gathered": gathered,
-    }
     where: dict[str, dict[str, int]] = {"device": {}, "host": {}, "file": {}}
-    for category, nbytes in sizes.items():
-        place = placement.where(category) if placement is not None else "device"
-        where["host" if place == "file" else place][category] = nbytes  # resident part (inside a step, a save)
-    if placement is not None and placement.state_in_files:
-        where["file"]["optimizer_state"] = file_bytes
+
+    def add(place: str, category: str, nbytes: int) -> None:
+        where[place][category] = where[place].get(category, 0) + nbytes
+
+    for category, nbytes in (
+        ("parameters", params),
+        ("master_weights", master),
+        ("gradients", grads),
+        ("optimizer_state", state),
+        ("gathered", gathered),
+    ):
+        add(_resident(placement, category), category, nbytes)
+    if kept:
+        add(_resident(placement, "compute_shards"), "parameters", kept)
+    files = {"optimizer_state": 0, "master_weights": 0, "parameters": 0}
+    if swapper is not None:
+        files["optimizer_state"] = swapper.file_bytes()
+        if swapper.masters is not None:
+            files["master_weights"], files["parameters"] = swapper.masters.file_bytes()
+    for category, nbytes in files.items():
+        if nbytes or (category == "optimizer_state" and placement is not None and placement.state_in_files):
+            add("file", category, nbytes)
     return {
         "placement": where,
-        "optimizer_state_file": file_bytes,
-        "parameters": params,
+        "optimizer_state_file": files["optimizer_state"],
+        "master_weights_file": files["master_weights"],
+        "parameters_file": files["parameters"],
+        "parameters": params + kept,
         "master_weights": master,
         "gradients": grads,
         "optimizer_state": state,
-        "model_states": params + master + grads + state,
+        "model_states": params + kept + master + grads + state,
         "gathered": gathered,
         "persisted_numel": persisted,
     }

@@ -134,9 +134,7 @@ class EngineServices:
     def memory_report(self) -> dict[str, Any]:
         """Bytes of parameters, master weights, gradients, optimizer state and live gathered buffers on this rank,
         and under ``"placement"`` where each category lives (device / host / file) with its bytes."""
-        return memory_report(
-            self.groups, self.optimizer, self.placement, self.swapper.file_bytes() if self.swapper is not None else 0
-        )
+        return memory_report(self.groups, self.optimizer, self.placement, self.swapper)
 
     def gathered_parameters(self, params: Any, modifier_rank: int | None = None) -> Any:
         """``with engine.gathered_parameters(params, modifier_rank=0):`` — see :mod:`hybridzero.zero.gathered`."""
@@ -150,7 +148,8 @@ class EngineServices:
                 flat = group.master
             else:
                 flat = torch.empty(group.layout.padded_numel, dtype=torch.float32, device=self.device)
-                self.comm.all_gather(flat, move(group.master, self.device), phase="consolidate")
+                with group.master_resident() as master:  # NVMe offload: read from its file for the gather
+                    self.comm.all_gather(flat, move(master, self.device), phase="consolidate")
             for slot in group.slots:
                 out[slot.spec.name] = flat[slot.spec.offset : slot.spec.end].view(slot.spec.shape).clone()
         return out
@@ -167,9 +166,14 @@ class EngineServices:
                 f"{len(source.groups)}: build both from the same model with the same ZeRO stage"
             )
         for mine, theirs in zip(self.groups, source.groups):
-            if mine.master.shape != theirs.master.shape or mine.layout.specs != theirs.layout.specs:
+            same_shard = (mine.master_is_whole, mine.layout.shard_numel) == (
+                theirs.master_is_whole,
+                theirs.layout.shard_numel,
+            )  # compared on metadata: a master in an NVMe file is an empty placeholder here
+            if not same_shard or mine.layout.specs != theirs.layout.specs:
                 raise ValueError(f"ema_update_from: group {mine.name!r} does not match the source's layout")
         with torch.no_grad():
             for mine, theirs in zip(self.groups, source.groups):
-                mine.master.mul_(beta).add_(theirs.master, alpha=1.0 - beta)
-                mine.write_shard()
+                with mine.master_resident() as master, theirs.master_resident() as other:  # NVMe offload
+                    master.mul_(beta).add_(other, alpha=1.0 - beta)
+                    mine.write_shard()

@@ -17,6 +17,8 @@ Invariants (each tested):
   ``DDP`` (stage 0) reduces gradients through shards, then all-gathers them and steps a whole master copy on every
   rank; ``PERSISTENT`` (small parameters at stage 3) keeps everything whole (layout over one rank).
 * Every write to the shard goes through :meth:`ShardedGroup.write_shard` (one write path).
+* ZeRO-Infinity (:mod:`hybridzero.zero.infinity`): the master may live in a file, ``master`` then being an empty
+  placeholder outside ``master_resident()``; the kept compute shard always equals the master cast.
 * Shapes come from the :class:`FlatLayout` metadata, never from the local shard's size.
 """
 
@@ -38,6 +40,7 @@ from hybridzero.comm.quantize import (
 )
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero.fill import read_range
+from hybridzero.zero.infinity import FileBackedMaster
 from hybridzero.zero.layout import FlatLayout, ParamSpec, build_layout, intersect
 from hybridzero.zero.offload import Placement, move
 
@@ -77,8 +80,9 @@ class Slot:
     trainable: bool
 
 
-class ShardedGroup:
-    """Flat, padded, sharded parameters of one gather group, with their gradient and master shards."""
+class ShardedGroup(FileBackedMaster):
+    """Flat, padded, sharded parameters of one gather group, with their gradient and master shards (with
+    ZeRO-Infinity's files through :class:`FileBackedMaster`)."""
 
     def __init__(
         self,
@@ -135,6 +139,7 @@ class ShardedGroup:
         self._placeholder = torch.empty(0, dtype=compute_dtype, device=device)
         whole_master = self.master_is_whole
         self.master = self._init_master(source, aliases or {}, whole_master)
+        self.init_files()  # ZeRO-Infinity (zero/infinity.py): none until offload_to_files
         self._send: torch.Tensor | None = None  # the gather's input, alive until the gather completed
         # A group of frozen parameters only (LoRA's base: zero/partition.py splits mixed blocks) has no gradient
         # bytes at all; every other group keeps whole, equal-sized gradient shards on every rank.
@@ -321,18 +326,22 @@ class ShardedGroup:
         every other parameter keeps its full precision."""
         assert self.full is not None and self.state is GroupState.GATHERED
         lo, hi = (0, self.layout.padded_numel) if self.master_is_whole else self.layout.shard_range(self.comm.rank)
-        for slot in slots:
-            hit = intersect((lo, hi), (slot.spec.offset, slot.spec.end))
-            if hit is not None:
-                self.master[hit[0] - lo : hit[1] - lo].copy_(self.full[hit[0] : hit[1]])
-        self.write_shard()
+        with self.master_resident() as master:
+            for slot in slots:
+                hit = intersect((lo, hi), (slot.spec.offset, slot.spec.end))
+                if hit is not None:
+                    master[hit[0] - lo : hit[1] - lo].copy_(self.full[hit[0] : hit[1]])
+            self.write_shard()
 
     def write_shard(self) -> None:
         """Propagate the master into everything derived from it: for groups whose parameters stay whole, the
         bound full buffer (all-gathered from the updated shards, or copied from a whole master). ZeRO-3 compute
-        shards are cast from the master at each gather; an hpZ secondary is invalidated (version bump) and dropped."""
+        shards are cast from the master at each gather; an hpZ secondary is invalidated (version bump) and dropped.
+        With the master in a file, the kept compute shard is re-derived from a resident master (the streamed
+        optimizer step updates it piecewise instead, :meth:`update_compute`)."""
         self.version += 1
         self.drop_secondary()
+        self.refresh_compute()
         if self.mode is ShardMode.PARAMS_WHOLE:
             assert self.full is not None
             self.comm.all_gather(self.full, self.compute_shard(), phase="step")
@@ -343,8 +352,10 @@ class ShardedGroup:
     def compute_shard(self) -> torch.Tensor:
         """This rank's part in the compute dtype: the master itself in fp32, else a fresh cast (mixed precision
         keeps no second copy of the shard: model states stay at 16 bytes per parameter / N with Adam). With the master
-        offloaded to the host this is the copy that brings the shard to the device for the gather."""
-        return move(self.master, self.device, self.compute_dtype)
+        offloaded to the host this is the copy that brings the shard to the device for the gather; with the master
+        in a file it is the kept compute shard, read from its file with ``offload_param: nvme``."""
+        kept = self.kept_shard()
+        return kept if kept is not None else move(self.master, self.device, self.compute_dtype)
 
     def assemble_grad(self) -> None:
         """DDP only: the whole reduced gradient from every rank's grad shard (before clipping and stepping)."""

@@ -484,7 +484,11 @@ def test_deprecations_and_no_effect_settings_warn(extra: dict[str, Any], fragmen
                     "offload_param": {"device": "nvme", "nvme_path": "/n"},
                 }
             },
-            ["zero_optimization.offload_param.device = 'nvme'", "not supported", "'cpu'"],
+            [
+                "zero_optimization.offload_param.device = 'nvme'",
+                "needs zero_optimization.offload_optimizer.device 'nvme'",
+                "got 'cpu'",
+            ],
         ),
         (
             {"zero_optimization": {"cpu_offload_param": True}},

@@ -35,6 +35,7 @@ _SCHED = "unit/test_schedulers.py::test_invalid_params_name_key_and_value"
 _OFFLOAD = "distributed/test_offload.py::test_offload_is_bitwise_identical"
 _OFFLOAD_MAP = "unit/test_config.py::test_offload_optimizer_mapping"
 _OFFLOAD_PARAM = "distributed/test_offload.py::test_offload_param_at_stage_3_is_bitwise_identical"
+_READ_AHEAD = "unit/test_swapfile.py::test_read_ahead_is_bounded_by_buffer_count_and_max_in_cpu"
 _PROGRESS = "distributed/test_reduction_options.py::test_steps_per_print_logs_progress_every_n_steps_on_rank_0"
 
 # canonical key -> the test that shows its effect (a group shares one)
@@ -76,6 +77,9 @@ ACTS: dict[str, str] = {
     "zero_optimization.offload_param.pin_memory": _MAPPING,
     "zero_optimization.offload_param": _OFFLOAD_PARAM,
     "zero_optimization.offload_param.device": _OFFLOAD_PARAM,
+    "zero_optimization.offload_param.nvme_path": _OFFLOAD_PARAM,
+    "zero_optimization.offload_param.buffer_count": _READ_AHEAD,
+    "zero_optimization.offload_param.max_in_cpu": _READ_AHEAD,
     "zero_optimization.cpu_offload_param": "unit/test_config.py::test_bad_values_name_key_and_value",
     # acts through engine.save_16bit_model (another slice)
     "zero_optimization.stage3_gather_16bit_weights_on_model_save": _MAPPING,

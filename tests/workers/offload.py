@@ -16,7 +16,8 @@ VARIANTS = ("none", "cpu", "nvme")
 
 
 def offload_block(variant: str, nvme_dir: str, param: bool = False) -> dict[str, Any]:
-    """The ``zero_optimization`` keys of one variant (``sub_group_size`` small so NVMe streams several chunks)."""
+    """The ``zero_optimization`` keys of one variant (``sub_group_size`` small so NVMe streams several chunks);
+    ``param`` adds ``offload_param`` on the same device (NVMe: compute shards in files, one read ahead)."""
     if variant == "none":
         return {}
     block: dict[str, Any] = {"device": variant}
@@ -24,8 +25,14 @@ def offload_block(variant: str, nvme_dir: str, param: bool = False) -> dict[str,
         block.update(nvme_path=nvme_dir, buffer_count=2)
     out: dict[str, Any] = {"offload_optimizer": block, "sub_group_size": 700}
     if param:
-        out["offload_param"] = {"device": "cpu"}
+        out["offload_param"] = {"device": "cpu"} if variant == "cpu" else {**block, "buffer_count": 2}
     return out
+
+
+def _variant_block(variant: str, nvme_dir: str) -> dict[str, Any]:
+    """``"nvme+param"``: NVMe for the optimizer and the parameters; other names as :func:`offload_block`."""
+    name, _, param = variant.partition("+")
+    return offload_block(name, nvme_dir, param == "param")
 
 
 def _resident(engine: Any) -> contextlib.AbstractContextManager[None]:
@@ -36,18 +43,24 @@ def _placement_facts(engine: Any) -> dict[str, Any]:
     """The memory report next to an independent count of live tensors (per device) and of swap-file bytes."""
     report = engine.memory_report()
     host = engine.placement.host
-    masters = [g.master for g in engine.groups]
+    live_masters = [g.master for g in engine.groups]  # between steps: empty placeholders where the master is in a file
+    kept = [g.compute for g in engine.groups if g.compute is not None]
     grads = [g.grad_shard for g in engine.groups]
     state = [t for st in engine.optimizer.state.values() for t in st.values() if torch.is_tensor(t) and t.dim() > 0]
-    shard_numel = sum(g.master.numel() for g in engine.groups)
-    leaf_numel = sum(p.numel() for group in engine._leaves for p, _ in group)
+    with _resident(engine):  # NVMe: masters read in, leaves viewing them (their sizes)
+        shard_numel = sum(g.master.numel() for g in engine.groups)
+        sharded_numel = sum(g.master.numel() for g in engine.groups if not g.master_is_whole)
+        leaf_numel = sum(p.numel() for group in engine._leaves for p, _ in group)
     facts: dict[str, Any] = {
         "report": report,
         "host": str(host),
         "shard_numel": shard_numel,
+        "sharded_numel": sharded_numel,
         "leaf_numel": leaf_numel,
-        "on_host": all(t.device == host for t in masters + grads + state),
-        "master_bytes": sum(t.numel() * t.element_size() for t in masters),
+        "on_host": all(t.device == host for t in live_masters + grads + state),
+        "master_bytes": sum(t.numel() * t.element_size() for t in live_masters),
+        "kept_bytes": sum(t.numel() * t.element_size() for t in kept),
+        "kept_dtype": str(kept[0].dtype) if kept else None,
         "state_bytes": sum(t.numel() * t.element_size() for t in state),
         "file_bytes": 0,
         "swap_dir": None,
@@ -55,8 +68,9 @@ def _placement_facts(engine: Any) -> dict[str, Any]:
     if engine.swapper is not None:
         path = engine.swapper.dir.path
         facts["swap_dir"] = str(path)
-        facts["file_bytes"] = os.path.getsize(path / "optimizer_state.bin")
         facts["files"] = sorted(p.name for p in path.iterdir())
+        facts["file_sizes"] = {p.name: os.path.getsize(p) for p in path.iterdir()}
+        facts["file_bytes"] = facts["file_sizes"]["optimizer_state.bin"]
     return facts
 
 
@@ -86,7 +100,7 @@ def train_variants(
         with _resident(engine):
             state = full_optimizer_state(engine)
         params = engine.full_parameters()
-        io = (engine.swapper.bytes_read, engine.swapper.bytes_written) if engine.swapper is not None else (0, 0)
+        io = engine.swapper.bytes_moved if engine.swapper is not None else (0, 0)
         engine.destroy()
         facts["swap_dir_removed"] = facts["swap_dir"] is None or not Path(facts["swap_dir"]).exists()
         out[variant] = {
@@ -106,12 +120,12 @@ def save_resume(
 ) -> dict[str, Any]:
     """Train ``save_at`` steps with ``save_with`` offload and save; a fresh engine with ``load_with`` offload loads
     and trains to ``spec.steps``. Returns the resumed losses, full params and optimizer state."""
-    first = spec.replace(extra_zero={**spec.extra_zero, **offload_block(save_with, nvme_dir)})
+    first = spec.replace(extra_zero={**spec.extra_zero, **_variant_block(save_with, nvme_dir)})
     engine, batches, rank = _engine(first)
     _train(engine, batches, rank, range(save_at), spec.accumulation)
     engine.save_checkpoint(ckpt)
     engine.destroy()
-    second = spec.replace(extra_zero={**spec.extra_zero, **offload_block(load_with, nvme_dir)})
+    second = spec.replace(extra_zero={**spec.extra_zero, **_variant_block(load_with, nvme_dir)})
     engine, batches, rank = _engine(second)
     engine.load_checkpoint(ckpt)
     losses = _train(engine, batches, rank, range(save_at, spec.steps), spec.accumulation)
@@ -129,3 +143,30 @@ def start_with_bad_nvme_path(spec: RunSpec, nvme_path: str) -> str:
     except Exception as exc:  # noqa: BLE001 -- the test checks the type and the text
         return f"{type(exc).__name__}: {exc}"
     return ""
+
+
+def edit_and_train(spec: RunSpec, nvme_dir: str, variants: tuple[str, ...]) -> dict[str, Any]:
+    """Per variant: one step, then rank 0 halves ``spec.edit``'s parameters inside ``zero.GatheredParameters`` with
+    ``modifier_rank=0`` (with NVMe the master is read from and written back to its file, the compute shard
+    re-derived), a fragment write, then the remaining steps; returns the losses and full parameters."""
+    import hybridzero as deepspeed
+    from hybridzero import utils
+
+    out: dict[str, Any] = {}
+    for variant in variants:
+        engine, batches, rank = _engine(
+            spec.replace(extra_zero={**spec.extra_zero, **_variant_block(variant, nvme_dir)})
+        )
+        losses = _train(engine, batches, rank, range(1), spec.accumulation)
+        targets = [engine.module.get_parameter(n) for n in spec.edit]
+        with deepspeed.zero.GatheredParameters(targets, modifier_rank=0), torch.no_grad():
+            if rank == 0:
+                for t in targets:
+                    t.mul_(0.5)
+        value = utils.safe_get_full_fp32_param(targets[0])
+        utils.safe_set_full_fp32_param(targets[0], value + 0.25)
+        losses += _train(engine, batches, rank, range(1, spec.steps), spec.accumulation)
+        params = engine.full_parameters()
+        engine.destroy()
+        out[variant] = {"losses": losses, "params": params if rank == 0 else None}
+    return out
