@@ -2,9 +2,10 @@
 
 Groups of ``t`` consecutive ranks (DeepSpeed's layout: ranks ``[k t, (k+1) t)``) generate together. One call:
 
-1. agreement (3 small collectives in the group): any rank's bad request raises on every rank of the group (agreed,
-   so the engine stays usable); then every rank's batch size, prompt width and generation arguments are exchanged,
-   and arguments that differ raise on every rank, naming the argument.
+1. agreement (3 small world collectives: cutting the model gathers ZeRO-3 groups over the whole world, so every
+   rank of the world calls ``generate`` together): any rank's bad request raises on every rank (agreed, so the
+   engine stays usable); then every rank's batch size, prompt width and generation arguments are exchanged, and
+   arguments that differ within a group raise on every rank, naming the argument.
 2. the joint batch (:mod:`hybridzero.runtime.tp_batch`): prompts and masks all-gathered in the group and
    left-padded to the widest; ``max_length`` / ``min_length`` become ``max_new_tokens`` / ``min_new_tokens`` of each
    rank's own prompt, so they mean what they mean for that rank alone.
@@ -93,6 +94,7 @@ class TensorParallelGenerator:
     def __init__(self, comm: Comm, tp: int, layers_per_gather: int) -> None:
         self.tp = tp
         self.layers_per_gather = layers_per_gather
+        self.world = comm  # the ZeRO-3 gathers while cutting are world collectives: agreement is world-wide
         self.comm = comm.split(tp_groups(comm.world_size, tp), name="tp")  # every rank of the world calls this
         self.last_stats: TPStats | None = None
 
@@ -112,7 +114,7 @@ class TensorParallelGenerator:
                 family = family_of(module, self.tp)
             except ValueError as exc:
                 problem = str(exc)
-        tp.agree(ValueError(problem) if problem else None, "tensor-parallel generate", phase="generate")
+        self.world.agree(ValueError(problem) if problem else None, "tensor-parallel generate", phase="generate")
         assert family is not None and isinstance(ids, torch.Tensor)
         config = kwargs.pop("generation_config", None) or module.generation_config
         eos = _eos_list(kwargs.get("eos_token_id", config.eos_token_id))
@@ -123,8 +125,11 @@ class TensorParallelGenerator:
         processors = kwargs.pop("logits_processor", None)
         kwargs.pop("synced_gpus", None)
         shared = {k: _describe(v) for k, v in sorted(kwargs.items())}
-        metas = tp.all_gather_object((ids.shape[0], ids.shape[1], shared, processors is not None), phase="generate")
-        tp.agree(_mismatch(metas), "tensor-parallel generate", phase="generate")
+        meta = (ids.shape[0], ids.shape[1], shared, processors is not None)
+        everyone = self.world.all_gather_object(meta, phase="generate")
+        first = self.world.rank - tp.rank
+        self.world.agree(_mismatch(everyone, self.tp), "tensor-parallel generate", phase="generate")
+        metas = everyone[first : first + self.tp]
         sizes = [m[0] for m in metas]
         width = max(m[1] for m in metas)
         joint_ids, joint_mask = self._joint(ids, mask, sizes, width, 0 if pad is None else int(pad))
@@ -185,16 +190,18 @@ def _seeded(seed: int, devices: list[int]) -> Iterator[None]:
         yield
 
 
-def _mismatch(metas: list[tuple[int, int, dict[str, str], bool]]) -> ValueError | None:
-    """Generation arguments must be the same on every rank of the group (they drive one joint decode)."""
-    first = metas[0][2]
-    for rank, meta in enumerate(metas[1:], start=1):
-        for key in sorted(set(first) | set(meta[2])):
-            if first.get(key) != meta[2].get(key):
-                return ValueError(
-                    f"tensor-parallel generate: argument {key!r} differs across the group (rank 0: "
-                    f"{first.get(key, '<unset>')}, rank {rank}: {meta[2].get(key, '<unset>')}); the ranks of a "
-                    "hybrid_engine.inference_tp_size group decode one joint batch and must pass the same arguments"
-                )
+def _mismatch(metas: list[tuple[int, int, dict[str, str], bool]], tp: int) -> ValueError | None:
+    """Generation arguments must be the same on every rank of a group (they drive one joint decode); pure, so every
+    rank of the world finds the same answer from the same ``metas`` (global rank order)."""
+    for start in range(0, len(metas), tp):
+        first = metas[start][2]
+        for rank in range(start + 1, start + tp):
+            other = metas[rank][2]
+            for key in sorted(set(first) | set(other)):
+                if first.get(key) != other.get(key):
+                    return ValueError(
+                        f"tensor-parallel generate: argument {key!r} differs within a group (rank {start}: "
+                        f"{first.get(key, '<unset>')}, rank {rank}: {other.get(key, '<unset>')}); the ranks of a "
+                        "hybrid_engine.inference_tp_size group decode one joint batch and must pass the same arguments"
+                    )
     return None
-

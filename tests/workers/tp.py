@@ -50,10 +50,10 @@ def _config(world: int, tp: int, layers_per_gather: int = 8, stage: int = 3) -> 
 
 
 def prompts(rank: int, vocab: int, pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rank-dependent batch size (1 + rank % 3) and width (4 + rank); rows left-padded to different lengths, as the
-    RLHF rollout pads its prompts."""
+    """Rank-dependent batch size (2, 1, 3, 1 rows) and width (4 + rank); rows left-padded to different lengths, as
+    the RLHF rollout pads its prompts."""
     gen = torch.Generator().manual_seed(500 + rank)
-    rows, width = 1 + rank % 3, 4 + rank
+    rows, width = (2, 1, 3, 1)[rank % 4], 4 + rank
     ids = torch.randint(3, vocab, (rows, width), generator=gen)
     mask = torch.ones_like(ids)
     for r in range(1, rows):  # row r has r leading pads
@@ -106,7 +106,7 @@ def tp_checks(tp: int) -> dict[str, Any]:
         vocab, pad = int(ref.config.vocab_size), int(ref.config.pad_token_id)
         ids, mask = prompts(rank, vocab, pad)
         probe, probe_mask = prompts(1, vocab, pad)
-        with torch.no_grad():  # EOS := rank 1's first greedy token: rank 1's own batch stops after one token
+        with torch.no_grad():  # EOS := rank 1's first greedy token: rank 1's own (1-row) batch stops after one token
             eos = int(ref.generate(probe, attention_mask=probe_mask, pad_token_id=pad, **_GEN)[0, probe.shape[1]])
             kw = {**_GEN, "pad_token_id": pad, "eos_token_id": eos}
             want = ref.generate(ids, attention_mask=mask, **kw)
@@ -139,15 +139,16 @@ def tp_checks(tp: int) -> dict[str, Any]:
             "masters_untouched": all(torch.equal(a, g.master) for a, g in zip(masters, engine.groups)),
             "memory_restored": mem0 == engine.memory_report(),
         }
-    out["errors"] = _error_checks(tp, world, rank)
+    out["more"] = _more_checks(tp, world, rank)
     return out
 
 
-def _error_checks(tp: int, world: int, rank: int) -> dict[str, str]:
-    """Requests refused on every rank of the group (agreed errors: the engine stays usable)."""
+def _more_checks(tp: int, world: int, rank: int) -> dict[str, Any]:
+    """Requests refused on every rank of the group (agreed errors: the engine stays usable); the peak bytes with
+    every layer gathered at once (``tp_gather_partition_size`` >= layers)."""
     import hybridzero
 
-    errors: dict[str, str] = {}
+    errors: dict[str, Any] = {}
     ids = torch.randint(3, 100, (1, 4), generator=torch.Generator().manual_seed(rank))
     bad, *_ = hybridzero.initialize(model=tiny_llama(0), config=_config(world, tp))  # 5 heads, 1 kv head
     good, *_ = hybridzero.initialize(model=tp_model("llama"), config=_config(world, tp))
@@ -162,6 +163,8 @@ def _error_checks(tp: int, world: int, rank: int) -> dict[str, str]:
         except ValueError as exc:
             errors[what] = str(exc)
     errors["alive"] = str(tuple(good.generate(ids, max_new_tokens=2, pad_token_id=0).shape))
+    stats = good.tp_generator.last_stats
+    errors["peak_all_layers"] = (stats.peak_bytes, stats.full_hybrid_bytes)
     return errors
 
 
