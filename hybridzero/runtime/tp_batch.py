@@ -47,7 +47,9 @@ def own_rows(joint: torch.Tensor, lo: int, hi: int, width: int, own_width: int, 
     keep = 0 if rows.shape[0] == 0 else n
     if eos and rows.shape[0] > 0 and n > 0:
         is_eos = torch.isin(generated, torch.tensor(list(eos), device=generated.device))
-        first = torch.where(is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full_like(is_eos[:, 0], n, dtype=torch.long))
+        first = torch.where(
+            is_eos.any(1), is_eos.int().argmax(1) + 1, torch.full_like(is_eos[:, 0], n, dtype=torch.long)
+        )
         keep = int(first.max())
     return rows[:, width - own_width : width + keep]
 
@@ -58,9 +60,7 @@ class OwnRowsProcessor:
     all-gather over the group gives every rank the same processed scores for all rows (so every rank picks the same
     tokens and the group stays in step). Called once per decode step on every rank of the group."""
 
-    def __init__(
-        self, processors: Any, comm: Comm, sizes: Sequence[int], width: int, own_width: int
-    ) -> None:
+    def __init__(self, processors: Any, comm: Comm, sizes: Sequence[int], width: int, own_width: int) -> None:
         self.processors = processors
         self.comm = comm
         self.sizes = list(sizes)

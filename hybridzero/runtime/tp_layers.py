@@ -51,6 +51,9 @@ def row_slice(weight: torch.Tensor, rank: int, tp: int) -> torch.Tensor:
 class ColumnParallelLinear(nn.Module):
     """``x [..., in] -> [..., out/t]``: this rank's heads or units of a linear layer; no communication."""
 
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
         self.register_buffer("weight", weight, persistent=False)
@@ -63,6 +66,9 @@ class ColumnParallelLinear(nn.Module):
 
 class RowParallelLinear(nn.Module):
     """``x [..., in/t] -> [..., out]``: partial product, all-reduced over the tensor-parallel group, plus the bias."""
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, comm: Comm) -> None:
         super().__init__()

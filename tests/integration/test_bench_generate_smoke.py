@@ -1,9 +1,10 @@
 """Smoke tests of ``bench/bench_generate.py``'s generation peers and of ``bench/run_all.py``.
 
-The generate test runs plain ``generate``, tensor-parallel hybrid generation and the FSDP2 and DeepSpeed peers once each (tiny model, world 2, 4 new
-tokens, about 20 s on 2 CPU cores); DeepSpeed's row is only required when ``deepspeed`` is importable (the driver
-skips it otherwise and records why). The ``run_all`` summary writer is checked on hand-made records (no process),
-and one slow test runs ``run_all.py --quick`` for one part end to end. Only shapes are checked, never a time.
+The generate test runs plain ``generate``, tensor-parallel hybrid generation and the FSDP2 and DeepSpeed peers once
+each (tiny model, world 2, 4 new tokens, about 20 s on 2 CPU cores); DeepSpeed's row is only required when
+``deepspeed`` is importable (the driver skips it otherwise and records why). The ``run_all`` summary writer is checked
+on hand-made records (no process), and one slow test runs ``run_all.py --quick`` for one part end to end. Only shapes
+are checked, never a time.
 """
 
 from __future__ import annotations

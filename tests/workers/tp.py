@@ -76,9 +76,7 @@ def _projection_numel(model: nn.Module, name: str) -> int:
     return total
 
 
-def _sampled_equal(
-    ref: nn.Module, engine: Any, ids: torch.Tensor, mask: torch.Tensor, pad: int, rank: int
-) -> bool:
+def _sampled_equal(ref: nn.Module, engine: Any, ids: torch.Tensor, mask: torch.Tensor, pad: int, rank: int) -> bool:
     """The rollout's per-row sampling noise (a caller's logits processor) gives the unsharded model's samples."""
     from transformers import LogitsProcessorList
 
@@ -89,7 +87,9 @@ def _sampled_equal(
     def kw() -> dict[str, Any]:
         return {**_GEN, "pad_token_id": pad, "logits_processor": LogitsProcessorList([SampleNoise(seeds, 0.8, 5)])}
 
-    return torch.equal(engine.generate(ids, attention_mask=mask, **kw()), ref.generate(ids, attention_mask=mask, **kw()))
+    return torch.equal(
+        engine.generate(ids, attention_mask=mask, **kw()), ref.generate(ids, attention_mask=mask, **kw())
+    )
 
 
 def tp_checks(tp: int) -> dict[str, Any]:
