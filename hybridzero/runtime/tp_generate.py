@@ -105,7 +105,9 @@ class TensorParallelGenerator:
         tp = self.comm
         module: Any = coordinator.module
         ids = kwargs.pop("input_ids", None) if not args else args[0]
-        problem = request_problem(kwargs, max_gathered_bytes, self.tp) if len(args) <= 1 else "positional arguments"
+        problem = request_problem(kwargs, max_gathered_bytes, self.tp)
+        if len(args) > 1:
+            problem = f"generate takes input_ids as its only positional argument with inference_tp_size = {self.tp}"
         if problem is None and (not isinstance(ids, torch.Tensor) or ids.dim() != 2):
             problem = "generate needs input_ids as a [batch, length] tensor"
         family = None
@@ -116,7 +118,7 @@ class TensorParallelGenerator:
                 problem = str(exc)
         self.world.agree(ValueError(problem) if problem else None, "tensor-parallel generate", phase="generate")
         assert family is not None and isinstance(ids, torch.Tensor)
-        config = kwargs.pop("generation_config", None) or module.generation_config
+        config = kwargs.get("generation_config") or module.generation_config  # passed on; compared via to_dict
         eos = _eos_list(kwargs.get("eos_token_id", config.eos_token_id))
         pad = kwargs.get("pad_token_id", config.pad_token_id)
         mask = kwargs.pop("attention_mask", None)
