@@ -112,8 +112,8 @@ def local_clone(
     clone.training = module.training
     for name, child in module.named_children():
         clone.add_module(name, (children or {}).get(name, child))
-    for name, buf in module.named_buffers(recurse=False):
-        clone.register_buffer(name, buf, persistent=name not in module._non_persistent_buffers_set)
+    for name, buf in module.named_buffers(recurse=False):  # shared; the clone lives inside generation, never saved
+        clone.register_buffer(name, buf, persistent=False)
     for name, param in module.named_parameters(recurse=False):
         if not copy_params:
             raise TypeError(

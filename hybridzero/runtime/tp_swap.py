@@ -24,7 +24,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from torch import nn
@@ -39,7 +38,7 @@ from hybridzero.runtime.tp_layers import (
     local_clone,
     row_slice,
 )
-from hybridzero.runtime.tp_plans import COLUMN, Family
+from hybridzero.runtime.tp_plans import COLUMN, Family, Split
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.groups import ShardedGroup
 
@@ -197,7 +196,8 @@ class TensorParallelSwap:
             out.append((layer.get_submodule(parent_path) if parent_path else layer, name, module))
         return out
 
-    def _split(self, linear: nn.Module, split: Any) -> nn.Module:
+    def _split(self, linear: nn.Module, split: Split) -> nn.Module:
+        """This rank's parallel layer for one projection (copies; stats updated)."""
         weight, bias = linear_weight(linear, split.transposed)
         rank, t = self.comm.rank, self.comm.world_size
         if split.kind == COLUMN:
