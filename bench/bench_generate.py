@@ -13,6 +13,9 @@ for ``--batch`` prompts of ``--prompt-len`` random tokens, with the KV cache on,
   under the CPU and memory-bandwidth sharing every W-rank system runs under (the like-for-like baseline on a
   machine with as many cores as ranks).
 * ``hybrid``: hybridzero's hybrid engine (``engine.generate``): parameters gathered once per call.
+* ``hybrid-tp``: the hybrid engine with ``hybrid_engine.inference_tp_size`` = ``--tp``: groups of ``--tp`` ranks
+  decode their joint batch on ``1/tp`` of every projection each (two all-reduces per layer and token inside the
+  group); "params held MB" is what a rank holds while decoding (the whole model for ``hybrid``).
 * ``zero3`` / ``zero3-noprefetch``: ``--world`` ranks (a :class:`~tests.harness.spawn.WorldPool`, one thread
   each), one inference-only ZeRO-3 engine per rank with the benchmark's prefetch bucket (or prefetch off),
   ``engine.module.generate``: every decoding step all-gathers the whole model once.
@@ -65,13 +68,24 @@ from generate_common import (
 )
 from peer_common import MODEL_CHOICES, deepspeed_available
 
+from hybridzero.runtime.hybrid import gathered_bytes
 from tests.harness.spawn import WorldPool
 
-SYSTEMS: tuple[str, ...] = ("plain", "plain-ranks", "hybrid", "zero3", "zero3-noprefetch", "fsdp2", "deepspeed")
+SYSTEMS: tuple[str, ...] = (
+    "plain",
+    "plain-ranks",
+    "hybrid",
+    "hybrid-tp",
+    "zero3",
+    "zero3-noprefetch",
+    "fsdp2",
+    "deepspeed",
+)
 """``--systems`` choices, in the order they run (``plain`` always runs: it is the reference)."""
 NAMES: dict[str, str] = {
     "plain": "plain generate (unsharded)",
     "hybrid": "hybrid engine",
+    "hybrid-tp": "hybrid engine, tensor-parallel",
     "plain-ranks": "plain generate, W unsharded copies at once",
     "zero3": "zero3 (prefetch on)",
     "zero3-noprefetch": "zero3 (prefetch off)",
@@ -90,9 +104,10 @@ def plain_rank(settings: dict[str, Any]) -> dict[str, Any]:
     return {"seconds": seconds, "tokens": out if rank == 0 else None}
 
 
-def zero3_rank(settings: dict[str, Any], prefetch: bool, hybrid: bool = False) -> dict[str, Any]:
+def zero3_rank(settings: dict[str, Any], prefetch: bool, hybrid: bool = False, tp: int = 1) -> dict[str, Any]:
     """One hybridzero ZeRO-3 rank: warm-up, then timed ``generate`` calls; per-call seconds, ledger counts, rank 0's
-    tokens. ``hybrid``: through ``engine.generate`` (hybrid engine) instead of ``engine.module.generate``."""
+    tokens. ``hybrid``: through ``engine.generate`` (hybrid engine) instead of ``engine.module.generate``; ``tp`` >
+    1: tensor-parallel generation over groups of ``tp`` ranks."""
     import hybridzero
 
     hybridzero.init_distributed()
@@ -101,6 +116,8 @@ def zero3_rank(settings: dict[str, Any], prefetch: bool, hybrid: bool = False) -
     bucket = prefetch_bucket_for(settings["model"]) if prefetch else 0
     config = benchmark_config(world, prefetch_bucket_size=bucket)
     del config["optimizer"]  # inference only: no optimizer state
+    if tp > 1:
+        config["hybrid_engine"] = {"inference_tp_size": tp}
     engine, *_ = hybridzero.initialize(model=model, config=config)
     engine.eval()
     prompts = prompts_for(rank, settings["batch"], settings["prompt_len"], int(model.config.vocab_size))
@@ -115,11 +132,14 @@ def zero3_rank(settings: dict[str, Any], prefetch: bool, hybrid: bool = False) -
     forwards.remove()
     engine.assert_quiescent()
     gathers = engine.comm_ledger().total(collective="all_gather")
+    stats = engine.tp_generator.last_stats if engine.tp_generator is not None else None
+    held = stats.held_bytes if stats is not None else gathered_bytes(engine.coordinator) if hybrid else None
     return {
         "seconds": seconds,
         "forwards": forwards.count,
         "gather_calls": gathers.calls,
         "gather_bytes": gathers.bytes,
+        "held_bytes": held,
         "tokens": out if rank == 0 else None,
     }
 
@@ -142,7 +162,7 @@ def sharded_rows(settings: dict[str, Any], systems: list[str], plain_tokens: tor
     """Run the requested multi-rank systems (DeepSpeed in a pool of its own, last) and summarise each."""
     rows = []
     timeout = settings["timeout"]
-    ours = [s for s in systems if s in ("plain-ranks", "hybrid", "zero3", "zero3-noprefetch", "fsdp2")]
+    ours = [s for s in systems if s in ("plain-ranks", "hybrid", "hybrid-tp", "zero3", "zero3-noprefetch", "fsdp2")]
     if ours:
         with WorldPool(settings["world"]) as pool:
             for system in ours:
@@ -153,9 +173,8 @@ def sharded_rows(settings: dict[str, Any], systems: list[str], plain_tokens: tor
                 elif system == "plain-ranks":
                     ranks = pool.run(plain_rank, settings, timeout=timeout)
                 else:
-                    ranks = pool.run(
-                        zero3_rank, settings, system != "zero3-noprefetch", system == "hybrid", timeout=timeout
-                    )
+                    hybrid, tp = system.startswith("hybrid"), settings["tp"] if system == "hybrid-tp" else 1
+                    ranks = pool.run(zero3_rank, settings, system != "zero3-noprefetch", hybrid, tp, timeout=timeout)
                 rows.append(ranks_row(NAMES[system], ranks, settings, plain_tokens))
     if "deepspeed" in systems:
         from generate_peers import deepspeed_rank
@@ -189,6 +208,7 @@ _COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("forwards", "forwards", "d"),
     ("all-gather calls", "all_gather_calls", "d"),
     ("all-gather MB", "all_gather_mb", ".1f"),
+    ("params held MB", "held_mb", ".2f"),
     ("tokens = plain", "tokens_match_plain", ""),
 )
 
@@ -250,6 +270,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=64)
     p.add_argument("--repeats", type=int, default=3, help="timed generate calls after one warm-up")
+    p.add_argument("--tp", type=int, default=2, help="inference_tp_size of the hybrid-tp system (divides --world)")
     p.add_argument("--model", choices=MODEL_CHOICES, default="bench", help="benchmark model variant")
     p.add_argument("--tiny", dest="model", action="store_const", const="tiny", help="alias of --model tiny")
     p.add_argument(
@@ -260,6 +281,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if min(args.world, args.batch, args.prompt_len, args.new_tokens, args.repeats) < 1:
         p.error("--world, --batch, --prompt-len, --new-tokens and --repeats must all be >= 1")
+    if args.tp < 1 or args.world % args.tp:
+        p.error(f"--tp {args.tp} must be >= 1 and divide --world {args.world}")
     return args
 
 
@@ -275,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
         "tiny": args.model == "tiny",
         "timeout": args.timeout,
         "world": args.world,
+        "tp": args.tp,
     }
     systems = [s for s in SYSTEMS if s in args.systems]
     skipped: dict[str, str] = {}

@@ -112,7 +112,9 @@ def ranks_row(
     per_call = [max(r["seconds"][i] for r in ranks) for i in range(settings["repeats"])]
     row = summarize(system, len(ranks), per_call, settings)
     gather_bytes = ranks[0].get("gather_bytes")
+    held = ranks[0].get("held_bytes")
     row.update(
+        held_mb=None if held is None else held / MB,
         forwards=ranks[0].get("forwards"),
         all_gather_calls=ranks[0].get("gather_calls"),
         all_gather_mb=None if gather_bytes is None else gather_bytes / MB,

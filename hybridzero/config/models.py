@@ -286,27 +286,19 @@ class BF16Config(Block):
 class HybridEngineConfig(Block):
     """The ``hybrid_engine`` block (train <-> generate switching).
 
-    Invariants: ``max_out_tokens >= 1``; ``tp_gather_partition_size >= 1``; ``inference_tp_size == 1``
-    (tensor-parallel inference is not supported). Only ``max_out_tokens`` acts: ``engine.generate`` works whether
-    ``enabled`` is set or not, and the others tune DeepSpeed's inference kernels, which hybridzero does not use.
+    Invariants: ``max_out_tokens >= 1``; ``inference_tp_size >= 1`` (and it divides the world size: checked by
+    :class:`~hybridzero.config.schema.Config`); ``tp_gather_partition_size >= 1``. ``max_out_tokens``,
+    ``inference_tp_size`` (tensor-parallel generation, :mod:`hybridzero.runtime.tp_generate`) and
+    ``tp_gather_partition_size`` (how many layers are gathered at once while the tensor-parallel copies are cut,
+    DeepSpeed's meaning) act: ``engine.generate`` works whether ``enabled`` is set or not, and the other keys tune
+    DeepSpeed's inference kernels, which hybridzero does not use.
     """
 
     _prefix: ClassVar[str] = "hybrid_engine"
 
     enabled: Annotated[bool, boolean] = key(False, "enabled", acts=False)
     max_out_tokens: Annotated[int, integer(1)] = key(512, "max_out_tokens", note="runtime.hybrid")
-    inference_tp_size: Annotated[int, integer(1)] = key(1, "inference_tp_size", acts=False)
+    inference_tp_size: Annotated[int, integer(1)] = key(1, "inference_tp_size", note="runtime.tp_generate")
     release_inference_cache: Annotated[bool, boolean] = key(False, "release_inference_cache", acts=False)
     pin_parameters: Annotated[bool, boolean] = key(True, "pin_parameters", acts=False)
-    tp_gather_partition_size: Annotated[int, integer(1)] = key(8, "tp_gather_partition_size", acts=False)
-
-    @model_validator(mode="after")
-    def _no_tensor_parallel(self) -> HybridEngineConfig:
-        if self.inference_tp_size != 1:
-            raise BlockProblem(
-                f"{{0}} = {self.inference_tp_size} is not supported: tensor-parallel inference is "
-                "not supported by hybridzero; use 1",
-                ("inference_tp_size",),
-                self.inference_tp_size,
-            )
-        return self
+    tp_gather_partition_size: Annotated[int, integer(1)] = key(8, "tp_gather_partition_size", note="runtime.tp_swap")

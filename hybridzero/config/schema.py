@@ -101,7 +101,8 @@ class Config(Block):
     """The whole config.
 
     Invariants: ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size``
-    with all four >= 1; fp16 and bf16 are not both enabled; ``zero.hpz_partition_size`` divides ``world_size``;
+    with all four >= 1; fp16 and bf16 are not both enabled; ``zero.hpz_partition_size`` and
+    ``hybrid_engine.inference_tp_size`` divide ``world_size``;
     ``gradient_allreduce_op == "sum"`` excludes ``prescale_gradients``; ``raw`` is a deep read-only copy of the JSON
     it came from (``raw_dict()`` for a mutable one). ``gradient_clipping`` 0 means no clipping; 0.0 is the default
     of every DeepSpeed release before deepspeedai/DeepSpeed#8068, which changed it to 1.0.
@@ -168,6 +169,15 @@ class Config(Block):
                 f"{self.world_size}; valid values: {', '.join(map(str, divisors))}",
                 key="zero_optimization.zero_hpz_partition_size",
                 value=hpz,
+            )
+        tp = self.hybrid_engine.inference_tp_size
+        if self.world_size % tp:
+            divisors = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
+            raise ConfigError(
+                f"hybrid_engine.inference_tp_size = {tp} does not divide world_size = {self.world_size} (groups of "
+                f"{tp} consecutive ranks generate together); valid values: {', '.join(map(str, divisors))}",
+                key="hybrid_engine.inference_tp_size",
+                value=tp,
             )
         if self.gradient_allreduce_op == "sum" and self.prescale_gradients:
             raise ConfigError(

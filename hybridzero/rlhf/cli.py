@@ -58,8 +58,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "offload_reference_model": (False, "offload in the RLHF CLI acts at step 3 only"),
     "unpin_actor_parameters": (False, "the hybrid engine pins nothing to unpin"),
     "release_inference_cache": (False, "the hybrid engine keeps no inference cache between generations"),
-    "inference_tp_size": (1, "tensor-parallel inference is not implemented"),
-    "tp_gather_partition_size": (8, "tensor-parallel inference is not implemented"),
     "dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "actor_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "critic_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),

@@ -145,7 +145,8 @@ def ds_config(
     """A DeepSpeed JSON config for one engine; ``optim=None`` builds an inference-only engine; ``offload`` adds
     :func:`offload_blocks`. Every RLHF engine skips a step whose gradients hold inf/nan on any rank, also in
     fp32/bf16 (``skip_nonfinite_steps``; counted in the ``skipped_steps`` metric), so one bad batch can never turn
-    the weights into NaN. No ``hybrid_engine`` block: ``engine.generate`` needs none (the rollout chooses it)."""
+    the weights into NaN. No ``hybrid_engine`` block: ``engine.generate`` needs none (the rollout chooses it); the
+    actor gets one from :func:`build_roles` with ``--enable_hybrid_engine`` (its ``--inference_tp_size``)."""
     cfg: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": micro_batch,
         "gradient_accumulation_steps": grad_accum,
@@ -286,6 +287,11 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
     actor_lora, critic_lora = step3_lora(s)
     actor_optim = spec(s.actor_learning_rate, s.actor_weight_decay)
     actor_cfg = trained(s.actor_zero_stage, actor_optim)
+    if s.enable_hybrid_engine:  # DS-Chat's hybrid engine block; inference_tp_size > 1: tensor-parallel generation
+        actor_cfg["hybrid_engine"] = {
+            "inference_tp_size": s.inference_tp_size,
+            "tp_gather_partition_size": s.tp_gather_partition_size,
+        }
     if s.enable_mixed_precision_lora and actor_lora.enabled:
         actor_cfg["zero_optimization"]["zero_quantized_nontrainable_weights"] = True  # DS-Chat's meaning
     actor = load_actor_engine(

@@ -167,6 +167,10 @@ class PPOSettings(StepSettings, Step3LoRA):
     actor_gradient_checkpointing: bool = False
     critic_gradient_checkpointing: bool = False
     enable_hybrid_engine: bool = False
+    inference_tp_size: int = Field(
+        1, ge=1, description="with enable_hybrid_engine: actor generation tensor-parallel over groups of N ranks"
+    )
+    tp_gather_partition_size: int = Field(8, ge=1, description="layers gathered at once while cutting the TP copies")
     # DeepSpeed-Chat's ZeRO-Offload flags: actor + critic / reference + EMA / reward model state on the host
     offload: bool = Field(False, description="actor and critic: fp32 master, gradients and Adam state on the host")
     offload_reference_model: bool = Field(False, description="reference (and EMA) model shards on the host")

@@ -36,6 +36,7 @@ from hybridzero.runtime.failures import failure_guard
 from hybridzero.runtime.fragments import TensorFragments
 from hybridzero.runtime.services import EngineServices
 from hybridzero.runtime.synced_generation import SyncedGenerationGuard, guard_fits
+from hybridzero.runtime.tp_generate import TensorParallelGenerator
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import materialize
 from hybridzero.zero.coordinator import ZeroCoordinator
@@ -107,6 +108,12 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.skip_nonfinite_steps = bool(getattr(config, "skip_nonfinite_steps", False))
         self.nonfinite_skipped_steps = 0
         self.hpz = self._hpz_comm()
+        he = config.hybrid_engine  # tensor-parallel generation: its group is formed now, by every rank together
+        self.tp_generator = (
+            TensorParallelGenerator(comm, he.inference_tp_size, he.tp_gather_partition_size)
+            if he.inference_tp_size > 1
+            else None
+        )
         off_opt, off_param = config.zero.offload_optimizer, config.zero.offload_param
         self.placement = Placement.build(
             self.device, off_opt.device, off_param.device, off_opt.pin_memory or off_param.pin_memory

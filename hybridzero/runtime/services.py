@@ -21,6 +21,7 @@ from hybridzero.runtime.checkpointing import Checkpointable
 from hybridzero.runtime.failures import failure_guard, leave_synced_generation
 from hybridzero.runtime.hybrid import check_out_tokens, gathered_bytes, generation_mode, hybrid_generate
 from hybridzero.runtime.memory import memory_report
+from hybridzero.runtime.tp_generate import TensorParallelGenerator
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.gathered import GatheredParameters, HasParamOwner
 from hybridzero.zero.groups import ShardedGroup
@@ -39,6 +40,7 @@ class EngineServices:
     placement: Placement
     swapper: StateSwapper | None
     device: torch.device
+    tp_generator: TensorParallelGenerator | None
 
     def release_held(self) -> None:
         """Provided by the engine (declared here for the type checker)."""
@@ -49,13 +51,19 @@ class EngineServices:
 
     def generate(self, *args: Any, max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
         """Hybrid-engine generation (HF ``generate`` arguments): parameters gathered once, no collective while
-        decoding, shards untouched. See :mod:`hybridzero.runtime.hybrid`."""
+        decoding, shards untouched. See :mod:`hybridzero.runtime.hybrid`; with ``hybrid_engine.inference_tp_size``
+        > 1 the model is split over groups of ranks instead (:mod:`hybridzero.runtime.tp_generate`)."""
         # Full mode exchanges nothing until exit, so an exception there (a stopping criterion, a logits processor) is
         # local: it reaches the caller unchanged and the engine stays usable. Bucketed mode (the same test as
         # generation_mode's) is HF's synced generation over the ZeRO-3 hooks: peers wait in collectives this rank
         # left, so an exception there is fatal to the group and reaches every peer as PeerFailure.
         limit = self.config.hybrid_engine.max_out_tokens
         check_out_tokens(limit, args, kwargs)  # before the guard: a too-long request is not a group failure
+        if self.tp_generator is not None:  # tensor-parallel: the group decodes one joint batch
+            with failure_guard(self.comm):  # peers wait in the group's all-reduces: a failure here is fatal
+                return self.tp_generator.generate(
+                    self.coordinator, *args, max_gathered_bytes=max_gathered_bytes, **kwargs
+                )
         bucketed = max_gathered_bytes is not None and gathered_bytes(self.coordinator) > max_gathered_bytes
         if not bucketed:
             return hybrid_generate(self.coordinator, limit, *args, max_gathered_bytes=max_gathered_bytes, **kwargs)

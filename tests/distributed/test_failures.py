@@ -87,9 +87,10 @@ def test_caught_failure_reaches_every_rank_at_its_next_collective(world, where: 
     assert pool.broken, seen  # the workers' process group is gone: the fixture starts a fresh pool next time
 
 
-@pytest.mark.parametrize("kind", ["bucketed", "module"])
+@pytest.mark.parametrize("kind", ["bucketed", "module", "tp"])
 def test_exception_inside_zero3_generate_reaches_every_rank(world, kind: str) -> None:
-    """ZeRO-3 generation over the hooks (HF synced generation), one rank raises and catches: the other rank raises
+    """ZeRO-3 generation over the hooks (HF synced generation) or tensor-parallel generation (the peer waits in the
+    group's collectives), one rank raises and catches: the other rank raises
     PeerFailure naming it at once instead of waiting for the collective timeout; both are then clearly failed (the
     next engine call is refused)."""
     pool = world(2, env=_FAILURE_ENV)

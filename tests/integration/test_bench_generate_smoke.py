@@ -1,9 +1,10 @@
 """Smoke tests of ``bench/bench_generate.py``'s generation peers and of ``bench/run_all.py``.
 
-The generate test runs plain ``generate`` and the FSDP2 and DeepSpeed peers once each (tiny model, world 2, 4 new
-tokens, about 20 s on 2 CPU cores); DeepSpeed's row is only required when ``deepspeed`` is importable (the driver
-skips it otherwise and records why). The ``run_all`` summary writer is checked on hand-made records (no process),
-and one slow test runs ``run_all.py --quick`` for one part end to end. Only shapes are checked, never a time.
+The generate test runs plain ``generate``, tensor-parallel hybrid generation and the FSDP2 and DeepSpeed peers once
+each (tiny model, world 2, 4 new tokens, about 20 s on 2 CPU cores); DeepSpeed's row is only required when
+``deepspeed`` is importable (the driver skips it otherwise and records why). The ``run_all`` summary writer is checked
+on hand-made records (no process), and one slow test runs ``run_all.py --quick`` for one part end to end. Only shapes
+are checked, never a time.
 """
 
 from __future__ import annotations
@@ -55,6 +56,7 @@ def test_generate_peers(tmp_path: Path) -> None:
             "--repeats",
             "1",
             "--systems",
+            "hybrid-tp",
             "fsdp2",
             "deepspeed",
             "--out",
@@ -63,7 +65,7 @@ def test_generate_peers(tmp_path: Path) -> None:
     )
     report = json.loads((tmp_path / "generate.json").read_text())
     rows: dict[str, dict[str, Any]] = {r["system"].split()[0]: r for r in report["results"]}
-    expected = {"plain", "fsdp2"} | ({"deepspeed"} if "deepspeed" in report["metadata"]["systems"] else set())
+    expected = {"plain", "hybrid", "fsdp2"} | ({"deepspeed"} if "deepspeed" in report["metadata"]["systems"] else set())
     assert set(rows) == expected, rows.keys()
     if "deepspeed" not in expected:
         assert "deepspeed" in report["metadata"]["skipped"]
@@ -74,6 +76,7 @@ def test_generate_peers(tmp_path: Path) -> None:
         assert math.isfinite(row["tokens_per_s_per_rank"]) and row["tokens_per_s_vs_plain"] > 0
         assert row["forwards"] == 4 and row["all_gather_calls"] >= 1 and row["all_gather_mb"] > 0
     assert rows["fsdp2"]["all_gather_calls"] == 3  # one unshard per FSDP group (2 blocks + root), none while decoding
+    assert rows["hybrid"]["system"] == "hybrid engine, tensor-parallel" and 0 < rows["hybrid"]["held_mb"]
     assert "fsdp2" in (tmp_path / "generate.md").read_text()
 
 

@@ -467,9 +467,7 @@ SCRIPTS: list[tuple[str, str, list[str]]] = [
     ),
 ]
 # script -> (the slice that makes it run, the flag refused today)
-NEEDS: dict[str, tuple[str, str]] = {
-    "step3 opt/single_node/run_13b.sh": ("tensor-parallel generation", "--inference_tp_size"),
-}
+NEEDS: dict[str, tuple[str, str]] = {}
 _MODELS = {"sft": SFTSettings, "reward": RewardSettings, "ppo": PPOSettings}
 _STOP = {
     "sft": ["--max_steps", "2"],

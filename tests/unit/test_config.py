@@ -532,9 +532,11 @@ def test_deprecations_and_no_effect_settings_warn(extra: dict[str, Any], fragmen
         ({"steps_per_print": 0}, ["steps_per_print = 0"]),
         ({"seed": -3}, ["seed = -3"]),
         (
-            {"hybrid_engine": {"inference_tp_size": 2}},
-            ["hybrid_engine.inference_tp_size = 2", "tensor-parallel inference is not supported"],
+            {"hybrid_engine": {"inference_tp_size": 3}},
+            ["hybrid_engine.inference_tp_size = 3 does not divide world_size = 4", "valid values: 1, 2, 4"],
         ),
+        ({"hybrid_engine": {"inference_tp_size": 0}}, ["hybrid_engine.inference_tp_size = 0"]),
+        ({"hybrid_engine": {"tp_gather_partition_size": 0}}, ["hybrid_engine.tp_gather_partition_size = 0"]),
         ({"hybrid_engine": {"max_out_tokens": 0}}, ["hybrid_engine.max_out_tokens = 0"]),
         ({"fp16": [1]}, ["fp16 = [1]", "JSON object"]),
     ],

@@ -68,7 +68,7 @@ def test_dashed_aliases_and_bool_values() -> None:
 @pytest.mark.parametrize(
     ("flag", "value", "reason"),
     [
-        ("--inference_tp_size", "2", "tensor-parallel inference"),
+        ("--release_inference_cache", "true", "keeps no inference cache"),
         ("--actor_dropout", "0.1", "dropout is forced to 0"),
     ],
 )

@@ -162,7 +162,8 @@ class RaiseAt:
 
 def generate_fails_on_one_rank(kind: str) -> dict[str, Any]:
     """ZeRO-3 generation at world 2 where ``FAILING_RANK`` raises and catches it: ``kind`` "bucketed" is
-    ``engine.generate`` on the per-forward path (a logits processor raises at decode step 2); "module" is
+    ``engine.generate`` on the per-forward path (a logits processor raises at decode step 2), "tp" the same in
+    tensor-parallel generation (``inference_tp_size`` = world); "module" is
     ``engine.module.generate`` under the hooks (block 0's forward raises at its 3rd call). Returns each rank's
     outcome, its next engine call's outcome, and whether the rank marked itself failed."""
     from transformers import LogitsProcessorList
@@ -173,16 +174,22 @@ def generate_fails_on_one_rank(kind: str) -> dict[str, Any]:
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
     spec = RunSpec(model="opt")
     model = build_model(spec)
-    engine, *_ = hybridzero.initialize(model=model, config=ds_config(spec, world))
+    config = ds_config(spec, world)
+    if kind == "tp":  # tensor-parallel generation: the peer waits in the group's per-step all-gather of scores
+        from tests.workers.tp import tp_model
+
+        model, config["hybrid_engine"] = tp_model("opt"), {"inference_tp_size": world}
+    engine, *_ = hybridzero.initialize(model=model, config=config)
     ids = batches_for(spec, world, int(model.config.vocab_size))[0, 0, rank][:, :4]
     gen_kw: dict[str, Any] = {"max_new_tokens": 6, "min_new_tokens": 6, "do_sample": False, "pad_token_id": 0}
     engine.eval()
 
     def run() -> None:
         with torch.no_grad():
-            if kind == "bucketed":
+            if kind in ("bucketed", "tp"):
                 procs = LogitsProcessorList([RaiseAt(2)] if rank == FAILING_RANK else [])
-                engine.generate(ids, logits_processor=procs, max_gathered_bytes=1, **gen_kw)
+                budget = 1 if kind == "bucketed" else None
+                engine.generate(ids, logits_processor=procs, max_gathered_bytes=budget, **gen_kw)
             else:
                 if rank == FAILING_RANK:
                     engine.module.model.decoder.layers[0].register_forward_pre_hook(RaiseAt(3))
