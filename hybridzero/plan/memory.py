@@ -9,8 +9,10 @@ storage rules (``zero/groups.py``), each storage counted once as ``runtime/memor
 * gradients: the fp32 gradient shard (none for frozen-only groups) plus, for ``DDP``, the whole fp32 gradient the
   step all-gathers;
 * optimizer state: ``states_per_element`` fp32 tensors over the trainable range of this rank's master;
-* placement: ZeRO-Offload puts master, gradients and optimizer state on the host (optimizer state in files with
-  NVMe), exactly as ``zero.offload.Placement.where`` says.
+* placement: ZeRO-Offload puts master, gradients and optimizer state on the host; with NVMe the optimizer state and
+  the sharded groups' fp32 masters are in files and each such group keeps a compute-dtype shard where
+  ``compute_shards`` live (device, host with ``offload_param: cpu``, ``params.bin`` with ``offload_param: nvme``),
+  exactly as ``zero.offload.Placement.where`` says.
 
 Invariant (tested at world 1-4 against ``memory_report()``): every number is equal, byte for byte, on every rank.
 Activation bytes are an estimate (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
@@ -63,21 +65,38 @@ def model_states(groups: Sequence[GroupShape], cfg: Config, rank: int) -> dict[s
     state = 4 * states_per_element(cfg) * state_numel
     off_opt, off_param = cfg.zero.offload_optimizer, cfg.zero.offload_param
     placement = Placement.build(torch.device("cpu"), off_opt.device, off_param.device, False)
-    file_bytes = state if placement.state_in_files else 0
-    resident = 0 if placement.state_in_files else state
-    sizes = {"parameters": params, "master_weights": master, "gradients": grads, "optimizer_state": resident}
+    files = {"optimizer_state": 0, "master_weights": 0, "parameters": 0}
+    kept = 0
+    if placement.state_in_files:  # ZeRO-Infinity: state and the sharded groups' masters in files
+        files["optimizer_state"], state = state, 0
+        for g in groups:
+            if not g.master_is_whole:
+                lo, hi = g.master_range(rank)
+                files["master_weights"] += 4 * (hi - lo)
+                kept += item * (hi - lo)  # the compute-dtype shard kept in its place (or in params.bin)
+        master -= files["master_weights"]
+        if placement.where("compute_shards") == "file":
+            files["parameters"], kept = kept, 0
+    sizes = {"parameters": params, "master_weights": master, "gradients": grads, "optimizer_state": state}
     where: dict[str, dict[str, int]] = {"device": {}, "host": {}, "file": {}}
     for category in _CATEGORIES:
         place = placement.where(category)
         where["host" if place == "file" else place][category] = sizes[category]
     where["device"]["gathered"] = 0
-    if placement.state_in_files:
-        where["file"]["optimizer_state"] = file_bytes
+    if kept:
+        place = placement.where("compute_shards")
+        where[place]["parameters"] = where[place].get("parameters", 0) + kept
+    for category, nbytes in files.items():
+        if nbytes or (category == "optimizer_state" and placement.state_in_files):
+            where["file"][category] = nbytes
     return {
         "placement": where,
-        "optimizer_state_file": file_bytes,
+        "optimizer_state_file": files["optimizer_state"],
+        "master_weights_file": files["master_weights"],
+        "parameters_file": files["parameters"],
         **sizes,
-        "model_states": params + master + grads + resident,
+        "parameters": params + kept,
+        "model_states": params + kept + master + grads + state,
         "gathered": 0,
         "persisted_numel": sum(g.layout.padded_numel for g in groups if g.replicated),
     }
