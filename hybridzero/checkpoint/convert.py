@@ -72,6 +72,12 @@ def v1_rank_file(rank: int) -> str:
     return f"rank_{rank:05d}.pt"
 
 
+def _is_rank_file(name: str, world: int) -> bool:
+    """True if ``name`` is the format-1 file of a rank below ``world``."""
+    digits = name.removeprefix("rank_").removesuffix(".pt")
+    return digits.isdigit() and int(digits) < world and name == v1_rank_file(int(digits))
+
+
 def _fail(file: Path, check: str) -> CheckpointError:
     return CheckpointError(f"format-1 checkpoint file {file}: {check}")
 
@@ -95,8 +101,11 @@ def _refusal(exc: Exception) -> str:
 
 def load_pt(file: Path) -> Any:
     """A format-1 ``.pt`` file through ``torch.load(weights_only=True, mmap=True)``; CheckpointError naming it."""
-    with file.open("rb") as f:
-        magic = f.read(len(_ZIP_MAGIC))
+    try:
+        with file.open("rb") as f:
+            magic = f.read(len(_ZIP_MAGIC))
+    except OSError as exc:
+        raise _fail(file, f"unreadable ({exc})") from exc
     if magic != _ZIP_MAGIC:
         raise _fail(file, "refused: not a torch.save zip archive (format 1 always wrote one); nothing was unpickled")
     try:
@@ -319,8 +328,7 @@ def _write(tag_dir: Path, partial: Path, tag: str) -> None:
     meta = read_v1_meta(tag_dir)
     state = read_v1_state(tag_dir, meta)
     world = meta["world_size"]
-    present = {p.name for p in tag_dir.glob("rank_*.pt")}
-    unexpected = sorted(present - {v1_rank_file(r) for r in range(world)})
+    unexpected = sorted(p.name for p in tag_dir.glob("rank_*.pt") if not _is_rank_file(p.name, world))
     if unexpected:
         raise _fail(tag_dir / unexpected[0], f"unexpected: {META} says world_size {world}")
     digests, ranks = {}, []

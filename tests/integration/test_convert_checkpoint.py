@@ -72,7 +72,7 @@ def test_converted_checkpoint_loads_bitwise_equal(world, original, v1_pristine, 
     v2_root, saved = original[world_size]
     new = tmp_path / "new"
     if world_size == 1:  # the command line once, the function once
-        assert main(["convert-checkpoint", str(v1_pristine[1]), str(new)]) == 0
+        assert main(["convert-checkpoint", str(v1_pristine[1]), str(new), "--tag", TAG]) == 0
         assert f"wrote format-2 checkpoint {new / TAG}" in capsys.readouterr().out
     else:
         assert convert_v1(v1_pristine[2], new, tag=TAG) == new / TAG
@@ -194,6 +194,7 @@ CORRUPTIONS: dict[str, tuple[Callable[[Path], None], str, str]] = {
     "truncated": (_truncate, "rank_00001.pt", "refused"),
     "world_size_0": (_edit_meta(lambda m: m.update(world_size=0)), "meta.json", "world_size"),
     "world_size_3": (_edit_meta(lambda m: m.update(world_size=3)), "rank_00002.pt", "missing"),
+    "world_size_huge": (_edit_meta(lambda m: m.update(world_size=10**12)), "rank_00002.pt", "missing"),
     "world_size_1": (_edit_meta(lambda m: m.update(world_size=1)), "rank_00001.pt", "unexpected"),
     "format_2_meta": (_edit_meta(lambda m: m.update(format=2)), "meta.json", "expected 1"),
     "numel": (_edit_meta(lambda m: _param(m).update(numel=_param(m)["numel"] + 1)), "meta.json", "numel"),
