@@ -1,4 +1,4 @@
-"""The engine's checkpoint orchestration: save and verify-then-load (format: :mod:`hybridzero.checkpoint`;
+"""The engine's checkpoint orchestration: save and verify-then-load (format and writer: :mod:`hybridzero.checkpoint`;
 16-bit export: :mod:`hybridzero.runtime.weights16`).
 
 The engine exposes its state through a narrow seam (:class:`Checkpointable`: gather groups with their masters and
@@ -17,7 +17,7 @@ Invariants:
   written and checksummed and the tag is published. Inside a gradient-accumulation window the consistent state
   is saved (parameters, optimizer state, counters as of the window's start); the partial gradients are not.
 
-Kept in one file for now (~450 lines): save and the two load phases share the seam and the staged-state types; the
+Kept in one file for now (~430 lines): save and the two load phases share the seam and the staged-state types; the
 natural split (save / verify-and-stage / apply) is noted in docs/architecture.md as next work.
 """
 
