@@ -14,6 +14,10 @@ checkpoint, streaming one shard file at a time (:func:`hybridzero.checkpoint.exp
 merged into the weights (``--lora base``: left out) and ``--adapters DIR`` also writes them as a peft directory
 (:mod:`hybridzero.checkpoint.lora_export`); errors (unknown tag, non-empty destination, no HF config, no adapters)
 print one line to stderr and exit 1.
+
+``convert-checkpoint OLD_DIR NEW_DIR [--tag TAG]`` converts a checkpoint of the old pickle-based format 1 into
+format 2 without running code stored in it (:func:`hybridzero.checkpoint.convert_v1`); a refused file prints one
+line naming it and exits 1.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import argparse
 import sys
 from typing import Any
 
+from hybridzero.checkpoint.convert import convert_v1
 from hybridzero.checkpoint.export import export_hf
 from hybridzero.checkpoint.lora_export import export_adapters
 from hybridzero.launch import launch_main
@@ -65,11 +70,27 @@ def _add_export(subparsers: Any) -> None:
     p.set_defaults(func=_export)
 
 
+def _add_convert(subparsers: Any) -> None:
+    """Register ``convert-checkpoint``."""
+    p = subparsers.add_parser(
+        "convert-checkpoint",
+        help="convert a checkpoint of the old pickle-based format 1 (rank_*.pt, extra.pt) to the current format",
+        description="Convert format-1 tag TAG (default: the one OLD_DIR/latest names) into a format-2 checkpoint "
+        "of the same tag under NEW_DIR, reading the old files with torch.load(weights_only=True) only: a file "
+        "that needs more than tensors and plain containers is refused. OLD_DIR is never written; NEW_DIR must be "
+        "new, empty or hold only format-2 checkpoints.",
+    )
+    p.add_argument("old_dir", metavar="OLD_DIR", help="format-1 checkpoint directory (holds 'latest' and tags)")
+    p.add_argument("new_dir", metavar="NEW_DIR", help="destination checkpoint directory")
+    p.add_argument("--tag", default=None, help="tag to convert (default: the one OLD_DIR/latest names)")
+    p.set_defaults(func=_convert)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser with one subparser per subcommand."""
     parser = argparse.ArgumentParser(prog="hybridzero", description="hybridzero: ZeRO-3 sharded training tools.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (_add_export, add_plan_command, add_rlhf_commands):
+    for add in (_add_export, _add_convert, add_plan_command, add_rlhf_commands):
         add(subparsers)
     subparsers.add_parser(
         "launch",
@@ -135,4 +156,16 @@ def _export(args: argparse.Namespace) -> int:
         return 1
     files = sorted(p.name for p in out.iterdir())
     print(f"export: wrote {len(files)} files to {out}: {', '.join(files)}")
+    return 0
+
+
+# --- convert-checkpoint -------------------------------------------------------------------------------------------
+def _convert(args: argparse.Namespace) -> int:
+    """Run :func:`hybridzero.checkpoint.convert_v1`; one error line and status 1 on a refused checkpoint."""
+    try:
+        out = convert_v1(args.old_dir, args.new_dir, args.tag)
+    except (ValueError, OSError) as exc:  # CheckpointError is a ValueError
+        print(f"convert-checkpoint: error: {exc}", file=sys.stderr)
+        return 1
+    print(f"convert-checkpoint: wrote format-2 checkpoint {out}")
     return 0

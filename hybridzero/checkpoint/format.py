@@ -99,8 +99,9 @@ def _verify_manifest(path: Path) -> dict[str, str]:
     if not file.is_file() and (path / META).is_file() and any(path.glob("rank_*.pt")):
         raise CheckpointError(
             f"checkpoint {path} is in the old pickle-based format 1, which this version refuses "
-            "to read (loading it could run code stored in the files); re-save it with the "
-            "version that wrote it only if you trust its origin, or start from an export"
+            "to load (unpickling it could run code stored in the files); convert it once with "
+            f"`hybridzero convert-checkpoint {path.parent} NEW_DIR --tag {path.name}` (it reads tensors "
+            "and plain containers only) and load NEW_DIR"
         )
     manifest = _read_json(file)
     files = manifest.get("files") if isinstance(manifest, dict) else None

@@ -1,4 +1,4 @@
-"""The engine's checkpoint orchestration: save and verify-then-load (format: :mod:`hybridzero.checkpoint`;
+"""The engine's checkpoint orchestration: save and verify-then-load (format and writer: :mod:`hybridzero.checkpoint`;
 16-bit export: :mod:`hybridzero.runtime.weights16`).
 
 The engine exposes its state through a narrow seam (:class:`Checkpointable`: gather groups with their masters and
@@ -17,7 +17,7 @@ Invariants:
   written and checksummed and the tag is published. Inside a gradient-accumulation window the consistent state
   is saved (parameters, optimizer state, counters as of the window's start); the partial gradients are not.
 
-Kept in one file for now (~450 lines): save and the two load phases share the seam and the staged-state types; the
+Kept in one file for now (~430 lines): save and the two load phases share the seam and the staged-state types; the
 natural split (save / verify-and-stage / apply) is noted in docs/architecture.md as next work.
 """
 
@@ -33,24 +33,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
-from hybridzero.checkpoint.format import (
-    META,
-    RANK_HEADER_KEY,
-    STATE_JSON,
-    STATE_TENSORS,
-    SavedSource,
-    SavedTag,
-    manifest_text,
-    open_tag,
-    rank_file,
-    sha256_file,
-)
-from hybridzero.checkpoint.jsontree import check_plain_json, dumps, encode
+from hybridzero.checkpoint.format import FORMAT, META, STATE_JSON, SavedSource, SavedTag, open_tag, rank_file
+from hybridzero.checkpoint.jsontree import check_plain_json
 from hybridzero.checkpoint.paths import (
-    MANIFEST,
     PARTIAL,
     CheckpointError,
     check_replaceable,
@@ -59,6 +46,7 @@ from hybridzero.checkpoint.paths import (
     publish,
     write_latest,
 )
+from hybridzero.checkpoint.writer import write_rank_file, write_shared_files
 from hybridzero.comm.collectives import Comm
 from hybridzero.optim.loss_scaler import LossScaler
 from hybridzero.runtime import optim_state
@@ -140,10 +128,7 @@ def _write_rank_file(engine: Checkpointable, partial: Path, exclude_frozen: bool
     if torch.cuda.is_available():
         for i, state in enumerate(torch.cuda.get_rng_state_all()):
             tensors[f"rng/cuda/{i}"] = state
-    header = dumps(encode({"rank": engine.comm.rank, "python_rng": random.getstate()}, {}, "rng"))
-    file = partial / rank_file(engine.comm.rank)
-    save_file(tensors, str(file), metadata={RANK_HEADER_KEY: header})
-    return sha256_file(file), entry
+    return write_rank_file(partial, engine.comm.rank, tensors, random.getstate()), entry
 
 
 def _meta(engine: Checkpointable, tag: str, ranks: list[dict[str, Any]], exclude_frozen: bool) -> dict[str, Any]:
@@ -165,7 +150,7 @@ def _meta(engine: Checkpointable, tag: str, ranks: list[dict[str, Any]], exclude
     hf: Any = getattr(engine.module, "config", None)
     gas = engine.gradient_accumulation_steps
     return {
-        "format": 2,
+        "format": FORMAT,
         "tag": tag,
         "world_size": engine.comm.world_size,
         "stage": engine.config.zero.stage,
@@ -205,13 +190,7 @@ def _write_rank0(
         "loss_scaler": engine.loss_scaler.state_dict(),
         "client_state": client_state,
     }
-    tensors: dict[str, torch.Tensor] = {}
-    (partial / STATE_JSON).write_text(dumps(encode(state, tensors, "")))
-    save_file(tensors, str(partial / STATE_TENSORS))
-    (partial / META).write_text(dumps(_meta(engine, tag, ranks, exclude_frozen)))
-    for name in (STATE_JSON, STATE_TENSORS, META):
-        digests[name] = sha256_file(partial / name)
-    (partial / MANIFEST).write_text(manifest_text(digests, tag))
+    write_shared_files(partial, tag, state, _meta(engine, tag, ranks, exclude_frozen), digests)
 
 
 def _finish(

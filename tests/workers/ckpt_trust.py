@@ -12,8 +12,7 @@ from typing import Any
 import torch
 
 import hybridzero
-from hybridzero.checkpoint import CheckpointError
-from hybridzero.runtime import checkpointing
+from hybridzero.checkpoint import CheckpointError, writer
 from hybridzero.runtime.optim_state import leaf_ranges
 from hybridzero.zero.partition import param_aliases
 from tests.harness.parity import RunSpec, batches_for, build_model, ds_config
@@ -122,7 +121,7 @@ def killed_save(spec: RunSpec, root: str, point: str) -> None:
     engine.save_checkpoint(root, tag="tag1")
     _train(engine, batches, rank, range(1, 2), spec.accumulation)
     calls = {"n": 0}
-    real_replace, real_save_file = os.replace, checkpointing.save_file
+    real_replace, real_save_file = os.replace, writer.save_file
 
     def die_at_replace(n: int) -> Any:
         def replace(*args: Any) -> None:
@@ -141,7 +140,7 @@ def killed_save(spec: RunSpec, root: str, point: str) -> None:
 
     tag = "tag2"
     if point == "rank_file" and rank == 1:
-        checkpointing.save_file = half_written  # only in this doomed worker process
+        writer.save_file = half_written  # only in this doomed worker process
     elif point in ("publish", "latest") and rank == 0:
         os.replace = die_at_replace(1 if point == "publish" else 2)
     elif point.startswith("resave") and rank == 0:
