@@ -49,7 +49,8 @@ def start_gathers(groups: Sequence[ShardedGroup], phase: str, comm: Comm) -> Non
         return
     sizes = [g.layout.shard_numel for g in batch]
     total = sum(sizes)
-    send = torch.cat([g.compute_shard() for g in batch])
+    with comm.ledger.timer.region("copy.cast"):  # the casts (bf16) and the packing of the shards, one pass
+        send = torch.cat([g.compute_shard() for g in batch])
     recv = torch.empty(comm.world_size * total, dtype=send.dtype, device=send.device)
     handle = comm.all_gather(recv, send, phase=phase, async_op=True)
     offset = 0

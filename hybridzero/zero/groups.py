@@ -89,6 +89,7 @@ class ShardedGroup:
         placement: Placement | None = None,
     ) -> None:
         self.index = index
+        self._timer = comm.ledger.timer  # the step profile (off unless a benchmark turns it on)
         # master, gradient shard (and so the optimizer state) live on the placement's host (ZeRO-Offload)
         self.placement = placement or Placement.build(device)
         self.host = self.placement.host
@@ -189,7 +190,8 @@ class ShardedGroup:
         elif self.quantize_block is not None:
             self._start_quantized_gather(phase)
         else:
-            self._send = self.compute_shard()
+            with self._timer.region("copy.cast"):
+                self._send = self.compute_shard()
             self.handle = self.comm.all_gather(self.full, self._send, phase=phase, async_op=True)
         self.state = GroupState.GATHERING
 
@@ -238,7 +240,8 @@ class ShardedGroup:
             self.handle = None
             self._send = None
             if self._decode is not None:
-                self._decode()
+                with self._timer.region("copy.unpack"):
+                    self._decode()
                 self._decode = None
             self._bind(self.full)
             self.state = GroupState.GATHERED
@@ -272,11 +275,12 @@ class ShardedGroup:
     # --- gradients ----------------------------------------------------------------------------------------------
     def accept_grad(self, slot_index: int, grad: torch.Tensor) -> bool:
         """Copy one parameter's gradient into the flat gradient buffer; True once every trainable one arrived."""
-        if self.grad_full is None:
-            self.grad_full = torch.zeros(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.device)
-            self._grads_seen = set()
-        spec = self.slots[slot_index].spec
-        self.grad_full[spec.offset : spec.end].add_(grad.reshape(-1))  # add: a parameter may deliver twice
+        with self._timer.region("copy.grad"):
+            if self.grad_full is None:
+                self.grad_full = torch.zeros(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.device)
+                self._grads_seen = set()
+            spec = self.slots[slot_index].spec
+            self.grad_full[spec.offset : spec.end].add_(grad.reshape(-1))  # add: a parameter may deliver twice
         self._grads_seen.add(slot_index)
         return len(self._grads_seen) == self.n_trainable
 

@@ -125,12 +125,14 @@ class GradReducer:
         if not self._pieces:
             return
         pieces, self._pieces, self._pending_cols = self._pieces, [], 0
-        if len(pieces) == 1 and pieces[0].cols.is_contiguous():
-            inp = pieces[0].cols.reshape(-1)
-        else:
-            inp = torch.cat([p.cols for p in pieces], dim=1).reshape(-1)
+        timer = self.comm.ledger.timer
+        with timer.region("copy.pack"):
+            if len(pieces) == 1 and pieces[0].cols.is_contiguous():
+                inp = pieces[0].cols.reshape(-1)
+            else:
+                inp = torch.cat([p.cols for p in pieces], dim=1).reshape(-1)
+            _scaled(inp, self.scales.pre)  # the reducer owns the flat gradients it was handed: scale in place
         post = self.scales.post
-        _scaled(inp, self.scales.pre)  # the reducer owns the flat gradients it was handed: scale in place
         if self.quantized is not None:
             summed = self.quantized.reduce(inp, inp.numel() // self.world)
             self._distribute(pieces, _scaled(summed, post))
@@ -140,7 +142,8 @@ class GradReducer:
 
         def finish() -> None:
             assert inp.numel() == recv.numel()  # holds ``inp`` alive until the collective completed
-            self._distribute(pieces, _scaled(ordered_sum(recv.view(self.world, -1)), post))
+            with timer.region("comm.reduce_scatter.sum"):  # the reduction's own arithmetic, in rank order
+                self._distribute(pieces, _scaled(ordered_sum(recv.view(self.world, -1)), post))
 
         if self.overlap:
             self._inflight.append((handle, finish))
