@@ -6,7 +6,8 @@ hpZ secondary, no qwZ) into one all-gather of the concatenated shards::
     send = [A_r | B_r | ...]                      (this rank's shards, one copy)
     recv = [A_0 B_0 ... | A_1 B_1 ... | ...]      (world x sum of shard sizes)
 
-and gives each group a completion step that copies its rank-major slices out of ``recv`` into its own full buffer
+(each master shard is cast straight into ``send``: the cast is the packing copy) and gives each group a completion
+step that copies its rank-major slices out of ``recv`` into its own full buffer
 (``A_full = [A_0 | A_1 | ...]``), so a group's buffer, views and release are exactly those of a single gather: the
 values are bit-identical, only the number of collectives changes. All groups hold the same
 :class:`~hybridzero.comm.collectives.PendingCollective` (its ``wait`` is idempotent), so each group still owns a
@@ -49,8 +50,12 @@ def start_gathers(groups: Sequence[ShardedGroup], phase: str, comm: Comm) -> Non
         return
     sizes = [g.layout.shard_numel for g in batch]
     total = sum(sizes)
-    with comm.ledger.timer.region("copy.cast"):  # the casts (bf16) and the packing of the shards, one pass
-        send = torch.cat([g.compute_shard() for g in batch])
+    with comm.ledger.timer.region("copy.cast"):  # cast fused with the packing: one pass per shard
+        send = torch.empty(total, dtype=batch[0].compute_dtype, device=batch[0].device)
+        offset = 0
+        for group, size in zip(batch, sizes):
+            send[offset : offset + size].copy_(group.master)  # = compute_shard(), written in place (same rounding)
+            offset += size
     recv = torch.empty(comm.world_size * total, dtype=send.dtype, device=send.device)
     handle = comm.all_gather(recv, send, phase=phase, async_op=True)
     offset = 0
