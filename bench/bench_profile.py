@@ -55,6 +55,7 @@ def run_one(
     """One run (``world`` 0: the floor; ``source``: hybridzero from that checkout); its per-rank records."""
     out_dir.mkdir(parents=True)
     common = ["--steps", str(args.steps), "--warmup", str(args.warmup), "--dtype", dtype, "--model", args.model]
+    common += ["--clock", args.clock]
     if args.reduce_bucket is not None and world > 0:
         common += ["--reduce-bucket", str(args.reduce_bucket)]
     if world == 0:
@@ -81,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="root of another checkout (e.g. `git archive` of an older commit, with the step timer): its engine runs "
         "as 'before', interleaved with this one's",
+    )
+    p.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall time (the profile), or each main thread's CPU time (before/after comparisons on a loaded machine)",
     )
     p.add_argument("--tolerance", type=float, default=0.05, help="allowed |step - sum of parts| / step")
     p.add_argument("--out", type=Path, default=HERE / "results")
@@ -129,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         chart = "\n\n(no chart: matplotlib, the `plots` extra, is not installed)\n"
     header = (
         f"# Step profile ({report['date']})\n\nModel {args.model}, {args.steps} measured steps after {args.warmup} "
-        f"warm-up, {args.repeats} interleaved round(s), {os.cpu_count()} CPUs, one thread per process. Parts in ms "
+        f"warm-up, {args.repeats} interleaved round(s), clock {args.clock}, {os.cpu_count()} CPUs, one thread per process. Parts in ms "
         f"per rank-step (mean over ranks and steps); step = median over steps of the slowest rank.\n\n"
     )
     (args.out / "profile.md").write_text(header + table + chart)

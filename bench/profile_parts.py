@@ -103,6 +103,7 @@ def summarize(label: str, dtype: str, ranks: Sequence[Mapping[str, Any]]) -> dic
         for name, value in comm_by_collective(step["regions"]).items():
             per_collective[name] = per_collective.get(name, 0.0) + value / len(records)
     mean_wall = sum(step["wall_ms"] for step in records) / len(records)
+    cpu = [(s.get("process_cpu_ms", 0.0), s.get("thread_cpu_ms", 0.0)) for s in records]
     return {
         "system": label,
         "dtype": dtype,
@@ -112,6 +113,8 @@ def summarize(label: str, dtype: str, ranks: Sequence[Mapping[str, Any]]) -> dic
         "parts_ms": mean_parts,
         "unaccounted_ms": mean_wall - sum(mean_parts.values()),
         "comm_and_wait_by_collective_ms": per_collective,
+        "process_cpu_ms": sum(c[0] for c in cpu) / len(cpu),  # all threads of a rank, per step
+        "other_threads_cpu_ms": sum(c[0] - c[1] for c in cpu) / len(cpu),  # the transport's threads (gloo)
         "per_rank_parts_ms": [
             {p: sum(step_parts(s["regions"])[p] for s in r["steps"]) / n_steps for p in PARTS} for r in ranks
         ],
@@ -136,8 +139,9 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
     """The profile as a Markdown table (ms per rank-step; the floor is W = 0 in the JSON, "floor" here)."""
     head = " | ".join(LABELS[p] for p in PARTS)
     lines = [
-        f"| run | dtype | step ms (median) | ×floor | {head} | unaccounted | compute over floor |",
-        "|---|---|---:|---:|" + "---:|" * len(PARTS) + "---:|---:|",
+        f"| run | dtype | step ms (median) | ×floor | {head} | unaccounted | compute over floor "
+        "| CPU ms/rank-step: all threads (other threads) |",
+        "|---|---|---:|---:|" + "---:|" * len(PARTS) + "---:|---:|---:|",
     ]
     for r in rows:
         cells = " | ".join(f"{r['parts_ms'][p]:.1f}" for p in PARTS)
@@ -145,7 +149,8 @@ def markdown_table(rows: Sequence[Mapping[str, Any]]) -> str:
         unacc = r["unaccounted_ms"] / r["mean_rank_step_ms"]
         lines.append(
             f"| {name} | {r['dtype']} | {r['median_step_ms']:.1f} | {r.get('step_vs_floor', float('nan')):.2f} | "
-            f"{cells} | {unacc:+.1%} | {r.get('compute_excess_ms', float('nan')):+.1f} |"
+            f"{cells} | {unacc:+.1%} | {r.get('compute_excess_ms', float('nan')):+.1f} | "
+            f"{r['process_cpu_ms']:.1f} ({r['other_threads_cpu_ms']:.1f}) |"
         )
     return "\n".join(lines)
 

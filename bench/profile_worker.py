@@ -22,11 +22,25 @@ from peer_common import add_model_arguments, build_model, zero_config
 
 from hybridzero.comm.timing import StepTimer
 
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+"""``--clock``: wall time, or this thread's CPU time (not inflated by other processes on the same cores)."""
 
-def _record(timer: StepTimer, start: float, loss: torch.Tensor) -> dict[str, Any]:
-    wall_ms = (time.perf_counter() - start) * 1e3
+
+def _record(timer: StepTimer, start: tuple[float, float, float], loss: torch.Tensor) -> dict[str, Any]:
+    """This step's record; ``start`` is (the timer's clock, process CPU time, this thread's CPU time) at its start."""
+    wall_ms = (timer.clock() - start[0]) * 1e3
     regions = {name: seconds * 1e3 for name, seconds in timer.take().items()}
-    return {"wall_ms": wall_ms, "regions": regions, "loss": float(loss.detach().float().item())}
+    return {
+        "wall_ms": wall_ms,
+        "process_cpu_ms": (time.process_time() - start[1]) * 1e3,  # every thread: gloo's transport threads too
+        "thread_cpu_ms": (time.thread_time() - start[2]) * 1e3,
+        "regions": regions,
+        "loss": float(loss.detach().float().item()),
+    }
+
+
+def _start(timer: StepTimer) -> tuple[float, float, float]:
+    return timer.clock(), time.process_time(), time.thread_time()
 
 
 def run_zero3(args: argparse.Namespace) -> dict[str, Any]:
@@ -46,12 +60,12 @@ def run_zero3(args: argparse.Namespace) -> dict[str, Any]:
         args.seed + 1, steps=args.warmup + args.steps, world_size=world, vocab_size=int(model.config.vocab_size)
     )
     timer = engine.comm_ledger().timer
-    timer.enabled = True
+    timer.enabled, timer.clock = True, CLOCKS[args.clock]
     records = []
     for step in range(args.warmup + args.steps):
         ids = batches[step, rank]
         timer.reset()
-        start = time.perf_counter()
+        start = _start(timer)
         with timer.region("compute.forward"):
             loss = engine(input_ids=ids, labels=ids).loss
         with timer.region("compute.backward"):
@@ -83,13 +97,13 @@ def run_floor(args: argparse.Namespace) -> dict[str, Any]:
     batches = synthetic_batches(
         args.seed + 1, steps=args.warmup + args.steps, world_size=1, vocab_size=int(model.config.vocab_size)
     )
-    timer = StepTimer()
+    timer = StepTimer(CLOCKS[args.clock])
     timer.enabled = True
     records = []
     for step in range(args.warmup + args.steps):
         ids = batches[step, 0]
         timer.reset()
-        start = time.perf_counter()
+        start = _start(timer)
         with timer.region("compute.forward"):
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16"):
                 loss = model(input_ids=ids, labels=ids).loss
@@ -113,6 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--dtype", choices=("fp32", "bf16"), default="fp32")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--clock", choices=tuple(CLOCKS), default="wall")
     p.add_argument("--reduce-bucket", type=int, default=None, help="reduce_bucket_size (default: the benchmark's)")
     add_model_arguments(p)
     p.add_argument("--out-dir", type=Path, required=True)

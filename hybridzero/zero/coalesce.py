@@ -12,7 +12,8 @@ step that copies its rank-major slices out of ``recv`` into its own full buffer
 values are bit-identical, only the number of collectives changes. All groups hold the same
 :class:`~hybridzero.comm.collectives.PendingCollective` (its ``wait`` is idempotent), so each group still owns a
 pending gather until it waits or releases; ``recv`` lives until the last group has copied its part.
-Ineligible groups, or a batch of one, gather on their own.
+Ineligible groups, a batch of one, or any batch at world size 1 (where a gather is one local copy and coalescing
+would only add the packing and unpacking copies) gather on their own.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def start_gathers(groups: Sequence[ShardedGroup], phase: str, comm: Comm) -> Non
     unique = list({id(g): g for g in groups}.values())
     batch = [g for g in unique if _eligible(g)]
     dtypes = {g.compute_dtype for g in batch}
-    if len(batch) < 2 or len(dtypes) != 1:
+    if len(batch) < 2 or len(dtypes) != 1 or comm.world_size == 1:  # one rank: no latency to save, only copies
         for g in unique:
             g.start_gather(phase)
         return
