@@ -136,8 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         chart = "\n\n(no chart: matplotlib, the `plots` extra, is not installed)\n"
     header = (
         f"# Step profile ({report['date']})\n\nModel {args.model}, {args.steps} measured steps after {args.warmup} "
-        f"warm-up, {args.repeats} interleaved round(s), clock {args.clock}, {os.cpu_count()} CPUs, one thread per process. Parts in ms "
-        f"per rank-step (mean over ranks and steps); step = median over steps of the slowest rank.\n\n"
+        f"warm-up, {args.repeats} interleaved round(s), clock {args.clock}, {os.cpu_count()} CPUs, one thread per "
+        "process. Parts in ms per rank-step (mean over ranks and steps); step = median over steps of the slowest "
+        "rank.\n\n"
     )
     (args.out / "profile.md").write_text(header + table + chart)
     print(table)
