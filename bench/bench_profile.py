@@ -80,8 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--compare",
         type=Path,
         default=None,
-        help="root of another checkout (e.g. `git archive` of an older commit, with the step timer): its engine runs "
-        "as 'before', interleaved with this one's",
+        help="root of another checkout that has the step timer (hybridzero/comm/timing.py with StepTimer.clock, e.g. "
+        "`git archive` of an older commit): its engine runs as 'before', interleaved with this one's",
     )
     p.add_argument(
         "--clock",
