@@ -30,7 +30,8 @@ rule below holds whichever way the optimizer is described:
 * Unless the block sets ``foreach``, ``fused`` or ``differentiable``, torch's multi-tensor
   (``foreach``) implementation is chosen, also on CPU where torch would pick the per-tensor loop:
   it is bitwise the per-tensor update for Adam, AdamW and SGD (every option; checked in
-  ``tests/unit/test_optim.py``) and about twice as fast on the engine's flat shards. DeepSpeed
+  ``tests/unit/test_optim.py``); alone on one 1M-element tensor it took 4.6 ms against 9.4 ms, inside
+  the step profile the difference is within the noise of a shared machine. DeepSpeed
   itself steps a multi-tensor / vectorized kernel here (FusedAdam, DeepSpeedCPUAdam). Client
   optimizers are rebuilt exactly as the user built them.
 
@@ -100,7 +101,7 @@ def build_optimizer(
     canonical = canonical_optimizer_type(opt_type)
     cls, kwargs = _torch_class_and_kwargs(canonical, validate_optimizer_params(canonical, params))
     if not any(kwargs.get(flag) is not None for flag in ("foreach", "fused", "differentiable")):
-        kwargs["foreach"] = True  # bitwise the per-tensor loop, about twice as fast (module docstring)
+        kwargs["foreach"] = True  # bitwise the per-tensor loop, and not slower (module docstring)
     groups = [dict(group) for group in param_groups]
     try:
         return cls(groups, **kwargs)
