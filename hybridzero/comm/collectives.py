@@ -65,8 +65,11 @@ class FailureState:
 class PendingCollective:
     """Handle of one issued collective. ``wait()`` completes it; calling it again is a no-op."""
 
-    def __init__(self, comm: Comm, work: Any | None, on_done: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, comm: Comm, work: Any | None, on_done: Callable[[], None] | None = None, label: str = "collective"
+    ) -> None:
         self._comm = comm
+        self._label = label  # the ledger name: a blocked wait is timed as ``wait.<label>``
         self._work = work
         self._on_done = on_done
         self._done = work is None and on_done is None
@@ -82,7 +85,8 @@ class PendingCollective:
             return
         if self._work is not None:
             work, self._work = self._work, None  # a held Work keeps the transport (gloo's sockets) alive
-            self._comm._wait(work)
+            with self._comm.ledger.timer.region(f"wait.{self._label}"):
+                self._comm._wait(work)
         if self._on_done is not None:
             self._on_done()
         self._done = True
@@ -168,12 +172,13 @@ class Comm:
         w = self.world_size
         nbytes = out.numel() * out.element_size()
         self.ledger.record(label, self.name, phase, nbytes, nbytes * (w - 1) // w)
-        if w == 1:
-            out.copy_(inp.view_as(out))
-            return PendingCollective(self, None)
-        self._check_usable()
-        work = dist.all_gather_single(out, inp, group=self.group, async_op=True)
-        return self._finish(work, async_op)
+        with self.ledger.timer.region(f"comm.{label}"):
+            if w == 1:
+                out.copy_(inp.view_as(out))
+                return PendingCollective(self, None)
+            self._check_usable()
+            work = dist.all_gather_single(out, inp, group=self.group, async_op=True)
+            return self._finish(work, async_op, label)
 
     def reduce_scatter(
         self, out: torch.Tensor, inp: torch.Tensor, *, phase: str, async_op: bool = False
@@ -182,12 +187,13 @@ class Comm:
         w = self.world_size
         nbytes = inp.numel() * inp.element_size()
         self.ledger.record("reduce_scatter", self.name, phase, nbytes, nbytes * (w - 1) // w)
-        if w == 1:
-            out.copy_(inp.view_as(out))
-            return PendingCollective(self, None)
-        self._check_usable()
-        work = dist.reduce_scatter_single(out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
-        return self._finish(work, async_op)
+        with self.ledger.timer.region("comm.reduce_scatter"):
+            if w == 1:
+                out.copy_(inp.view_as(out))
+                return PendingCollective(self, None)
+            self._check_usable()
+            work = dist.reduce_scatter_single(out, inp, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+            return self._finish(work, async_op, "reduce_scatter")
 
     def exchange_for_reduce(
         self, recv: torch.Tensor, inp: torch.Tensor, *, phase: str, async_op: bool = False
@@ -202,12 +208,14 @@ class Comm:
         w = self.world_size
         nbytes = inp.numel() * inp.element_size()
         self.ledger.record("reduce_scatter", self.name, phase, nbytes, nbytes * (w - 1) // w)
-        if w == 1:
-            recv.copy_(inp)
-            return PendingCollective(self, None)
-        self._check_usable()
-        work = dist.all_to_all_single(recv, inp, group=self.group, async_op=True)
-        return self._finish(work, async_op)
+        with self.ledger.timer.region("comm.reduce_scatter"):
+            if w == 1:
+                if recv is not inp:
+                    recv.copy_(inp)
+                return PendingCollective(self, None)
+            self._check_usable()
+            work = dist.all_to_all_single(recv, inp, group=self.group, async_op=True)
+            return self._finish(work, async_op, "reduce_scatter")
 
     def all_reduce(self, t: torch.Tensor, *, phase: str, op: str = "sum", async_op: bool = False) -> PendingCollective:
         """In-place all-reduce of ``t`` with ``op`` in {"sum", "max", "min"}."""
@@ -216,10 +224,11 @@ class Comm:
         self.ledger.record("all_reduce", self.name, phase, nbytes, 2 * nbytes * (w - 1) // w)
         if w == 1:
             return PendingCollective(self, None)
-        self._check_usable()
-        red = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
-        work = dist.all_reduce(t, op=red, group=self.group, async_op=True)
-        return self._finish(work, async_op)
+        with self.ledger.timer.region("comm.all_reduce"):
+            self._check_usable()
+            red = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}[op]
+            work = dist.all_reduce(t, op=red, group=self.group, async_op=True)
+            return self._finish(work, async_op, "all_reduce")
 
     def broadcast(self, t: torch.Tensor, src: int, *, phase: str) -> None:
         """Broadcast ``t`` from group rank ``src`` in place."""
@@ -228,9 +237,10 @@ class Comm:
         self.ledger.record("broadcast", self.name, phase, nbytes, nbytes if self.rank == src and w > 1 else 0)
         if w == 1:
             return
-        self._check_usable()
-        global_src = dist.get_global_rank(self.group, src) if self.group is not None else src
-        self._finish(dist.broadcast(t, global_src, group=self.group, async_op=True), False)
+        with self.ledger.timer.region("comm.broadcast"):
+            self._check_usable()
+            global_src = dist.get_global_rank(self.group, src) if self.group is not None else src
+            self._finish(dist.broadcast(t, global_src, group=self.group, async_op=True), False, "broadcast")
 
     # --- object collectives (metadata, agreement) --------------------------------------------------------------
     def all_gather_object(self, obj: Any, *, phase: str) -> list[Any]:
@@ -363,8 +373,8 @@ class Comm:
         """True when waits poll for posted peer failures (gloo)."""
         return self._poll
 
-    def _finish(self, work: Any, async_op: bool) -> PendingCollective:
-        handle = PendingCollective(self, work)
+    def _finish(self, work: Any, async_op: bool, label: str = "collective") -> PendingCollective:
+        handle = PendingCollective(self, work, label=label)
         if not async_op:
             handle.wait()
         return handle

@@ -10,6 +10,10 @@ Two byte counts are kept per call:
   papers (3Ψ per step for ZeRO-3).
 * ``wire_bytes``: what one rank sends on a ring algorithm: (W-1)/W of the buffer for all-gather and reduce-scatter,
   2(W-1)/W for all-reduce, the buffer for a broadcast root. 0 at world size 1.
+
+The ledger also carries the engine's :class:`~hybridzero.comm.timing.StepTimer` (``ledger.timer``, off unless a
+profile turns it on): every collective's issue and wait are timed regions of it, and the zero / optim layers mark
+their copies, hooks and optimizer math through the same object (``bench/bench_profile.py``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
+
+from hybridzero.comm.timing import StepTimer
 
 
 @dataclass
@@ -42,6 +48,7 @@ class Ledger:
 
     def __init__(self) -> None:
         self._entries: dict[LedgerKey, LedgerEntry] = {}
+        self.timer = StepTimer()  # the step profile's regions (off by default)
 
     def record(self, collective: str, group: str, phase: str, nbytes: int, wire_bytes: int) -> None:
         """Add one call of ``collective`` moving ``nbytes`` (whole buffer) and ``wire_bytes`` (sent per rank)."""

@@ -27,6 +27,13 @@ rule below holds whichever way the optimizer is described:
 * torch's implementation flags (``maximize``, ``foreach``, ``differentiable``, ``fused``,
   and ``capturable`` for Adam) are passed through; DeepSpeed would pass them to torch only
   for ``SGD`` or ``torch_adam: true``, but here the torch implementation always runs.
+* Unless the block sets ``foreach``, ``fused`` or ``differentiable``, torch's multi-tensor
+  (``foreach``) implementation is chosen, also on CPU where torch would pick the per-tensor loop:
+  it is bitwise the per-tensor update for Adam, AdamW and SGD (every option; checked in
+  ``tests/unit/test_optim.py``); alone on one 1M-element tensor it took 4.6 ms against 9.4 ms, inside
+  the step profile the difference is within the noise of a shared machine. DeepSpeed
+  itself steps a multi-tensor / vectorized kernel here (FusedAdam, DeepSpeedCPUAdam). Client
+  optimizers are rebuilt exactly as the user built them.
 
 The optimizer math itself is always torch's own Adam/AdamW/SGD; no state is shared between
 instances and nothing here is stored at module level.
@@ -93,6 +100,8 @@ def build_optimizer(
     """
     canonical = canonical_optimizer_type(opt_type)
     cls, kwargs = _torch_class_and_kwargs(canonical, validate_optimizer_params(canonical, params))
+    if not any(kwargs.get(flag) is not None for flag in ("foreach", "fused", "differentiable")):
+        kwargs["foreach"] = True  # bitwise the per-tensor loop, and not slower (module docstring)
     groups = [dict(group) for group in param_groups]
     try:
         return cls(groups, **kwargs)

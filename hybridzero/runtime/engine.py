@@ -321,21 +321,27 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
             return
         if not self.config.fp16.enabled and self.skip_nonfinite_steps and self._skip_nonfinite():
             return
+        timer = self.comm.ledger.timer  # the step profile's regions (no-ops unless a benchmark turns it on)
         if self.config.gradient_clipping > 0:
-            self.last_grad_norm = float(sharded.clip_grad_shards(self.groups, self.comm, self.config.gradient_clipping))
+            with timer.region("compute.optimizer"):
+                norm = sharded.clip_grad_shards(self.groups, self.comm, self.config.gradient_clipping)
+                self.last_grad_norm = float(norm)
         trained = [g for g in self.groups if g.n_trainable > 0]  # frozen groups never change: nothing to move
         for group in trained:
             group.assemble_grad()
-        if self.swapper is not None:
-            self.swapper.step()  # ZeRO-Infinity: master + state streamed chunk by chunk (grads bound per chunk)
-        else:
-            sharded.bind_grads(self._leaves)
-            self.optimizer.step()
+        with timer.region("compute.optimizer"):
+            if self.swapper is not None:
+                self.swapper.step()  # ZeRO-Infinity: master + state streamed chunk by chunk (grads bound per chunk)
+            else:
+                sharded.bind_grads(self._leaves)
+                self.optimizer.step()
         if self.lr_scheduler is not None:
             self.lr_scheduler.step()
-        for group in trained:
-            group.write_shard()
-        self.zero_grad()
+        with timer.region("copy.write_shard"):
+            for group in trained:
+                group.write_shard()
+        with timer.region("copy.zero_grad"):
+            self.zero_grad()
 
     def _unscale_or_skip(self) -> bool:
         """fp16: agree on overflow across ranks (MAX of a local inf/nan flag), move the loss scale, and either skip

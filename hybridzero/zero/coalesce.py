@@ -6,12 +6,14 @@ hpZ secondary, no qwZ) into one all-gather of the concatenated shards::
     send = [A_r | B_r | ...]                      (this rank's shards, one copy)
     recv = [A_0 B_0 ... | A_1 B_1 ... | ...]      (world x sum of shard sizes)
 
-and gives each group a completion step that copies its rank-major slices out of ``recv`` into its own full buffer
+(each master shard is cast straight into ``send``: the cast is the packing copy) and gives each group a completion
+step that copies its rank-major slices out of ``recv`` into its own full buffer
 (``A_full = [A_0 | A_1 | ...]``), so a group's buffer, views and release are exactly those of a single gather: the
 values are bit-identical, only the number of collectives changes. All groups hold the same
 :class:`~hybridzero.comm.collectives.PendingCollective` (its ``wait`` is idempotent), so each group still owns a
 pending gather until it waits or releases; ``recv`` lives until the last group has copied its part.
-Ineligible groups, or a batch of one, gather on their own.
+Ineligible groups, a batch of one, or any batch at world size 1 (where a gather is one local copy and coalescing
+would only add the packing and unpacking copies) gather on their own.
 """
 
 from __future__ import annotations
@@ -43,13 +45,18 @@ def start_gathers(groups: Sequence[ShardedGroup], phase: str, comm: Comm) -> Non
     unique = list({id(g): g for g in groups}.values())
     batch = [g for g in unique if _eligible(g)]
     dtypes = {g.compute_dtype for g in batch}
-    if len(batch) < 2 or len(dtypes) != 1:
+    if len(batch) < 2 or len(dtypes) != 1 or comm.world_size == 1:  # one rank: no latency to save, only copies
         for g in unique:
             g.start_gather(phase)
         return
     sizes = [g.layout.shard_numel for g in batch]
     total = sum(sizes)
-    send = torch.cat([g.compute_shard() for g in batch])
+    with comm.ledger.timer.region("copy.cast"):  # cast fused with the packing: one pass per shard
+        send = torch.empty(total, dtype=batch[0].compute_dtype, device=batch[0].device)
+        offset = 0
+        for group, size in zip(batch, sizes):
+            send[offset : offset + size].copy_(group.master)  # = compute_shard(), written in place (same rounding)
+            offset += size
     recv = torch.empty(comm.world_size * total, dtype=send.dtype, device=send.device)
     handle = comm.all_gather(recv, send, phase=phase, async_op=True)
     offset = 0

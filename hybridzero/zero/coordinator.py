@@ -103,27 +103,40 @@ class ZeroCoordinator:
         self._in_flight_before: BaseException | None = None  # exception being handled when the root forward began
         self._handles: list[RemovableHandle] = []
         self._root = next((g for g in groups if g.owner == ""), None)
+        self._timer = reducer.comm.ledger.timer  # the step profile: every hook body is a "hooks" region
         self._install(module)
 
     # --- installation -------------------------------------------------------------------------------------------
     def _install(self, module: nn.Module) -> None:
         modules = dict(module.named_modules())
-        self._handles.append(module.register_forward_pre_hook(self._root_pre_forward))
-        self._handles.append(module.register_forward_hook(self._root_post_forward, always_call=True))
+        timed = self._timed
+        self._handles.append(module.register_forward_pre_hook(timed(self._root_pre_forward)))
+        self._handles.append(module.register_forward_hook(timed(self._root_post_forward), always_call=True))
         for group in self.groups:
             if group.owner:
                 sub = modules[group.owner]
-                self._handles.append(sub.register_forward_pre_hook(self._block_pre_hook(group)))
-                self._handles.append(sub.register_forward_hook(self._block_post_hook(group)))
+                self._handles.append(sub.register_forward_pre_hook(timed(self._block_pre_hook(group))))
+                self._handles.append(sub.register_forward_hook(timed(self._block_post_hook(group))))
             for i, slot in enumerate(group.slots):
                 if slot.trainable:
-                    self._handles.append(slot.param.register_post_accumulate_grad_hook(self._grad_hook(group, i)))
+                    hook = timed(self._grad_hook(group, i))
+                    self._handles.append(slot.param.register_post_accumulate_grad_hook(hook))
         if self._root is not None:
             root_params = {id(slot.param) for slot in self._root.slots}
             for sub in module.modules():
                 if sub is not module and any(id(p) in root_params for p in sub.parameters(recurse=False)):
-                    self._handles.append(sub.register_forward_pre_hook(self._entry_pre_hook))
-                    self._handles.append(sub.register_forward_hook(self._entry_post_hook, always_call=True))
+                    self._handles.append(sub.register_forward_pre_hook(timed(self._entry_pre_hook)))
+                    self._handles.append(sub.register_forward_hook(timed(self._entry_post_hook), always_call=True))
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        """``fn`` with its body charged to the step profile's "hooks" region (a no-op context while it is off)."""
+        region = self._timer.region
+
+        def hook(*args: Any) -> Any:
+            with region("hooks"):
+                return fn(*args)
+
+        return hook
 
     def remove_hooks(self) -> None:
         """Detach from the module (after draining); the module keeps its current parameter views."""
@@ -305,7 +318,7 @@ class ZeroCoordinator:
             return
         for t in iter_tensors(output):
             if t.requires_grad:
-                t.register_hook(self._pre_backward_hook(group))
+                t.register_hook(self._timed(self._pre_backward_hook(group)))
 
     def _with_post_backward(self, group: ShardedGroup, args: Any) -> tuple[Any, ...] | None:
         """A group with frozen parameters cannot be released when its gradients are reduced (frozen weights are
@@ -323,7 +336,7 @@ class ZeroCoordinator:
         for a in args:
             if isinstance(a, torch.Tensor) and a.requires_grad:
                 a = a.view_as(a)
-                a.register_hook(self._post_backward_hook(group))
+                a.register_hook(self._timed(self._post_backward_hook(group)))
             out.append(a)
         return tuple(out)
 
@@ -351,7 +364,7 @@ class ZeroCoordinator:
             self.end_phase()
         self.phase = Phase.BACKWARD
         self.prefetcher.begin("backward")
-        torch.autograd.Variable._execution_engine.queue_callback(self._end_backward)
+        torch.autograd.Variable._execution_engine.queue_callback(self._timed(self._end_backward))
 
     def _grad_hook(self, group: ShardedGroup, slot_index: int) -> Callable[[torch.Tensor], None]:
         def hook(param: torch.Tensor) -> None:

@@ -102,6 +102,7 @@ class ShardedGroup(FileBackedMaster):
         placement: Placement | None = None,
     ) -> None:
         self.index = index
+        self._timer = comm.ledger.timer  # the step profile (off unless a benchmark turns it on)
         # master, gradient shard (and so the optimizer state) live on the placement's host (ZeRO-Offload)
         self.placement = placement or Placement.build(device)
         self.host = self.placement.host
@@ -122,6 +123,7 @@ class ShardedGroup(FileBackedMaster):
         )
         self.n_trainable = sum(s.trainable for s in self.slots)
         self.has_frozen = self.n_trainable < len(self.slots)
+        self._untrained = self._untrained_ranges()  # zeroed in a new flat gradient (no trainable slot writes them)
         self.state = GroupState.SHARDED
         self.handle: PendingCollective | None = None
         self.full: torch.Tensor | None = None
@@ -203,7 +205,8 @@ class ShardedGroup(FileBackedMaster):
         elif self.quantize_block is not None:
             self._start_quantized_gather(phase)
         else:
-            self._send = self.compute_shard()
+            with self._timer.region("copy.cast"):
+                self._send = self.compute_shard()
             self.handle = self.comm.all_gather(self.full, self._send, phase=phase, async_op=True)
         self.state = GroupState.GATHERING
 
@@ -252,7 +255,8 @@ class ShardedGroup(FileBackedMaster):
             self.handle = None
             self._send = None
             if self._decode is not None:
-                self._decode()
+                with self._timer.region("copy.unpack"):
+                    self._decode()
                 self._decode = None
             self._bind(self.full)
             self.state = GroupState.GATHERED
@@ -285,18 +289,48 @@ class ShardedGroup(FileBackedMaster):
 
     # --- gradients ----------------------------------------------------------------------------------------------
     def accept_grad(self, slot_index: int, grad: torch.Tensor) -> bool:
-        """Copy one parameter's gradient into the flat gradient buffer; True once every trainable one arrived."""
-        if self.grad_full is None:
-            self.grad_full = torch.zeros(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.device)
-            self._grads_seen = set()
-        spec = self.slots[slot_index].spec
-        self.grad_full[spec.offset : spec.end].add_(grad.reshape(-1))  # add: a parameter may deliver twice
+        """Put one parameter's gradient into the flat gradient buffer; True once every trainable one arrived.
+
+        One pass per gradient: the first delivery of a slot is copied into its range, a second one (a parameter used
+        twice may deliver twice) added. Only the ranges no trainable slot covers (alignment gaps, tail padding,
+        frozen slots) are zeroed when the buffer is made, and trainable slots that never delivered are zeroed when
+        the buffer is taken. Every element equals the zero-filled-then-added buffer's, except that a gradient's
+        ``-0.0`` stays ``-0.0``; the reduction then adds it to a ``+0.0`` or a nonzero value, so the gradient
+        shard is bitwise the same."""
+        with self._timer.region("copy.grad"):
+            if self.grad_full is None:
+                self.grad_full = torch.empty(self.layout.padded_numel, dtype=self.reduce_dtype, device=self.device)
+                for lo, hi in self._untrained:
+                    self.grad_full[lo:hi].zero_()
+                self._grads_seen = set()
+            spec = self.slots[slot_index].spec
+            dst = self.grad_full[spec.offset : spec.end]
+            if slot_index in self._grads_seen:
+                dst.add_(grad.reshape(-1))
+            else:
+                dst.copy_(grad.reshape(-1))
         self._grads_seen.add(slot_index)
         return len(self._grads_seen) == self.n_trainable
 
+    def _untrained_ranges(self) -> list[tuple[int, int]]:
+        """The flat ranges no trainable slot covers, in order (the complement of the trainable slots' ranges)."""
+        out, at = [], 0
+        for spec in sorted((s.spec for s in self.slots if s.trainable), key=lambda sp: sp.offset):
+            if spec.offset > at:
+                out.append((at, spec.offset))
+            at = max(at, spec.end)
+        if at < self.layout.padded_numel:
+            out.append((at, self.layout.padded_numel))
+        return out
+
     def take_grad_full(self) -> torch.Tensor | None:
-        """Hand the flat gradient buffer to the reducer (the group forgets it)."""
+        """Hand the flat gradient buffer to the reducer (the group forgets it); trainable slots that delivered no
+        gradient in this backward read as zeros."""
         grad, self.grad_full = self.grad_full, None
+        if grad is not None:
+            for i, slot in enumerate(self.slots):
+                if slot.trainable and i not in self._grads_seen:
+                    grad[slot.spec.offset : slot.spec.end].zero_()
         self._grads_seen = set()
         return grad
 

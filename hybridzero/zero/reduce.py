@@ -101,17 +101,21 @@ class GradReducer:
         self.overlap = overlap
         self._pieces: list[_Piece] = []
         self._pending_cols = 0
-        self._inflight: list[tuple[PendingCollective, Callable[[], None]]] = []
+        self._inflight: list[tuple[list[PendingCollective], list[Callable[[], None]]]] = []  # one item per flush
         self._replicated: list[tuple[ShardedGroup, torch.Tensor]] = []
         self.quantized = quantized  # qgZ: hierarchical quantized exchange instead of the flat one
 
     def submit(self, group: ShardedGroup, grad_full: torch.Tensor) -> None:
-        """Queue one group's flat gradient (flushing full buckets)."""
+        """Queue one group's flat gradient (flushing full buckets). A group that fits in a bucket is never split
+        over two (it starts a new bucket instead, DeepSpeed's rule for one gradient), so a bucket of whole groups
+        needs no packing copy; bucket composition never changes a value (every element is summed in rank order)."""
         if group.replicated:
             self._replicated.append((group, grad_full))
             return
         grid = grad_full.view(self.world, group.layout.shard_numel)
         col, total = 0, group.layout.shard_numel
+        if self.quantized is None and self._pending_cols and self._pending_cols + total > self.cap_cols:
+            self.flush()  # qgZ keeps its packing: its quantization blocks follow the bucket's layout
         while col < total:
             take = min(total - col, self.cap_cols - self._pending_cols)
             self._pieces.append(_Piece(group, grid[:, col : col + take], col))
@@ -121,33 +125,52 @@ class GradReducer:
                 self.flush()
 
     def flush(self) -> None:
-        """Reduce-scatter the current bucket (asynchronously when overlapping)."""
+        """Reduce the current bucket (asynchronously when overlapping). A piece that is a whole group's gradient
+        (contiguous ``[W, S]``) is exchanged straight from the group's buffer, where autograd's gradients were put;
+        only pieces of split groups are packed (one copy) into a shared exchange. Same bytes, same values; one
+        collective per whole group instead of one per bucket."""
         if not self._pieces:
             return
         pieces, self._pieces, self._pending_cols = self._pieces, [], 0
-        if len(pieces) == 1 and pieces[0].cols.is_contiguous():
-            inp = pieces[0].cols.reshape(-1)
-        else:
-            inp = torch.cat([p.cols for p in pieces], dim=1).reshape(-1)
-        post = self.scales.post
-        _scaled(inp, self.scales.pre)  # the reducer owns the flat gradients it was handed: scale in place
         if self.quantized is not None:
+            inp = self._pack(pieces)
             summed = self.quantized.reduce(inp, inp.numel() // self.world)
-            self._distribute(pieces, _scaled(summed, post))
+            self._distribute(pieces, _scaled(summed, self.scales.post))
             return
-        recv = inp if self.world == 1 else torch.empty_like(inp)  # one rank: nothing to exchange, no copy
-        handle = self.comm.exchange_for_reduce(recv, inp, phase="backward", async_op=self.overlap)
-
-        def finish() -> None:
-            assert inp.numel() == recv.numel()  # holds ``inp`` alive until the collective completed
-            self._distribute(pieces, _scaled(ordered_sum(recv.view(self.world, -1)), post))
-
+        split = [p for p in pieces if not p.cols.is_contiguous()]
+        batches = [[p] for p in pieces if p.cols.is_contiguous()] + ([split] if split else [])
+        started = [self._exchange(batch) for batch in batches]
+        item = ([handle for handle, _ in started], [finish for _, finish in started])
         if self.overlap:
-            self._inflight.append((handle, finish))
+            self._inflight.append(item)
             if len(self._inflight) > 2:  # bound the memory held by reductions in flight
                 self._complete(self._inflight.pop(0))
         else:
-            finish()
+            self._complete(item)
+
+    def _pack(self, pieces: list[_Piece]) -> torch.Tensor:
+        """The pieces' columns as one rank-major flat tensor (a view when it is one contiguous piece), pre-scaled in
+        place (the reducer owns the flat gradients it was handed)."""
+        with self.comm.ledger.timer.region("copy.pack"):
+            if len(pieces) == 1 and pieces[0].cols.is_contiguous():
+                inp = pieces[0].cols.reshape(-1)
+            else:
+                inp = torch.cat([p.cols for p in pieces], dim=1).reshape(-1)
+            return _scaled(inp, self.scales.pre)
+
+    def _exchange(self, pieces: list[_Piece]) -> tuple[PendingCollective, Callable[[], None]]:
+        """Issue the exchange of ``pieces``; returns its handle and the step that sums and distributes it."""
+        inp = self._pack(pieces)
+        recv = inp if self.world == 1 else torch.empty_like(inp)  # one rank: nothing to exchange, no copy
+        handle = self.comm.exchange_for_reduce(recv, inp, phase="backward", async_op=self.overlap)
+        timer, post = self.comm.ledger.timer, self.scales.post
+
+        def finish() -> None:
+            assert inp.numel() == recv.numel()  # holds ``inp`` alive until the collective completed
+            with timer.region("comm.reduce_scatter.sum"):  # the reduction's own arithmetic, in rank order
+                self._distribute(pieces, _scaled(ordered_sum(recv.view(self.world, -1)), post))
+
+        return handle, finish
 
     @staticmethod
     def _distribute(pieces: list[_Piece], reduced: torch.Tensor) -> None:
@@ -160,10 +183,11 @@ class GradReducer:
             start += take
 
     @staticmethod
-    def _complete(item: tuple[PendingCollective, Callable[[], None]]) -> None:
-        handle, finish = item
-        handle.wait()
-        finish()
+    def _complete(item: tuple[list[PendingCollective], list[Callable[[], None]]]) -> None:
+        """Wait for one flush's exchanges and sum each, in issue order."""
+        for handle, finish in zip(*item):
+            handle.wait()
+            finish()
 
     def drain(self) -> None:
         """Flush the partial bucket, complete every reduction in flight, then reduce replicated gradients."""

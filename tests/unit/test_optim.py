@@ -145,6 +145,39 @@ def test_torch_flags_pass_through() -> None:
     assert sgd.defaults["foreach"] is True
 
 
+def test_config_optimizers_default_to_foreach() -> None:
+    assert build_optimizer("AdamW", {"lr": 0.01}, [{"params": _leaves()}]).defaults["foreach"] is True
+    fused = build_optimizer("Adam", {"fused": True}, [{"params": _leaves()}])
+    assert fused.defaults["foreach"] is None and fused.defaults["fused"] is True
+
+
+@pytest.mark.parametrize(
+    ("opt_type", "params"),
+    [
+        ("AdamW", {"lr": 1e-3, "betas": [0.9, 0.95], "eps": 1e-8, "weight_decay": 0.01}),
+        ("Adam", {"lr": 1e-2, "weight_decay": 0.01, "adam_w_mode": False}),
+        ("Adam", {"lr": 1e-3, "amsgrad": True, "torch_adam": True, "maximize": True}),
+        ("SGD", {"lr": 1e-2, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-3}),
+    ],
+)
+def test_foreach_step_is_bitwise_the_per_tensor_step(opt_type: str, params: dict[str, object]) -> None:
+    """The engine's default (foreach) changes no bit against torch's per-tensor loop, the reference's optimizer."""
+
+    def run(foreach: bool) -> list[torch.Tensor]:
+        gen = torch.Generator().manual_seed(0)
+        leaves = [torch.nn.Parameter(torch.randn(n, generator=gen)) for n in (10_007, 37, 1)]
+        opt = build_optimizer(opt_type, {**params, "foreach": foreach}, [{"params": leaves}])
+        for step in range(4):
+            for p in leaves:
+                p.grad = torch.randn(p.shape, generator=gen) * 10.0 ** (step - 2)
+            opt.param_groups[0]["lr"] *= 0.7  # a scheduler moving the rate
+            opt.step()
+        return [p.detach() for p in leaves]
+
+    for a, b in zip(run(True), run(False)):
+        assert torch.equal(a, b)
+
+
 def test_amsgrad_only_with_torch_adam() -> None:
     opt = build_optimizer("Adam", {"amsgrad": True, "torch_adam": True}, [{"params": _leaves()}])
     assert opt.defaults["amsgrad"] is True
