@@ -95,6 +95,7 @@ class StepSimulator:
         self.hpz = z.hpz_partition_size if z.stage == 3 and z.hpz_partition_size > 1 else 1
         self.kept: set[int] = set()
         self._pending_cols = 0
+        self._pieces: list[tuple[int, bool]] = []  # (columns, whole group) of the bucket being filled
         self._replicated = 0  # elements of persistent-group gradients waiting for the drain
         self._replicated_calls = 0
         self.prefetched = 0  # gathers launched ahead of use by the prefetcher (overlap is possible only for these)
@@ -131,7 +132,7 @@ class StepSimulator:
             and not g.secondary
             and g.shape.quantize_block is None
         ]
-        if len(eligible) < 2:
+        if len(eligible) < 2 or self.topo.world == 1:  # one rank: a gather is a local copy, never coalesced
             for g in batch:
                 self._start_gather(g, phase)
             return
@@ -266,27 +267,36 @@ class StepSimulator:
             self._record("all_gather_object", "world", "backward", 0)
 
     def _submit(self, shape: GroupShape) -> None:
-        """``GradReducer.submit``: whole columns into buckets of ``reduce_bucket_size // W`` columns."""
+        """``GradReducer.submit``: whole columns into buckets of ``reduce_bucket_size // W`` columns; a group that
+        fits in a bucket starts a new one rather than being split (not under qgZ, which keeps its packing)."""
         if shape.replicated:
             self._replicated += shape.layout.padded_numel
             self._replicated_calls += 1
             return
         cap = max(1, self.cfg.zero.reduce_bucket_size // self.topo.world)
-        cols = shape.layout.shard_numel
+        cols = total = shape.layout.shard_numel
+        if not self.cfg.zero.quantized_gradients and self._pending_cols and self._pending_cols + total > cap:
+            self._flush()
         while cols > 0:
             take = min(cols, cap - self._pending_cols)
+            # a [W, take] column slice of the group's [W, total] gradient is contiguous when whole (or W == 1)
+            self._pieces.append((take, take == total or self.topo.world == 1))
             self._pending_cols += take
             cols -= take
             if self._pending_cols >= cap:
                 self._flush()
 
     def _flush(self) -> None:
+        """``GradReducer.flush``: one exchange per whole-group piece, one packed exchange for the split pieces."""
         cols, self._pending_cols = self._pending_cols, 0
+        pieces, self._pieces = self._pieces, []
         if cols == 0:
             return
         z = self.cfg.zero
         if not z.quantized_gradients:
-            self._record("reduce_scatter", "world", "backward", self.topo.world * cols * self.reduce_item)
+            split = sum(take for take, whole in pieces if not whole)
+            for take in [take for take, whole in pieces if whole] + ([split] if split else []):
+                self._record("reduce_scatter", "world", "backward", self.topo.world * take * self.reduce_item)
             return
         bits, block, local, nodes = (
             z.quantized_gradients_bits,
