@@ -35,12 +35,14 @@ def leave_synced_generation(comm: Comm, exc: BaseException, device: torch.device
     HF all-reduces a "still generating" flag (SUM; 0 means every rank is done) before each decode step, with a raw
     collective no poll can watch. An exception between two forwards (a logits processor, a stopping criterion)
     leaves every peer waiting there: post the failure, then join that one all-reduce as a finished rank, so each peer
-    either runs its next forward (whose first gather blocks and reports the failure) or leaves generate and reports
-    it at its next collective. After a failed forward nothing is joined: the coordinator has already failed the
+    either runs its next forward (whose first collective, the synced-generation guard's exchange, blocks and reports
+    the failure) or leaves generate and reports it at its next collective. The guard's owed close is dropped: this
+    rank fails the group instead. After a failed forward nothing is joined: the coordinator has already failed the
     group and the peers wait in gathers, which poll.
     """
     if comm.world_size == 1 or comm.failures.failed is not None:
         return
     comm.post_failure("".join(traceback.format_exception_only(type(exc), exc)).strip())
+    comm.failures.owed = None  # the synced-generation guard's close: this rank fails the group instead
     finished = torch.zeros((), dtype=torch.float32, device=device)
     comm.all_reduce(finished, phase="generate")

@@ -55,7 +55,9 @@ def start_gathers(groups: Sequence[ShardedGroup], phase: str, comm: Comm) -> Non
         send = torch.empty(total, dtype=batch[0].compute_dtype, device=batch[0].device)
         offset = 0
         for group, size in zip(batch, sizes):
-            send[offset : offset + size].copy_(group.master)  # = compute_shard(), written in place (same rounding)
+            kept = group.kept_shard()  # ZeRO-Infinity: the master is in a file, the compute shard is kept
+            # = compute_shard(), written in place (same rounding)
+            send[offset : offset + size].copy_(kept if kept is not None else group.master)
             offset += size
     recv = torch.empty(comm.world_size * total, dtype=send.dtype, device=send.device)
     handle = comm.all_gather(recv, send, phase=phase, async_op=True)

@@ -40,8 +40,10 @@ SPECS = {
         clipping=0.5,
     ),
     "s3_bf16_frozen": RunSpec(model="opt", stage=3, dtype="bf16", accumulation=2, frozen=("embed_positions",)),
+    # prefetch on: from step 2 the traced gathers are coalesced, reading kept compute shards (masters in files)
+    "s3_bf16_prefetch": RunSpec(model="llama", stage=3, dtype="bf16", steps=3, prefetch_bucket_size=10**8),
 }
-FAST = ("s3_fp32_accum_clip", "s1_fp16_overflow")
+FAST = ("s3_fp32_accum_clip", "s1_fp16_overflow", "s3_bf16_prefetch")
 
 
 def _equal(a: dict[str, Any], b: dict[str, Any], what: str) -> None:
@@ -123,9 +125,10 @@ PARAM_SPECS = {
         fp16={"initial_scale_power": 8, "hysteresis": 1},
         persistence_threshold=100,
     ),
+    "bf16_prefetch": RunSpec(model="llama", stage=3, dtype="bf16", steps=3, prefetch_bucket_size=10**8),
 }
 PARAM_MATRIX = [
-    pytest.param(w, c, marks=() if (w, c) == (2, "bf16_accum_clip") else pytest.mark.slow)
+    pytest.param(w, c, marks=() if (w, c) in ((2, "bf16_accum_clip"), (2, "bf16_prefetch")) else pytest.mark.slow)
     for w in (1, 2, 4)
     for c in sorted(PARAM_SPECS)
 ]
