@@ -161,24 +161,13 @@ class Config(Block):
                 key="bf16.enabled",
                 value=True,
             )
-        hpz = self.zero.hpz_partition_size
-        if self.world_size % hpz:
-            divisors = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
-            raise ConfigError(
-                f"zero_optimization.zero_hpz_partition_size = {hpz} does not divide world_size = "
-                f"{self.world_size}; valid values: {', '.join(map(str, divisors))}",
-                key="zero_optimization.zero_hpz_partition_size",
-                value=hpz,
-            )
-        tp = self.hybrid_engine.inference_tp_size
-        if self.world_size % tp:
-            divisors = [d for d in range(1, self.world_size + 1) if self.world_size % d == 0]
-            raise ConfigError(
-                f"hybrid_engine.inference_tp_size = {tp} does not divide world_size = {self.world_size} (groups of "
-                f"{tp} consecutive ranks generate together); valid values: {', '.join(map(str, divisors))}",
-                key="hybrid_engine.inference_tp_size",
-                value=tp,
-            )
+        _must_divide(self.world_size, self.zero.hpz_partition_size, "zero_optimization.zero_hpz_partition_size", "")
+        _must_divide(
+            self.world_size,
+            self.hybrid_engine.inference_tp_size,
+            "hybrid_engine.inference_tp_size",
+            f" (groups of {self.hybrid_engine.inference_tp_size} consecutive ranks generate together)",
+        )
         if self.gradient_allreduce_op == "sum" and self.prescale_gradients:
             raise ConfigError(
                 "prescale_gradients = true divides every gradient by the world size before the sum, "
@@ -222,3 +211,15 @@ class Config(Block):
             raise TypeError("Config.raw is set once, by load_config")
         self._raw = thaw(raw)
         return self
+
+
+def _must_divide(world_size: int, size: int, key: str, why: str) -> None:
+    """Raise :class:`ConfigError` naming ``key`` and the valid values unless ``size`` divides ``world_size``."""
+    if world_size % size:
+        divisors = [d for d in range(1, world_size + 1) if world_size % d == 0]
+        raise ConfigError(
+            f"{key} = {size} does not divide world_size = {world_size}{why}; valid values: "
+            f"{', '.join(map(str, divisors))}",
+            key=key,
+            value=size,
+        )

@@ -118,13 +118,7 @@ class SwapDir:
         """Create ``name`` in the directory with ``reserve`` bytes allocated on disk; returns its fd (owned here)."""
         if Path(name).name != name or name in ("", ".", ".."):
             raise ValueError(f"swap file name {name!r} must be a plain file name inside the swap directory")
-        free = shutil.disk_usage(self.path).free
-        if reserve > free:
-            self.close()
-            raise SwapSpaceError(
-                f"{self.key}.nvme_path: {reserve} bytes are needed for {name} on this rank but only "
-                f"{free} are free under {self.path.parent.parent}"
-            )
+        check_space(self, reserve, name)
         fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         self._fds.append(fd)
         try:
@@ -155,6 +149,6 @@ def check_space(swap_dir: SwapDir, needed: int, what: str) -> None:
     if needed > free:
         swap_dir.close()
         raise SwapSpaceError(
-            f"{swap_dir.key}.nvme_path: {needed} bytes are needed for {what} on this rank (fp32 masters, optimizer "
-            f"state and compute shards swapped to files) but only {free} are free under {swap_dir.path.parent.parent}"
+            f"{swap_dir.key}.nvme_path: {needed} bytes are needed for {what} on this rank but only {free} are "
+            f"free under {swap_dir.path.parent.parent}"
         )
