@@ -66,8 +66,9 @@ def plan_rlhf(shape: RLHFShape, raw: dict[str, Any], cluster: Cluster, lora: LoR
     training = max(p["memory"]["gathered_peak"] + p["memory"]["activations"][act_key] for p in plans.values())
     gen = plans["actor"]["generation"]
     full = gen["gathered_bytes"] + gen["kv_cache_bytes"]
-    if resident + max(training, full) <= budget:
-        mode, transient = "full", max(training, full)
+    tp = gen["tensor_parallel"]
+    if resident + max(training, full) <= budget or tp is not None:  # TP generation has no per-forward fallback
+        mode, transient = ("full" if tp is None else f"tensor-parallel x{tp['size']}"), max(training, full)
         generation_s = gen["gather_s"] + gen["decode_s"]
     else:  # runtime/hybrid.py: over the max_gathered_bytes budget, per-forward ZeRO-3 generation (HF synced gpus)
         mode = "per-forward ZeRO-3"
@@ -79,7 +80,7 @@ def plan_rlhf(shape: RLHFShape, raw: dict[str, Any], cluster: Cluster, lora: LoR
     return {
         "models": plans,
         "generation_mode": mode,
-        "max_gathered_bytes": int(budget - resident - gen["kv_cache_bytes"]),
+        "max_gathered_bytes": None if tp is not None else int(budget - resident - gen["kv_cache_bytes"]),
         "device_resident_bytes": resident,
         "device_transient_bytes": transient,
         "device_total": total,

@@ -218,8 +218,14 @@ def _generation(
     lengths: tuple[int, int],
     batch: int,
 ) -> dict[str, Any]:
-    """The hybrid engine's generation phase: the whole model gathered once, KV cache, decode at memory bandwidth."""
+    """The hybrid engine's generation phase: the whole model gathered once, KV cache, decode at memory bandwidth.
+    With ``hybrid_engine.inference_tp_size`` t > 1 (``runtime/tp_generate.py``, an estimate, not checked against the
+    engine): the root group whole and every block's bytes / t held (projections split; norms and biases are a few
+    elements), ``tp_gather_partition_size`` whole blocks gathered at a time while the slices are cut, the group's
+    joint batch (t x batch rows, 1/t of the heads: the same KV bytes per rank), two all-reduces of the hidden states
+    per layer and token on the t-rank group."""
     item = cfg.compute_dtype.itemsize
+    tp = cfg.hybrid_engine.inference_tp_size
     gathered = gathered_model_bytes(shapes, item)
     whole = sum(g.layout.padded_numel * item for g in shapes)
     kv = kv_cache_bytes(hf, batch, sum(lengths), item)
@@ -227,10 +233,30 @@ def _generation(
     rows = _entries(ledger, topo.nodes)
     link = cluster.links.inter if topo.nodes > 1 else cluster.links.intra
     gather_s = sum(link.seconds(r["wire_bytes"], r["calls"] * (topo.world - 1)) for r in rows)
+    tp_plan: dict[str, Any] | None = None
+    if tp > 1:
+        blocks = [g.layout.padded_numel * item for g in shapes if g.block]
+        held = whole - sum(blocks) + sum(blocks) // tp
+        peak = held + cfg.hybrid_engine.tp_gather_partition_size * max(blocks, default=0)
+        layers = len(blocks)
+        reduce_bytes = 2 * layers * lengths[1] * tp * batch * int(hf.hidden_size) * item
+        tp_link = cluster.links.intra if tp <= topo.local else cluster.links.inter
+        tp_plan = {
+            "size": tp,
+            "held_bytes": held,
+            "peak_bytes": peak,
+            "all_reduces": 2 * layers * lengths[1],
+            "all_reduce_bytes": reduce_bytes,
+            "all_reduce_s": tp_link.seconds(2 * reduce_bytes * (tp - 1) // tp, 2 * layers * lengths[1] * (tp - 1)),
+        }
+        whole = held
     decode_s = lengths[1] * (whole + kv) / (cluster.device.hbm_gbps * 1e9)
+    if tp_plan is not None:
+        decode_s += tp_plan["all_reduce_s"]
     return {
-        "gathered_bytes": gathered,
+        "gathered_bytes": gathered if tp_plan is None else tp_plan["peak_bytes"],
         "kv_cache_bytes": kv,
+        "tensor_parallel": tp_plan,
         "collectives": rows,
         "gather_s": gather_s,
         "decode_s": decode_s,

@@ -71,6 +71,14 @@ def model_table(plan: dict[str, Any], title: str, device_bytes: int) -> str:
             f"generation ({g['prompt_tokens']} + {g['answer_tokens']} tokens): gathered {gib(g['gathered_bytes'])}, "
             f"KV cache {gib(g['kv_cache_bytes'])}, gathers {g['gather_s']:.3f} s, decode {g['decode_s']:.3f} s"
         )
+        tp = g.get("tensor_parallel")
+        if tp:
+            lines.append(
+                f"tensor-parallel generation x{tp['size']} (estimate): held {gib(tp['held_bytes'])}, peak while "
+                f"cutting "
+                f"{gib(tp['peak_bytes'])}, {tp['all_reduces']} all-reduces of {gib(tp['all_reduce_bytes'])} in all, "
+                f"{tp['all_reduce_s']:.3f} s"
+            )
     return "\n".join(lines)
 
 
@@ -84,7 +92,7 @@ def rlhf_table(result: dict[str, Any], device_bytes: int) -> str:
         f"device per rank: resident {gib(result['device_resident_bytes'])} (four models' states) + transient "
         f"{gib(result['device_transient_bytes'])} (largest phase) = {gib(result['device_total'])} of "
         f"{gib(device_bytes)}: {verdict}\n"
-        f"generation: {result['generation_mode']} (max_gathered_bytes {gib(max(0, result['max_gathered_bytes']))})\n"
+        f"generation: {result['generation_mode']}{_budget(result['max_gathered_bytes'])}\n"
         f"PPO step (roofline): generation {t['generation']:.2f} s + experience {t['experience']:.2f} s + training "
         f"{t['training']:.2f} s = {t['total']:.2f} s"
     )
@@ -106,3 +114,8 @@ def search_table(results: list[dict[str, Any]]) -> str:
     if not results:
         lines.append("| | nothing fits: more ranks, a larger device, offload or shorter sequences | | | | |")
     return "\n".join(lines)
+
+
+def _budget(max_gathered: int | None) -> str:
+    """The ``max_gathered_bytes`` to pass to ``engine.generate`` (none under tensor-parallel generation)."""
+    return "" if max_gathered is None else f" (max_gathered_bytes {gib(max(0, max_gathered))})"

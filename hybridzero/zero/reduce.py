@@ -1,9 +1,10 @@
 """Gradient reduction: bucketed reduce-scatter of flat group gradients into fp32 gradient shards.
 
 A group's flat gradient ``[W * S]`` is viewed as ``[W, S]`` (row ``r`` = rank ``r``'s slice). Pieces of whole
-columns from one or more groups fill a bucket of at most ``reduce_bucket_size`` elements; one reduce-scatter of the
-bucket's rank-major copy gives every rank the sum of its columns, which is scaled by :class:`ReductionScales` and
-added into the group's fp32 ``grad_shard`` (so accumulation across micro-steps is a plain sum).
+columns from one or more groups fill a bucket of at most ``reduce_bucket_size`` elements (a group that fits is never
+split over two); a flush exchanges each whole-group piece straight from its buffer and the split pieces as one packed
+rank-major copy, and the exchange gives every rank the sum of its columns, which is scaled by :class:`ReductionScales`
+and added into the group's fp32 ``grad_shard`` (so accumulation across micro-steps is a plain sum).
 
 Scaling (DeepSpeed's ``gradient_allreduce_op``, ``prescale_gradients``, ``gradient_predivide_factor``; see
 :func:`reduction_scales`): each rank's contribution may be divided by ``pre`` before the exchange and the sum by

@@ -247,3 +247,29 @@ def test_plan_layering() -> None:
             assert not [n for n in names if n.startswith(below)], (rel, names)
         elif rel != "cli.py":
             assert not [n for n in names if n.startswith("hybridzero.plan")], rel
+
+
+def test_rlhf_plan_with_tensor_parallel_generation(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``hybrid_engine.inference_tp_size`` t: the generation phase holds the root group whole and the blocks' bytes / t
+    (an estimate of runtime/tp_generate.py), adds 2 all-reduces per layer and token, and never falls back to the
+    per-forward mode (the engine refuses ``max_gathered_bytes`` under TP)."""
+    results = {}
+    for tp in (1, 2):
+        cfg = _zero()
+        cfg["hybrid_engine"] = {"enabled": True, "inference_tp_size": tp}
+        path = tmp_path / f"ds{tp}.json"
+        path.write_text(json.dumps(cfg))
+        out = tmp_path / f"rlhf{tp}.json"
+        args = ["plan", "--model", "bench-llama", "--config", str(path), "--nodes", "1", "--gpus_per_node", "2"]
+        assert (
+            main([*args, "--rlhf", "actor=bench-llama,critic=bench-llama", "--answer_len", "8", "--json", str(out)])
+            == 0
+        )
+        results[tp] = json.loads(out.read_text())
+    whole, split = (results[t]["models"]["actor"]["generation"] for t in (1, 2))
+    assert whole["tensor_parallel"] is None and results[1]["generation_mode"] == "full"
+    tp = split["tensor_parallel"]
+    assert results[2]["generation_mode"] == "tensor-parallel x2" and results[2]["max_gathered_bytes"] is None
+    assert whole["gathered_bytes"] // 2 < tp["held_bytes"] < whole["gathered_bytes"]
+    assert tp["all_reduces"] == 2 * 8 * 4  # 2 per layer (the bench model's 4) and answer token (8)
+    assert "tensor-parallel generation x2 (estimate)" in capsys.readouterr().out
