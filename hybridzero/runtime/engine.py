@@ -122,34 +122,11 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.groups = self._build_groups(blocks, index_of, source)
         self._cast_buffers()
         z = config.zero
-        self.prefetcher = Prefetcher(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
-        scales = reduction_scales(
-            config.gradient_allreduce_op, config.prescale_gradients, config.gradient_predivide_factor, comm.world_size
-        )
-        self.reducer = GradReducer(
-            comm, z.reduce_bucket_size, overlap=z.overlap_comm, quantized=self._qgz(), scales=scales
-        )
-        self.coordinator = ZeroCoordinator(
-            self.module,
-            self.groups,
-            self.reducer,
-            self.prefetcher,
-            self.events,
-            check_unused=z.stage in (1, 2) and not z.ignore_unused_parameters,
-        )
+        self.coordinator = self._build_coordinator()
         self.param_owner = TensorFragments(ZeroParamOwner(self.coordinator, comm), self)
         REGISTRY.register(self.param_owner.zero.params(), self.param_owner)  # GatheredParameters, utils.safe_*
         self.training_dataloader: Any = None  # set by initialize when training_data is given
-        if comm.world_size > 1 and config.zero.stage == 3:
-            # Hugging Face's protocol for sharded engines: generate() then keeps every rank stepping (synced_gpus)
-            # until all ranks are done, so a rank that finished early still joins the gathers. No other state of
-            # ours lives on the module.
-            setattr(self.module, "_is_fsdp_managed_module", True)  # noqa: B010 - HF reads this flag
-        self.synced_generation = (
-            SyncedGenerationGuard(self.module, comm, self.coordinator, self.device)
-            if config.zero.stage == 3 and comm.group is None and guard_fits(comm.world_size)
-            else None
-        )  # a rank leaving HF's synced generation with an exception cannot strand its peers
+        self.synced_generation = self._synced_generation()
         views = sharded.shard_views(self.groups, index_of, len(overrides))
         if self.placement.state_in_files:  # streamed chunks hold at most sub_group_size elements
             views = sharded.split_views(views, z.sub_group_size)
@@ -430,6 +407,37 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
     def assert_quiescent(self) -> None:
         """Raise if anything is gathered (but persisted parameters), pending or unreduced."""
         self.coordinator.assert_quiescent()
+
+    def _build_coordinator(self) -> ZeroCoordinator:
+        """Prefetcher, gradient reducer and the coordinator that drives the groups through the phases."""
+        config, comm, z = self.config, self.comm, self.config.zero
+        self.prefetcher = Prefetcher(z.prefetch_bucket_size, z.max_live_parameters, z.max_reuse_distance)
+        scales = reduction_scales(
+            config.gradient_allreduce_op, config.prescale_gradients, config.gradient_predivide_factor, comm.world_size
+        )
+        self.reducer = GradReducer(
+            comm, z.reduce_bucket_size, overlap=z.overlap_comm, quantized=self._qgz(), scales=scales
+        )
+        return ZeroCoordinator(
+            self.module,
+            self.groups,
+            self.reducer,
+            self.prefetcher,
+            self.events,
+            check_unused=z.stage in (1, 2) and not z.ignore_unused_parameters,
+        )
+
+    def _synced_generation(self) -> SyncedGenerationGuard | None:
+        """At ZeRO-3 with peers: mark the module for Hugging Face's sharded-engine protocol (generate() keeps every
+        rank stepping, synced_gpus, until all are done, so a rank that finished early still joins the gathers; no
+        other state of ours lives on the module) and guard it (a rank leaving that generation with an exception
+        cannot strand its peers)."""
+        comm, stage = self.comm, self.config.zero.stage
+        if comm.world_size > 1 and stage == 3:
+            setattr(self.module, "_is_fsdp_managed_module", True)  # noqa: B010 - HF reads this flag
+        if stage == 3 and comm.group is None and guard_fits(comm.world_size):
+            return SyncedGenerationGuard(self.module, comm, self.coordinator, self.device)
+        return None
 
     def destroy(self) -> None:
         """DeepSpeed's ``destroy`` (:class:`DeepSpeedEngineAPI`), and the NVMe swap directory removed."""
