@@ -91,7 +91,7 @@ def _regular_file(tag_dir: Path, name: str) -> Path:
 
 
 def _refusal(exc: Exception) -> str:
-    """The reason of a refused ``torch.load`` in one line (never torch's advice to load with weights_only=False)."""
+    """The reason of a refused ``torch.load`` in one line (torch's own advice to unpickle the file is dropped)."""
     text = str(exc)
     hit = re.search(r"Unsupported global: GLOBAL (\S+)", text)
     if hit:

@@ -20,6 +20,10 @@ Invariants (each tested):
 * ZeRO-Infinity (:mod:`hybridzero.zero.infinity`): the master may live in a file, ``master`` then being an empty
   placeholder outside ``master_resident()``; the kept compute shard always equals the master cast.
 * Shapes come from the :class:`FlatLayout` metadata, never from the local shard's size.
+
+Just over 400 lines: one group's whole lifecycle (gather, release, gradient buffer, shard write) is one state
+object by design (DESIGN.md: a parameter's sharded state lives in one explicit object); the file-backed master
+already lives apart in :mod:`hybridzero.zero.infinity`.
 """
 
 from __future__ import annotations

@@ -6,7 +6,6 @@ temporary folder, and the DeepSpeed-Chat dataset names resolve to small fixtures
 ``$HYBRIDZERO_DATA_ROOT`` (no download). For CI cost each run appends a stop (``--max_steps 2`` for steps 1-2,
 ``--enable_test_mode --test_stop_step 2`` for step 3) and ``--progress false``.
 
-Entries that need a slice still being built are marked with it (``NEEDS``); the lead removes the mark at merge.
 Every entry parses (fast test); the runs are slow tests.
 
 Long because it holds the scripts' argument lists as data (one entry per DeepSpeed-Chat script); the test code
@@ -466,8 +465,6 @@ SCRIPTS: list[tuple[str, str, list[str]]] = [
         ],
     ),
 ]
-# script -> (the slice that makes it run, the flag refused today)
-NEEDS: dict[str, tuple[str, str]] = {}
 _MODELS = {"sft": SFTSettings, "reward": RewardSettings, "ppo": PPOSettings}
 _STOP = {
     "sft": ["--max_steps", "2"],
@@ -538,14 +535,10 @@ def write_fixtures(root: Path) -> None:
 
 @pytest.mark.parametrize("script", _IDS)
 def test_script_arguments_parse(script: str) -> None:
-    """Every entry parses into settings; the ones waiting for a slice fail naming the flag that slice adds."""
-    name, step, argv = next(s for s in SCRIPTS if s[0] == script)
+    """Every entry parses into settings."""
+    _, step, argv = next(s for s in SCRIPTS if s[0] == script)
     paths = {SFT_MODEL: "m", RM_MODEL: "m", ACTOR: "a", CRITIC: "c", OUT: "out"}
     args = build_parser().parse_args([step, *_fill(argv, paths)])
-    if name in NEEDS:
-        with pytest.raises(ValueError, match=NEEDS[name][1]):
-            settings_from_args(_MODELS[step], args)
-        return
     s = settings_from_args(_MODELS[step], args)
     assert s.dtype == "fp16" and s.output_dir == "out"  # DeepSpeed-Chat's default dtype; the script's output
 
@@ -553,9 +546,7 @@ def test_script_arguments_parse(script: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("script", _IDS)
 def test_script_runs_at_world_2(script: str, tmp_path: Path) -> None:
-    name, step, argv = next(s for s in SCRIPTS if s[0] == script)
-    if name in NEEDS:
-        pytest.xfail(f"needs the {NEEDS[name][0]} slice ({NEEDS[name][1]})")
+    _, step, argv = next(s for s in SCRIPTS if s[0] == script)
     actor, value = make_model_dirs(tmp_path / "models")
     data = tmp_path / "data"
     write_fixtures(data)

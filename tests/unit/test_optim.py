@@ -1,6 +1,6 @@
 """Tests for hybridzero.optim.factory (DeepSpeed optimizer semantics, rebuilding) and clip.
 
-Kept as one file (~400 lines): the factory, rebuild and clip tests share one set of tensor fixtures.
+Kept as one file (~440 lines): the factory, rebuild and clip tests share one set of tensor fixtures.
 """
 
 from __future__ import annotations
