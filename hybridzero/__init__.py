@@ -2,13 +2,14 @@
 
 The top-level package is the DeepSpeed namespace: ``import hybridzero as deepspeed`` runs DeepSpeed user code
 (``deepspeed.initialize``, ``deepspeed.init_distributed``, ``deepspeed.add_config_arguments``, ``deepspeed.comm``,
-``deepspeed.zero.GatheredParameters``, ``deepspeed.utils.safe_get_full_*``). hybridzero's own additions:
-:class:`Engine`, :class:`ConfigError`, :class:`PeerFailure`, :func:`from_pretrained`.
+``deepspeed.zero.GatheredParameters``, ``deepspeed.utils.safe_get_full_*``, ``deepspeed.get_accelerator``).
+hybridzero's own additions: :class:`Engine`, :class:`ConfigError`, :class:`PeerFailure`, :func:`from_pretrained`.
 """
 
 from __future__ import annotations
 
 from hybridzero import comm, utils, zero
+from hybridzero.accelerator import get_accelerator
 from hybridzero.comm import init_distributed
 from hybridzero.comm.collectives import PeerFailure
 from hybridzero.config import ConfigError
@@ -26,6 +27,7 @@ __all__ = [
     "add_config_arguments",
     "comm",
     "from_pretrained",
+    "get_accelerator",
     "init_distributed",
     "initialize",
     "utils",
