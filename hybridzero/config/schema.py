@@ -18,7 +18,7 @@ from .batch import BATCH_KEYS, resolve_batch_sizes
 from .errors import ConfigError, show
 from .models import BF16Config, FP16Config, HybridEngineConfig, ZeroConfig
 from .optim import OptimizerConfig, SchedulerConfig
-from .values import boolean, choice, freeze, integer, is_auto, key, number, optional, thaw
+from .values import boolean, choice, freeze, integer, interval, is_auto, key, number, optional, thaw
 
 __all__ = ["TOP_IGNORED", "Config"]
 
@@ -123,7 +123,7 @@ class Config(Block):
     communication_data_type: Annotated[str | None, optional(choice("fp32", "fp16", "bf16"))] = key(
         None, "communication_data_type"
     )
-    steps_per_print: Annotated[int, integer(1)] = key(10, "steps_per_print", note="engine.step's progress log")
+    steps_per_print: Annotated[int, interval()] = key(10, "steps_per_print", note="engine.step's progress log")
     wall_clock_breakdown: Annotated[bool, boolean] = key(False, "wall_clock_breakdown", acts=False)
     # the gradient reduction (zero.reduce.reduction_scales): DeepSpeed's pre/post scaling and its op
     prescale_gradients: Annotated[bool, boolean] = key(False, "prescale_gradients", note="zero.reduce")
@@ -199,6 +199,11 @@ class Config(Block):
     def raw(self) -> Mapping[str, Any]:
         """A deep read-only view of the JSON this config was loaded from (empty when built directly)."""
         return freeze(self._raw)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``raw.get(key, default)``: DeepSpeed's ``engine.config`` is the JSON dict, and integrations read it so
+        (transformers' ``engine.config.get("zero_optimization", {})``)."""
+        return self.raw.get(key, default)
 
     def raw_dict(self) -> dict[str, Any]:
         """A mutable, JSON-serialisable copy of ``raw``."""

@@ -27,6 +27,7 @@ __all__ = [
     "floats",
     "freeze",
     "integer",
+    "interval",
     "is_auto",
     "key",
     "key_info",
@@ -161,6 +162,26 @@ def integer(lo: int | None = None, hi: int | None = None) -> BeforeValidator:
         return v
 
     return BeforeValidator(_checked("an integer" + bounds_text(lo, hi), convert))
+
+
+NEVER = 2**62
+"""How an ``interval`` of ``inf`` ("never") is kept: an int no step counter reaches."""
+
+
+def interval() -> BeforeValidator:
+    """A step interval: an int >= 1, or ``inf`` for "never" (kept as :data:`NEVER`), which DeepSpeed accepts and
+    Hugging Face Accelerate writes (``steps_per_print = float("inf")``)."""
+
+    def convert(v: Any) -> Any:
+        if isinstance(v, float) and v == float("inf"):
+            return NEVER
+        if isinstance(v, float) and _is_number(v) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            return _BAD
+        return v
+
+    return BeforeValidator(_checked("an integer >= 1 or inf (never)", convert))
 
 
 def number(

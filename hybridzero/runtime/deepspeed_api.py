@@ -56,6 +56,7 @@ class DeepSpeedEngineAPI:
     param_owner: TensorFragments
     optimizer: torch.optim.Optimizer | None
     last_grad_norm: float | None
+    boundary_override: bool | None
     global_steps: int
 
     def __getattr__(self, name: str) -> Any:
@@ -161,6 +162,21 @@ class DeepSpeedEngineAPI:
             "gradient_accumulation_steps instead"
         )
         yield  # pragma: no cover
+
+    # --- what Hugging Face Trainer and Accelerate call ------------------------------------------------------------
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """DeepSpeed's: the caller says whether the coming ``step()`` ends the accumulation window (Accelerate
+        calls it before every ``backward`` and calls ``step()`` only at the boundary)."""
+        self.boundary_override = bool(is_boundary)
+
+    def zero_gather_16bit_weights_on_model_save(self) -> bool:
+        """``zero_optimization.stage3_gather_16bit_weights_on_model_save`` (whether full weights may be gathered)."""
+        return bool(self.config.zero.gather_16bit_weights_on_model_save)
+
+    def _zero3_consolidated_16bit_state_dict(self, exclude_frozen_parameters: bool = False) -> dict[str, Any]:
+        """DeepSpeed's name for the module's full state dict in the compute dtype (Trainer's ``save_model``,
+        Accelerate's ``get_state_dict``): :meth:`module_state_dict`, on every rank (DeepSpeed: rank 0 only)."""
+        return self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
 
     # --- state dicts ----------------------------------------------------------------------------------------------
     def module_state_dict(

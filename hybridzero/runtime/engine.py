@@ -86,6 +86,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.reduce_dtype = _DTYPES[comm_dtype] if comm_dtype else self.compute_dtype
         self.global_steps = 0
         self.micro_steps = 0
+        self.boundary_override: bool | None = None  # set_gradient_accumulation_boundary (Accelerate drives it)
         self.events: list[tuple[str, str, str]] | None = [] if record_events else None
         self.last_grad_norm: float | None = None
         f16 = config.fp16
@@ -259,17 +260,21 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
             return self.module(*args, **kwargs)
 
     def is_gradient_accumulation_boundary(self) -> bool:
-        """True when the next ``step()`` applies the update."""
+        """True when the next ``step()`` applies the update (``set_gradient_accumulation_boundary`` decides when
+        it was called, as in DeepSpeed; otherwise every ``gradient_accumulation_steps``-th ``step()``)."""
+        if self.boundary_override is not None:
+            return self.boundary_override
         return (self.micro_steps + 1) % self.gradient_accumulation_steps == 0
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss / gradient_accumulation_steps``; gradients land reduced in the fp32 shards."""
+    def backward(self, loss: torch.Tensor, retain_graph: bool = False, scale_wrt_gas: bool = True) -> None:
+        """Backpropagate ``loss / gradient_accumulation_steps`` (``scale_wrt_gas=False``: ``loss`` as given, for
+        callers that divided already, as HF Trainer does); gradients land reduced in the fp32 shards."""
         with failure_guard(self.comm):
-            gas = self.gradient_accumulation_steps
+            gas = self.gradient_accumulation_steps if scale_wrt_gas else 1
             if self.config.fp16.enabled:
                 loss = loss.float() * self.loss_scaler.scale
             try:
-                (loss / gas if gas > 1 else loss).backward()
+                (loss / gas if gas > 1 else loss).backward(retain_graph=retain_graph)
             except BaseException:
                 self.coordinator.abort()  # autograd skips queued callbacks when backward raises
                 raise
@@ -277,11 +282,15 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
     def step(self) -> None:
         """At the accumulation boundary: clip, update master shards, propagate, zero gradients."""
         with failure_guard(self.comm):
-            if self.is_gradient_accumulation_boundary():
+            boundary = self.is_gradient_accumulation_boundary()
+            if boundary:
                 self._apply_update()
                 self.global_steps += 1
                 self._report_progress()
-            self.micro_steps += 1
+            gas = self.gradient_accumulation_steps
+            # a caller that sets the boundary itself calls step() only there: the window is complete
+            ahead = gas - self.micro_steps % gas if boundary and self.boundary_override is not None else 1
+            self.micro_steps += ahead
 
     def _report_progress(self) -> None:
         """DeepSpeed's progress line every ``steps_per_print`` optimizer steps (rank 0, ``logging`` INFO)."""

@@ -1,0 +1,1 @@
+"""``deepspeed.checkpoint`` (a package: ``utils``)."""

@@ -1,0 +1,2 @@
+"""``deepspeed.ops`` (a package). ``adagrad`` and ``lion`` (DeepSpeed's CPU Adagrad/Lion) are not provided: their
+import fails naming them."""

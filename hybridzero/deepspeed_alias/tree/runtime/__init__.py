@@ -1,0 +1,1 @@
+"""``deepspeed.runtime`` (a package: ``engine``, ``lr_schedules``, ``zero``)."""

@@ -1,0 +1,27 @@
+"""``deepspeed.runtime.zero.partition_parameters``: what transformers' ``prevent_arange_dtype_change`` reads.
+
+DeepSpeed's ``zero.Init`` replaces torch's tensor constructors with ``zero_wrapper_for_fp_tensor_constructor(fn,
+target_fp_dtype, target_device)`` (casting to the config dtype); transformers swaps that wrapper, for the duration of
+model construction, for one that spares ``torch.arange`` (``_orig_torch_arange``). hybridzero's ``zero.Init`` replaces
+no constructor and never casts one, so the wrapper here returns ``fn`` unchanged and is never called by us: swapping
+it changes nothing, which is exactly the behaviour transformers wants.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from hybridzero.zero import GatheredParameters, Init
+
+__all__ = ["GatheredParameters", "Init", "zero_wrapper_for_fp_tensor_constructor"]
+
+_orig_torch_arange = torch.arange
+
+
+def zero_wrapper_for_fp_tensor_constructor(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
+    """DeepSpeed's constructor wrapper; hybridzero's ``zero.Init`` does not wrap constructors, so ``fn`` itself."""
+    del args, kwargs
+    return fn
