@@ -6,11 +6,13 @@ Put it before the first import of transformers or accelerate. As a runner it nee
     python -m hybridzero.as_deepspeed train.py --my-args ...
     torchrun --nproc_per_node 2 -m hybridzero.as_deepspeed train.py --my-args ...
 
-runs ``train.py`` as ``__main__`` (``sys.argv`` = the script and its arguments) with the alias installed.
+runs ``train.py`` as ``__main__`` with the alias installed (``sys.argv`` = the script and its arguments, its folder
+first on ``sys.path``, as ``python train.py`` has them).
 """
 
 from __future__ import annotations
 
+import os
 import runpy
 import sys
 
@@ -28,6 +30,7 @@ def main(argv: list[str] | None = None) -> None:
     if not args or args[0] in ("-h", "--help"):
         raise SystemExit("usage: python -m hybridzero.as_deepspeed SCRIPT.py [ARGS...]")
     sys.argv = list(args)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(args[0])))  # as `python SCRIPT.py` does
     runpy.run_path(args[0], run_name="__main__")
 
 

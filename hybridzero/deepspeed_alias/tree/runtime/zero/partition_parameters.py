@@ -14,9 +14,15 @@ from typing import Any
 
 import torch
 
+from hybridzero.accelerator import get_accelerator
 from hybridzero.zero import GatheredParameters, Init
 
-__all__ = ["GatheredParameters", "Init", "zero_wrapper_for_fp_tensor_constructor"]
+__all__ = [
+    "GatheredParameters",
+    "Init",
+    "get_accelerator",
+    "zero_wrapper_for_fp_tensor_constructor",
+]
 
 _orig_torch_arange = torch.arange
 
