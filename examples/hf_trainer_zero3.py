@@ -61,7 +61,9 @@ def cpu_host_state() -> dict[str, Any]:
 
 
 class RecordingTrainer(transformers.Trainer):
-    """A Trainer that remembers the loss of every micro-batch this rank computed (for the parity test)."""
+    """A Trainer that remembers the loss of every micro-batch this rank computed (for the parity test): the value
+    ``compute_loss`` returns, which Trainer normalizes for accumulation (the micro-batch's mean loss / accumulation
+    steps when every micro-batch has the same number of label tokens, as here)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -83,6 +85,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--save_steps", type=int, default=2)
     parser.add_argument("--batch", type=int, default=2, help="per-device batch")
+    parser.add_argument("--grad_accum", type=int, default=1, help="gradient accumulation steps")
     parser.add_argument("--seq_len", type=int, default=9)
     parser.add_argument("--resume_from_checkpoint", default=None)
     args = parser.parse_args()
@@ -91,6 +94,7 @@ def main() -> None:
         output_dir=str(out / "trainer"),
         deepspeed=ds_config(args.stage),  # a dict or a JSON file path
         per_device_train_batch_size=args.batch,
+        gradient_accumulation_steps=args.grad_accum,
         max_steps=args.steps,
         learning_rate=1e-2,
         weight_decay=0.01,
@@ -109,7 +113,7 @@ def main() -> None:
     # after TrainingArguments: under ZeRO-3 the model is partitioned as it is built (deepspeed.zero.Init)
     model = transformers.AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
     world = training_args.world_size
-    rows = token_rows(args.steps * args.batch * world, args.seq_len, model.config.vocab_size)
+    rows = token_rows(args.steps * args.grad_accum * args.batch * world, args.seq_len, model.config.vocab_size)
     trainer = RecordingTrainer(model=model, args=training_args, train_dataset=rows)
     trainer.train(resume_from_checkpoint=args.resume_from_checkpoint)
     if args.resume_from_checkpoint is None:

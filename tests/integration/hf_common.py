@@ -61,30 +61,34 @@ def token_rows(n: int, vocab: int) -> torch.Tensor:
 
 
 def reference(
-    model_dir: Path, world: int, schedule: Callable[[int], float] | None = None
+    model_dir: Path, world: int, schedule: Callable[[int], float] | None = None, accumulation: int = 1
 ) -> tuple[list[list[float]], dict[str, torch.Tensor]]:
-    """Per-rank losses of every step and the final weights of one unsharded process on the same global batches."""
+    """Per-rank losses of every micro-step and the final weights of one unsharded process on the same global
+    batches (with ``accumulation`` micro-steps per step: rank ``r``'s ``m``-th micro-batch of step ``t`` is batch
+    ``(t A + m) W + r``, and the step's gradient is the mean over ranks and micro-steps)."""
     torch.set_num_threads(1)
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.train()
-    rows = token_rows(STEPS * BATCH * world, model.config.vocab_size)
+    rows = token_rows(STEPS * accumulation * BATCH * world, model.config.vocab_size)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WEIGHT_DECAY)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, schedule) if schedule is not None else None
     named = dict(model.named_parameters())
     losses: list[list[float]] = [[] for _ in range(world)]
     for step in range(STEPS):
-        total: dict[str, torch.Tensor] = {}
-        for r in range(world):
-            ids = rows[(step * world + r) * BATCH : (step * world + r + 1) * BATCH]
-            model.zero_grad(set_to_none=True)
-            loss = model(input_ids=ids, labels=ids).loss
-            loss.backward()
-            losses[r].append(loss.item())
-            for n, p in named.items():
-                assert p.grad is not None
-                total[n] = p.grad.clone() if r == 0 else total[n].add_(p.grad)
+        total = {n: torch.zeros_like(p) for n, p in named.items()}
+        for m in range(accumulation):
+            for r in range(world):
+                first = ((step * accumulation + m) * world + r) * BATCH
+                ids = rows[first : first + BATCH]
+                model.zero_grad(set_to_none=True)
+                loss = model(input_ids=ids, labels=ids).loss
+                loss.backward()
+                losses[r].append(loss.item())
+                for n, p in named.items():
+                    assert p.grad is not None
+                    total[n].add_(p.grad)
         for n, p in named.items():
-            p.grad = total[n].div_(world)
+            p.grad = total[n].div_(world * accumulation)
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
         opt.step()
         if sched is not None:

@@ -4,7 +4,7 @@
 
 * accelerate ran its DeepSpeed path on hybridzero's engine, with ``zero.Init`` construction under ZeRO-3;
 * every rank's loss curve equals a single-process reference of the same global batch (torch AdamW, clipping) and,
-  at world 2 ZeRO-3, the curve hybridzero's engine gives directly;
+  at world 2, the curve hybridzero's engine gives directly;
 * the weights from ``accelerator.get_state_dict`` (saved with ``save_pretrained``) load in a plain process to the
   reference's final weights.
 """
