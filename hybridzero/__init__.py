@@ -8,6 +8,7 @@ hybridzero's own additions: :class:`Engine`, :class:`ConfigError`, :class:`PeerF
 
 from __future__ import annotations
 
+import hybridzero.runtime.zero.partition_parameters  # noqa: F401 - deepspeed.runtime.zero.* as attributes
 from hybridzero import comm, utils, zero
 from hybridzero.accelerator import get_accelerator
 from hybridzero.comm import init_distributed

@@ -31,7 +31,7 @@ from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
 from hybridzero.optim.swap import build_swapper
-from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
+from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI, ThroughputTimer
 from hybridzero.runtime.failures import failure_guard
 from hybridzero.runtime.fragments import TensorFragments
 from hybridzero.runtime.services import EngineServices
@@ -87,6 +87,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.global_steps = 0
         self.micro_steps = 0
         self.boundary_override: bool | None = None  # set_gradient_accumulation_boundary (Accelerate drives it)
+        self.tput_timer = ThroughputTimer()  # DeepSpeed's engine.tput_timer (epoch count only)
         self.events: list[tuple[str, str, str]] | None = [] if record_events else None
         self.last_grad_norm: float | None = None
         f16 = config.fp16

@@ -35,6 +35,11 @@ _PROVIDED = {
     "deepspeed.utils.is_initialized": "hybridzero.comm.is_initialized",
     "deepspeed.accelerator.get_accelerator": "hybridzero.accelerator.get_accelerator",
     "deepspeed.runtime.zero.partition_parameters.get_accelerator": "hybridzero.accelerator.get_accelerator",
+    "deepspeed.runtime.zero.partition_parameters.ZeroParamStatus": (
+        "hybridzero.runtime.zero.partition_parameters.ZeroParamStatus"
+    ),
+    "deepspeed.ops.adam.DeepSpeedCPUAdam": "hybridzero.ops.adam.DeepSpeedCPUAdam",
+    "deepspeed.ops.adam.FusedAdam": "hybridzero.ops.adam.FusedAdam",
 }
 _VALUES = [
     "deepspeed.__version__",

@@ -1,4 +1,5 @@
-"""``deepspeed.runtime.zero.partition_parameters``: what transformers' ``prevent_arange_dtype_change`` reads.
+"""``deepspeed.runtime.zero.partition_parameters``: ``ZeroParamStatus`` (hybridzero.runtime.zero's) and what
+transformers' ``prevent_arange_dtype_change`` reads.
 
 DeepSpeed's ``zero.Init`` replaces torch's tensor constructors with ``zero_wrapper_for_fp_tensor_constructor(fn,
 target_fp_dtype, target_device)`` (casting to the config dtype); transformers swaps that wrapper, for the duration of
@@ -15,11 +16,13 @@ from typing import Any
 import torch
 
 from hybridzero.accelerator import get_accelerator
+from hybridzero.runtime.zero.partition_parameters import ZeroParamStatus
 from hybridzero.zero import GatheredParameters, Init
 
 __all__ = [
     "GatheredParameters",
     "Init",
+    "ZeroParamStatus",
     "get_accelerator",
     "zero_wrapper_for_fp_tensor_constructor",
 ]

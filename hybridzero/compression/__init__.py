@@ -1,0 +1,1 @@
+"""``hybridzero.compression``: the ``deepspeed.compression`` helpers user code imports (no compression methods)."""
