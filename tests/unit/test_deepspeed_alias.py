@@ -162,3 +162,13 @@ def test_runner_runs_a_script_with_the_alias(tmp_path: Path) -> None:
     script.write_text("import sys, deepspeed, helper_mod\nprint(deepspeed.__version__, sys.argv[1:], helper_mod.X)\n")
     out = _python("", "-m", "hybridzero.as_deepspeed", str(script), "--flag", "v")
     assert out.split()[0].startswith("0.19.8+hybridzero.") and "['--flag', 'v'] 7" in out
+
+
+def test_config_reads_as_deepspeed_json_and_takes_hf_never_interval() -> None:
+    """Accelerate writes ``steps_per_print = inf`` ("never"); transformers reads ``engine.config.get(...)``."""
+    from hybridzero.config import load_config
+
+    raw = {"train_batch_size": 2, "steps_per_print": float("inf"), "zero_optimization": {"stage": 3}}
+    cfg = load_config(raw, 1)
+    assert cfg.steps_per_print > 10**15
+    assert cfg.get("zero_optimization", {}).get("stage") == 3 and cfg.get("nothing", 7) == 7
