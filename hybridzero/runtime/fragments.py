@@ -12,6 +12,9 @@ shard covers the whole buffer only for replicated (persistent) groups. "Local" v
 parameter, flattened: with ZeRO it may be empty, and partition boundaries are the group buffer's, not the
 parameter's (DeepSpeed partitions each parameter separately).
 
+Frozen parameters read as ``None`` (value, gradient and optimizer state: DeepSpeed keeps no fp32 state for them);
+``safe_set_*_fp32_param`` still writes a frozen parameter's value (DeepSpeed ignores such a write silently).
+
 Invariants: ``full_*`` reads are collectives over the world when the state is sharded (every rank calls them, as in
 DeepSpeed, and every rank gets the full value); every write to a master goes through
 :meth:`ShardedGroup.write_shard`, so the compute copies and any hpZ secondary are refreshed; writes to a ZeRO-3 group
@@ -134,9 +137,13 @@ class TensorFragments:
         return out
 
     # --- full values (collectives) --------------------------------------------------------------------------------
-    def full_fp32(self, param: torch.Tensor) -> torch.Tensor:
-        """The parameter's fp32 master value, whole, on every rank."""
+    def full_fp32(self, param: torch.Tensor) -> torch.Tensor | None:
+        """The parameter's fp32 master value, whole, on every rank (None for a frozen parameter, as DeepSpeed, which
+        keeps no fp32 copy of one: its value is read through ``GatheredParameters``). Called by every rank even for a
+        frozen parameter: the answer is decided on metadata, so every rank agrees without a collective."""
         group, slot = self.zero.locate(param)
+        if not slot.trainable:
+            return None
         with group.master_resident() as master:  # NVMe offload: read from its file
             flat = _full(group, master, group.master_is_whole)
         return flat[slot.spec.offset : slot.spec.end].view(slot.spec.shape).clone()
@@ -201,9 +208,11 @@ class TensorFragments:
                         state[hit[0] - leaf_lo : hit[1] - leaf_lo].copy_(values[hit[0] - lo : hit[1] - lo])
 
     # --- this rank's part (no collective but write_shard's) ------------------------------------------------------
-    def local_fp32(self, param: torch.Tensor) -> torch.Tensor:
-        """This rank's part of the parameter's fp32 master, flattened (possibly empty)."""
+    def local_fp32(self, param: torch.Tensor) -> torch.Tensor | None:
+        """This rank's part of the parameter's fp32 master, flattened (possibly empty; None for a frozen one)."""
         group, slot = self.zero.locate(param)
+        if not slot.trainable:
+            return None
         part = _param_part(master_range(group), slot)
         with group.master_resident() as master:  # NVMe offload: read from its file
             return master[part[0] : part[1]].clone() if part else master.new_empty(0)

@@ -88,7 +88,7 @@ def _check_fragments(results: list[dict[str, Any]], spec: RunSpec, world_size: i
             ("local_params", [r["local_params"][name] for r in results]),
             ("local_grads", [r["local_grads"][-1][name] for r in results]),
         ):
-            if name in frozen and key == "local_grads":
+            if name in frozen:  # no fp32 state for a frozen parameter (DeepSpeed's None)
                 assert all(p is None for p in parts)
                 continue
             whole = (full if key == "local_params" else results[0]["grads"][-1][name]).reshape(-1)

@@ -69,7 +69,10 @@ def fragments_run(spec: RunSpec, edit_via: str) -> dict[str, Any]:
             }
             _edit(deepspeed, utils, [named[n] for n in spec.edit], rank, edit_via)
             engine.assert_quiescent()
-    params = {n: utils.safe_get_full_fp32_param(p) for n, p in engine.module.named_parameters()}
+    full = engine.full_parameters()  # frozen parameters have no fp32 state: safe_get_*_fp32_param gives None
+    fp32 = {n: utils.safe_get_full_fp32_param(p) for n, p in engine.module.named_parameters()}
+    assert all((fp32[n] is None) == (not p.requires_grad) for n, p in engine.module.named_parameters())
+    params = {n: full[n] if v is None else v for n, v in fp32.items()}
     local = {n: utils.safe_get_local_fp32_param(named[n]) for n in watched}
     return {
         "losses": losses,
