@@ -73,7 +73,7 @@ def _full(group: ShardedGroup, local: torch.Tensor, whole: bool) -> torch.Tensor
     return out
 
 
-def _param_part(rng: tuple[int, int], slot: Slot) -> tuple[int, int, int, int] | None:
+def param_part(rng: tuple[int, int], slot: Slot) -> tuple[int, int, int, int] | None:
     """``(lo, hi)`` in local coordinates and ``(plo, phi)`` in the flattened parameter, of their overlap."""
     hit = intersect(rng, (slot.spec.offset, slot.spec.end))
     if hit is None:
@@ -178,7 +178,7 @@ class TensorFragments:
         group, slot = self.zero.locate(param)
         flat = self._check_value(slot, value, "safe_set_full_fp32_param")
         self.zero.check_not_gathered(group, "safe_set_full_fp32_param")
-        part = _param_part(master_range(group), slot)
+        part = param_part(master_range(group), slot)
         with torch.no_grad(), group.master_resident() as master:  # NVMe offload: written back to its file
             if part is not None:
                 master[part[0] : part[1]].copy_(flat[part[2] : part[3]])
@@ -191,7 +191,7 @@ class TensorFragments:
         if not slot.trainable:
             raise ValueError(f"safe_set_full_optimizer_state: {slot.spec.name!r} is frozen and has no optimizer state")
         self._check_key(key, "safe_set_full_optimizer_state")
-        part = _param_part(master_range(group), slot)
+        part = param_part(master_range(group), slot)
         if part is not None:
             self._write_state(group, key, part[0], flat[part[2] : part[3]])
 
@@ -213,7 +213,7 @@ class TensorFragments:
         group, slot = self.zero.locate(param)
         if not slot.trainable:
             return None
-        part = _param_part(master_range(group), slot)
+        part = param_part(master_range(group), slot)
         with group.master_resident() as master:  # NVMe offload: read from its file
             return master[part[0] : part[1]].clone() if part else master.new_empty(0)
 
@@ -222,7 +222,7 @@ class TensorFragments:
         group, slot = self.zero.locate(param)
         if not slot.trainable:
             return None
-        part = _param_part(grad_range(group), slot)
+        part = param_part(grad_range(group), slot)
         local = group.grad_shard[part[0] : part[1]] if part else group.grad_shard.new_empty(0)
         return local / self.host.loss_scale
 
@@ -232,13 +232,13 @@ class TensorFragments:
         if not slot.trainable:
             return None
         self._check_key(key, "safe_get_local_optimizer_state")
-        part = _param_part(master_range(group), slot)
+        part = param_part(master_range(group), slot)
         return self._local_state(group, key)[part[0] : part[1]] if part else group.master.new_empty(0)
 
     def _check_local(
         self, group: ShardedGroup, slot: Slot, value: torch.Tensor, what: str
     ) -> tuple[tuple[int, int, int, int] | None, torch.Tensor]:
-        part = _param_part(master_range(group), slot)
+        part = param_part(master_range(group), slot)
         expected = 0 if part is None else part[1] - part[0]
         if value.numel() != expected:
             raise ValueError(
