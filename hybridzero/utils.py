@@ -11,7 +11,9 @@ through :data:`hybridzero.zero.registry.REGISTRY`; the work is :class:`hybridzer
 * a parameter no engine owns (before ``initialize``) gives ``None`` (``safe_get_full_grad``: its ``.grad``);
 * optimizer state keys are the optimizer's per-element ones (``exp_avg``, ``exp_avg_sq``, ``momentum_buffer``).
 
-Frozen parameters have an fp32 value (readable and writable) but no gradient and no optimizer state (``None``).
+Frozen parameters read as ``None`` everywhere (fp32 value, gradient, optimizer state), as in DeepSpeed, which keeps
+no fp32 copy of them (read their values with ``GatheredParameters``); ``safe_set_*_fp32_param`` on a frozen parameter
+writes its value (DeepSpeed silently ignores that write).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ def _fragments(param: torch.Tensor, what: str, required: bool) -> TensorFragment
 
 
 def safe_get_full_fp32_param(param: torch.Tensor) -> torch.Tensor | None:
-    """The whole fp32 (master) value of ``param`` on every rank."""
+    """The whole fp32 (master) value of ``param`` on every rank (None for a frozen parameter)."""
     frag = _fragments(param, "safe_get_full_fp32_param", required=False)
     return None if frag is None else frag.full_fp32(param)
 

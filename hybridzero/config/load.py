@@ -141,7 +141,7 @@ def _acts(cls: type[Block], field_name: str) -> bool:
 
 
 def _conditional_notes(cfg: Config, out: dict[str, str]) -> None:
-    """Keys that act, but not at this ZeRO stage."""
+    """Keys that act, but not at this ZeRO stage (or not with this gradient_allreduce_op)."""
     z = cfg.zero
     zeropp = (
         ("zero_hpz_partition_size", z.hpz_partition_size > 1, z.hpz_partition_size),
@@ -156,6 +156,18 @@ def _conditional_notes(cfg: Config, out: dict[str, str]) -> None:
                 f"{key} = {show(value)} is a ZeRO-3 (ZeRO++) option and has no effect at "
                 f"zero_optimization.stage = {z.stage}",
             )
+    if cfg.gradient_allreduce_op == "sum":  # DeepSpeed divides only when averaging
+        ignored: tuple[tuple[str, bool, object], ...] = (
+            ("prescale_gradients", cfg.prescale_gradients, True),
+            ("gradient_predivide_factor", cfg.gradient_predivide_factor != 1.0, cfg.gradient_predivide_factor),
+        )
+        for name, is_set, setting in ignored:
+            if is_set:
+                out.setdefault(
+                    name,
+                    f"{name} = {show(setting)} has no effect with gradient_allreduce_op = 'sum' (as in DeepSpeed, "
+                    "the gradients are summed without any division)",
+                )
     if not z.ignore_unused_parameters and z.stage not in (1, 2):
         key = "zero_optimization.ignore_unused_parameters"
         out.setdefault(

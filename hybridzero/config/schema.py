@@ -103,7 +103,7 @@ class Config(Block):
     Invariants: ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size``
     with all four >= 1; fp16 and bf16 are not both enabled; ``zero.hpz_partition_size`` and
     ``hybrid_engine.inference_tp_size`` divide ``world_size``;
-    ``gradient_allreduce_op == "sum"`` excludes ``prescale_gradients``; ``raw`` is a deep read-only copy of the JSON
+    ``raw`` is a deep read-only copy of the JSON
     it came from (``raw_dict()`` for a mutable one). ``gradient_clipping`` 0 means no clipping; 0.0 is the default
     of every DeepSpeed release before deepspeedai/DeepSpeed#8068, which changed it to 1.0.
     """
@@ -168,13 +168,6 @@ class Config(Block):
             "hybrid_engine.inference_tp_size",
             f" (groups of {self.hybrid_engine.inference_tp_size} consecutive ranks generate together)",
         )
-        if self.gradient_allreduce_op == "sum" and self.prescale_gradients:
-            raise ConfigError(
-                "prescale_gradients = true divides every gradient by the world size before the sum, "
-                "which contradicts gradient_allreduce_op = 'sum'; set one of them back to its default",
-                key="prescale_gradients",
-                value=True,
-            )
         return self
 
     @property

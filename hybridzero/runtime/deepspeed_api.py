@@ -31,6 +31,7 @@ from torch.nn.modules.module import _IncompatibleKeys
 
 from hybridzero.comm.collectives import Comm
 from hybridzero.config import Config
+from hybridzero.runtime import zero_param
 from hybridzero.runtime.fragments import TensorFragments, master_range
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.registry import REGISTRY
@@ -164,6 +165,7 @@ class DeepSpeedEngineAPI:
         engine is unusable afterwards; ZeRO-3 parameters stay placeholders, as in DeepSpeed)."""
         self.coordinator.remove_hooks()
         REGISTRY.unregister(self.param_owner.zero.params(), self.param_owner)
+        zero_param.release(self.param_owner.zero.params())
         self.module.__dict__.pop("_is_fsdp_managed_module", None)
 
     @contextlib.contextmanager

@@ -31,6 +31,7 @@ from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
 from hybridzero.optim.schedulers import build_scheduler
 from hybridzero.optim.swap import build_swapper
+from hybridzero.runtime import zero_param
 from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI, ThroughputTimer
 from hybridzero.runtime.failures import failure_guard
 from hybridzero.runtime.fragments import TensorFragments
@@ -127,6 +128,8 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.coordinator = self._build_coordinator()
         self.param_owner = TensorFragments(ZeroParamOwner(self.coordinator, comm), self)
         REGISTRY.register(self.param_owner.zero.params(), self.param_owner)  # GatheredParameters, utils.safe_*
+        if z.stage == 3:  # DeepSpeed's read-only ds_* attributes, computed from this engine (runtime.zero_param)
+            zero_param.adopt(self.param_owner.zero.params())
         self.training_dataloader: Any = None  # set by initialize when training_data is given
         self.synced_generation = self._synced_generation()
         views = sharded.shard_views(self.groups, index_of, len(overrides))

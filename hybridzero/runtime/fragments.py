@@ -12,6 +12,9 @@ shard covers the whole buffer only for replicated (persistent) groups. "Local" v
 parameter, flattened: with ZeRO it may be empty, and partition boundaries are the group buffer's, not the
 parameter's (DeepSpeed partitions each parameter separately).
 
+Frozen parameters read as ``None`` (value, gradient and optimizer state: DeepSpeed keeps no fp32 state for them);
+``safe_set_*_fp32_param`` still writes a frozen parameter's value (DeepSpeed ignores such a write silently).
+
 Invariants: ``full_*`` reads are collectives over the world when the state is sharded (every rank calls them, as in
 DeepSpeed, and every rank gets the full value); every write to a master goes through
 :meth:`ShardedGroup.write_shard`, so the compute copies and any hpZ secondary are refreshed; writes to a ZeRO-3 group
@@ -70,7 +73,7 @@ def _full(group: ShardedGroup, local: torch.Tensor, whole: bool) -> torch.Tensor
     return out
 
 
-def _param_part(rng: tuple[int, int], slot: Slot) -> tuple[int, int, int, int] | None:
+def param_part(rng: tuple[int, int], slot: Slot) -> tuple[int, int, int, int] | None:
     """``(lo, hi)`` in local coordinates and ``(plo, phi)`` in the flattened parameter, of their overlap."""
     hit = intersect(rng, (slot.spec.offset, slot.spec.end))
     if hit is None:
@@ -134,9 +137,13 @@ class TensorFragments:
         return out
 
     # --- full values (collectives) --------------------------------------------------------------------------------
-    def full_fp32(self, param: torch.Tensor) -> torch.Tensor:
-        """The parameter's fp32 master value, whole, on every rank."""
+    def full_fp32(self, param: torch.Tensor) -> torch.Tensor | None:
+        """The parameter's fp32 master value, whole, on every rank (None for a frozen parameter, as DeepSpeed, which
+        keeps no fp32 copy of one: its value is read through ``GatheredParameters``). Called by every rank even for a
+        frozen parameter: the answer is decided on metadata, so every rank agrees without a collective."""
         group, slot = self.zero.locate(param)
+        if not slot.trainable:
+            return None
         with group.master_resident() as master:  # NVMe offload: read from its file
             flat = _full(group, master, group.master_is_whole)
         return flat[slot.spec.offset : slot.spec.end].view(slot.spec.shape).clone()
@@ -171,7 +178,7 @@ class TensorFragments:
         group, slot = self.zero.locate(param)
         flat = self._check_value(slot, value, "safe_set_full_fp32_param")
         self.zero.check_not_gathered(group, "safe_set_full_fp32_param")
-        part = _param_part(master_range(group), slot)
+        part = param_part(master_range(group), slot)
         with torch.no_grad(), group.master_resident() as master:  # NVMe offload: written back to its file
             if part is not None:
                 master[part[0] : part[1]].copy_(flat[part[2] : part[3]])
@@ -184,7 +191,7 @@ class TensorFragments:
         if not slot.trainable:
             raise ValueError(f"safe_set_full_optimizer_state: {slot.spec.name!r} is frozen and has no optimizer state")
         self._check_key(key, "safe_set_full_optimizer_state")
-        part = _param_part(master_range(group), slot)
+        part = param_part(master_range(group), slot)
         if part is not None:
             self._write_state(group, key, part[0], flat[part[2] : part[3]])
 
@@ -201,10 +208,12 @@ class TensorFragments:
                         state[hit[0] - leaf_lo : hit[1] - leaf_lo].copy_(values[hit[0] - lo : hit[1] - lo])
 
     # --- this rank's part (no collective but write_shard's) ------------------------------------------------------
-    def local_fp32(self, param: torch.Tensor) -> torch.Tensor:
-        """This rank's part of the parameter's fp32 master, flattened (possibly empty)."""
+    def local_fp32(self, param: torch.Tensor) -> torch.Tensor | None:
+        """This rank's part of the parameter's fp32 master, flattened (possibly empty; None for a frozen one)."""
         group, slot = self.zero.locate(param)
-        part = _param_part(master_range(group), slot)
+        if not slot.trainable:
+            return None
+        part = param_part(master_range(group), slot)
         with group.master_resident() as master:  # NVMe offload: read from its file
             return master[part[0] : part[1]].clone() if part else master.new_empty(0)
 
@@ -213,7 +222,7 @@ class TensorFragments:
         group, slot = self.zero.locate(param)
         if not slot.trainable:
             return None
-        part = _param_part(grad_range(group), slot)
+        part = param_part(grad_range(group), slot)
         local = group.grad_shard[part[0] : part[1]] if part else group.grad_shard.new_empty(0)
         return local / self.host.loss_scale
 
@@ -223,13 +232,13 @@ class TensorFragments:
         if not slot.trainable:
             return None
         self._check_key(key, "safe_get_local_optimizer_state")
-        part = _param_part(master_range(group), slot)
+        part = param_part(master_range(group), slot)
         return self._local_state(group, key)[part[0] : part[1]] if part else group.master.new_empty(0)
 
     def _check_local(
         self, group: ShardedGroup, slot: Slot, value: torch.Tensor, what: str
     ) -> tuple[tuple[int, int, int, int] | None, torch.Tensor]:
-        part = _param_part(master_range(group), slot)
+        part = param_part(master_range(group), slot)
         expected = 0 if part is None else part[1] - part[0]
         if value.numel() != expected:
             raise ValueError(

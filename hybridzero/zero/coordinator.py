@@ -50,6 +50,12 @@ from hybridzero.zero.prefetch import Prefetcher
 from hybridzero.zero.reduce import GradReducer
 
 
+class UnusedParametersError(AssertionError, RuntimeError):
+    """A backward left trainable parameters without a gradient while ``zero_optimization.ignore_unused_parameters``
+    is false (stages 1/2). An ``AssertionError``, the type DeepSpeed raises (its tests catch that), and a
+    ``RuntimeError`` as before; the message names the parameters and the key."""
+
+
 class Phase(enum.Enum):
     """The engine's phase, from root-level events only."""
 
@@ -397,7 +403,7 @@ class ZeroCoordinator:
             # stays usable (a caller may catch it).
             error = None
             if unused:
-                error = RuntimeError(
+                error = UnusedParametersError(
                     f"{len(unused)} trainable parameter(s) got no gradient in this backward: {', '.join(unused)}; "
                     "zero_optimization.ignore_unused_parameters is false, so this is an error (as in DeepSpeed). Set "
                     "it to true (the default) if parts of the model are unused on purpose, or freeze those parameters"

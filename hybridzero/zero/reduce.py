@@ -9,9 +9,11 @@ and added into the group's fp32 ``grad_shard`` (so accumulation across micro-ste
 Scaling (DeepSpeed's ``gradient_allreduce_op``, ``prescale_gradients``, ``gradient_predivide_factor``; see
 :func:`reduction_scales`): each rank's contribution may be divided by ``pre`` before the exchange and the sum by
 ``post`` after it. The rule that replaces "divide exactly once": with the defaults (``mean``, no prescale,
-predivide 1) the sum is divided by the world size exactly once, after the sum, as before; in every case the
-divisors applied multiply to the world size ``W`` for ``mean`` and to the predivide factor ``f`` for ``sum``
-(DeepSpeed's result, ``sum / f``), and each is applied at most once per element.
+predivide 1) the sum is divided by the world size exactly once, after the sum, as before; for ``mean`` the divisors
+applied multiply to the world size ``W``, and each is applied at most once per element. ``sum`` is the plain
+rank-ordered sum, untouched: DeepSpeed's ``sum`` (``gradient_average = False``) all-reduces without any division and
+ignores ``prescale_gradients`` and ``gradient_predivide_factor`` (``DeepSpeedEngine.allreduce_bucket``,
+``DeepSpeedZeroOptimizer.gradient_reduction_w_predivide`` / ``average_tensor``).
 
 The reduction is order-deterministic: the transport only exchanges slices (an all-to-all that moves exactly a
 reduce-scatter's bytes) and every rank sums the ``W`` contributions for its columns in rank order, in fp32. The
@@ -56,16 +58,14 @@ def reduction_scales(op: str, prescale: bool, predivide: float, world_size: int)
     * ``mean`` with ``prescale``: every contribution is divided by ``W`` before the sum.
     * ``mean`` otherwise: contributions divided by ``f = predivide`` (if ``f != 1``), the sum by ``W / f`` (if
       that is not 1). With the defaults that is one division of the sum by ``W``, bit for bit the old rule.
-    * ``sum``: contributions divided by ``f`` (if ``f != 1``), the sum left as it is, as DeepSpeed does
-      (``prescale`` with ``sum`` is refused by the config).
-    Invariant: ``(pre or 1) * (post or 1)`` is ``W`` for ``mean`` and ``f`` for ``sum``.
+    * ``sum``: no scaling at all, whatever ``prescale`` and ``predivide`` say (DeepSpeed divides only when
+      averaging: with ``sum`` both options are ignored).
+    Invariant: ``(pre or 1) * (post or 1)`` is ``W`` for ``mean`` and 1 (both ``None``) for ``sum``.
     """
     if op not in ("mean", "sum"):
         raise ValueError(f"gradient_allreduce_op = {op!r} is invalid: expected 'mean' or 'sum'")
     if op == "sum":
-        if prescale:
-            raise ValueError("prescale_gradients = true contradicts gradient_allreduce_op = 'sum'")
-        return ReductionScales(pre=predivide if predivide != 1.0 else None)
+        return ReductionScales()
     if prescale:
         return ReductionScales(pre=float(world_size))
     post = world_size / predivide

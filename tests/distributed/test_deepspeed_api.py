@@ -13,6 +13,7 @@ from tests.distributed.test_zero3_parity import compare
 from tests.harness.parity import RunSpec, batches_for, build_model, reference_run
 from tests.workers.dropin import (
     comm_face,
+    ds_attributes,
     edit_without_modifier,
     fragments_run,
     initialize_with_args,
@@ -88,7 +89,7 @@ def _check_fragments(results: list[dict[str, Any]], spec: RunSpec, world_size: i
             ("local_params", [r["local_params"][name] for r in results]),
             ("local_grads", [r["local_grads"][-1][name] for r in results]),
         ):
-            if name in frozen and key == "local_grads":
+            if name in frozen:  # no fp32 state for a frozen parameter (DeepSpeed's None)
                 assert all(p is None for p in parts)
                 continue
             whole = (full if key == "local_params" else results[0]["grads"][-1][name]).reshape(-1)
@@ -204,3 +205,20 @@ def test_initialize_with_args(world, tmp_path) -> None:
         got
         == [{"args": (True, False, None), "tuple": (True, True, True), "micro": 2, "errors": [True, True, True]}] * 2
     )
+
+
+def test_ds_attributes_of_zero3_parameters(world) -> None:
+    """DeepSpeed's ``ds_id`` / ``ds_shape`` / ``ds_numel`` / ``ds_tensor`` (read-only, computed from the engine):
+    the ranks' ``ds_tensor`` parts, in rank order, are the full fp32 value where the parameter is sharded (or each is
+    the whole value where it is persistent); stage 2 parameters have none."""
+    pool = world(2)
+    spec = _spec(3)
+    got = pool.run(ds_attributes, spec)
+    full = {n: p.detach() for n, p in build_model(spec).named_parameters()}  # the engine's start values
+    for r in got:
+        assert r["shape"] and r["ids"] and r["local"] and r["copy_unowned"] and r["destroyed"], r
+    for name, value in full.items():
+        parts = [r["parts"][name] for r in got]
+        whole = value.reshape(-1)
+        assert torch.equal(torch.cat(parts), whole) or all(torch.equal(p, whole) for p in parts), name
+    assert pool.run(ds_attributes, _spec(2)) == [{"none": True}] * 2

@@ -1,4 +1,5 @@
-"""DeepSpeed's reduction options act: ``gradient_allreduce_op`` (sum / mean), ``prescale_gradients``,
+"""DeepSpeed's reduction options act: ``gradient_allreduce_op`` (sum / mean; sum ignores the two scalings, as in
+DeepSpeed), ``prescale_gradients``,
 ``gradient_predivide_factor`` against a single-process reference; ``ignore_unused_parameters: false``; and
 ``steps_per_print``.
 
@@ -63,11 +64,23 @@ CASES = {  # name -> (top-level keys, zero keys, stage, persistence threshold)
     "qgz_mean": ({}, {"zero_quantized_gradients": True}, 3, 0),
     "qgz_sum": ({"gradient_allreduce_op": "sum"}, {"zero_quantized_gradients": True}, 3, 0),
 }
+# DeepSpeed's ``sum`` ignores prescale and predivide (it divides only when averaging): each is the plain sum
+SUM_SCALED = {
+    "sum_predivide2_z0": ({"gradient_allreduce_op": "sum", "gradient_predivide_factor": 2.0}, {}, 0, 0),
+    "sum_prescale_z1": ({"gradient_allreduce_op": "sum", "prescale_gradients": True}, {}, 1, 0),
+    "sum_predivide2_z2": ({"gradient_allreduce_op": "sum", "gradient_predivide_factor": 2.0}, {}, 2, 0),
+    "sum_both_z3": (
+        {"gradient_allreduce_op": "sum", "prescale_gradients": True, "gradient_predivide_factor": 2.0},
+        {},
+        3,
+        200,
+    ),
+}
 
 
-def _run_all(pool: Any) -> dict[str, dict[str, Any]]:
+def _run_all(pool: Any, cases: dict[str, tuple[dict[str, Any], dict[str, Any], int, int]]) -> dict[str, Any]:
     out = {}
-    for name, (top, zero, stage, persist) in CASES.items():
+    for name, (top, zero, stage, persist) in cases.items():
         spec = RunSpec(model="llama", stage=stage, persistence_threshold=persist, steps=1)
         out[name] = pool.run(reduction_run, spec, top, zero, LR)[0]
     return out
@@ -76,7 +89,7 @@ def _run_all(pool: Any) -> dict[str, dict[str, Any]]:
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_allreduce_op_prescale_and_predivide_against_reference(world, world_size: int) -> None:
-    runs = _run_all(world(world_size))
+    runs = _run_all(world(world_size), {**CASES, **SUM_SCALED})
     per_rank, initial = _reference(RunSpec(model="llama", steps=1), world_size)
     for name, grads in per_rank.items():
         total = _ordered_sum(grads)
@@ -89,6 +102,9 @@ def test_allreduce_op_prescale_and_predivide_against_reference(world, world_size
             assert torch.equal(runs[case]["grads"][name], total), (case, name)
             assert torch.equal(runs[case]["grads"][name], runs["mean_z3"]["grads"][name] * world_size), (case, name)
         assert torch.equal(runs["qgz_sum"]["grads"][name], runs["qgz_mean"]["grads"][name] * world_size), name
+        for case in SUM_SCALED:  # the gradient and the step (same SGD on the same gradient) are sum's, bit for bit
+            assert torch.equal(runs[case]["grads"][name], total), (case, name)
+            assert torch.equal(runs[case]["params"][name], runs["sum_z3"]["params"][name]), (case, name)
         bound = 2 * (2 * world_size + 2) * U * _ordered_sum([g.abs() for g in grads]) / world_size
         for case in ("prescale_z3", "predivide3_z3", "predivide3_z1"):
             got = runs[case]["grads"][name]
@@ -104,11 +120,27 @@ def test_allreduce_op_prescale_and_predivide_against_reference(world, world_size
 
 
 @pytest.mark.timeout(300)
+def test_sum_ignores_prescale_and_predivide_at_world_3(world) -> None:
+    """W = 3 (not a power of two): ``sum`` with predivide 2 and/or prescale at stages 0-3 is the rank-ordered sum of
+    the single-process per-rank gradients, bit for bit, and the SGD step is ``p - lr * sum`` (within its roundings)."""
+    runs = _run_all(world(3), SUM_SCALED)
+    per_rank, initial = _reference(RunSpec(model="llama", steps=1), 3)
+    for name, grads in per_rank.items():
+        total = _ordered_sum(grads)
+        expected = initial[name] - LR * total
+        slack = 2 * U * (initial[name].abs() + LR * total.abs())
+        for case in SUM_SCALED:
+            assert torch.equal(runs[case]["grads"][name], total), (case, name)
+            assert bool(((runs[case]["params"][name] - expected).abs() <= slack).all()), (case, name)
+
+
+@pytest.mark.timeout(300)
 def test_ignore_unused_parameters_false_raises_at_stages_1_and_2(world) -> None:
     pool = world(2)
     for stage in (1, 2):
         messages = pool.run(unused_parameter_run, stage, False)
         for message in messages:  # every rank raises, naming the parameters, and stays quiescent
+            assert message.startswith("UnusedParametersError: ")  # an AssertionError, as DeepSpeed raises
             assert "got no gradient" in message and "model.layers.1.mlp.down_proj.weight" in message
             assert "model.norm.weight" in message and "ignore_unused_parameters" in message
             assert "model.layers.0.mlp.down_proj.weight" not in message

@@ -225,7 +225,9 @@ def test_cheap_effects() -> None:
     assert scales(cfg({"gradient_allreduce_op": "sum"})) == ReductionScales()
     assert scales(cfg({"prescale_gradients": True})) == ReductionScales(pre=4.0)
     assert scales(cfg({"gradient_predivide_factor": 2})) == ReductionScales(pre=2.0, post=2.0)
-    assert scales(cfg({"gradient_allreduce_op": "sum", "gradient_predivide_factor": 2})) == ReductionScales(pre=2.0)
+    # sum: DeepSpeed divides only when averaging; prescale and predivide are ignored (and warned about)
+    assert scales(cfg({"gradient_allreduce_op": "sum", "gradient_predivide_factor": 2})) == ReductionScales()
+    assert scales(cfg({"gradient_allreduce_op": "sum", "prescale_gradients": True})) == ReductionScales()
     assert cfg({"skip_nonfinite_steps": True}).skip_nonfinite_steps is True
     assert (
         cfg(

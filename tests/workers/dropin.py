@@ -69,7 +69,10 @@ def fragments_run(spec: RunSpec, edit_via: str) -> dict[str, Any]:
             }
             _edit(deepspeed, utils, [named[n] for n in spec.edit], rank, edit_via)
             engine.assert_quiescent()
-    params = {n: utils.safe_get_full_fp32_param(p) for n, p in engine.module.named_parameters()}
+    full = engine.full_parameters()  # frozen parameters have no fp32 state: safe_get_*_fp32_param gives None
+    fp32 = {n: utils.safe_get_full_fp32_param(p) for n, p in engine.module.named_parameters()}
+    assert all((fp32[n] is None) == (not p.requires_grad) for n, p in engine.module.named_parameters())
+    params = {n: full[n] if v is None else v for n, v in fp32.items()}
     local = {n: utils.safe_get_local_fp32_param(named[n]) for n in watched}
     return {
         "losses": losses,
@@ -299,4 +302,37 @@ def initialize_with_args(tmp: str) -> dict[str, Any]:
         except ValueError as exc:
             errors.append(str(exc))
     out["errors"] = [("both" in errors[0]), ("mpu" in errors[1]), ("deepspeed_config" in errors[2])]
+    return out
+
+
+def ds_attributes(spec: RunSpec) -> dict[str, Any]:
+    """DeepSpeed's read-only ``ds_*`` attributes on every parameter of a ZeRO-3 engine (none at stages 0-2): the
+    full shape and size, a unique id, and ``ds_tensor`` (this rank's part, compute dtype) sized as
+    ``safe_get_local_fp32_param`` and equal to it; a deep copy (unowned) and a destroyed engine's parameters have
+    none."""
+    import copy
+
+    from hybridzero import utils
+
+    engine, _, _, world = _setup(spec)
+    named = dict(engine.module.named_parameters())
+    eager = dict(build_model(spec).named_parameters())
+    if spec.stage != 3:
+        return {"none": not any(hasattr(p, "ds_id") for p in named.values())}
+    local_ok, parts = True, {}
+    for n, p in named.items():
+        local = utils.safe_get_local_fp32_param(p)
+        part = p.ds_tensor
+        local_ok &= part.dtype == torch.float32 and (local is None or torch.equal(part, local))
+        parts[n] = part
+    out = {
+        "shape": all(p.ds_shape == eager[n].shape and p.ds_numel == eager[n].numel() for n, p in named.items()),
+        "ids": sorted(p.ds_id for p in named.values()) == list(range(len(named))),
+        "local": local_ok,
+        "parts": parts,
+        "copy_unowned": not hasattr(copy.deepcopy(next(iter(named.values()))), "ds_id"),
+    }
+    engine.destroy()
+    out["destroyed"] = all(type(p) is torch.nn.Parameter and not hasattr(p, "ds_id") for p in named.values())
+    out["world"] = world
     return out

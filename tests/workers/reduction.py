@@ -51,7 +51,8 @@ def reduction_run(spec: RunSpec, top: dict[str, Any], zero: dict[str, Any], lr: 
 
 def unused_parameter_run(stage: int, ignore: bool) -> str:
     """A backward from the first block's hidden states (the second block and the final norm get no gradient);
-    returns the error text (empty when none was raised) after checking the engine is quiescent."""
+    returns ``"<type>: <error text>"`` of the AssertionError raised (empty when none was raised) after checking the
+    engine is quiescent."""
     hybridzero.init_distributed()
     spec = RunSpec(model="llama", stage=stage, steps=1)
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
@@ -64,8 +65,8 @@ def unused_parameter_run(stage: int, ignore: bool) -> str:
     message = ""
     try:
         engine.backward(hidden.pow(2).mean())
-    except RuntimeError as exc:
-        message = str(exc)
+    except AssertionError as exc:  # DeepSpeed's type (hybridzero's UnusedParametersError is a RuntimeError too)
+        message = f"{type(exc).__name__}: {exc}"
     engine.assert_quiescent()
     return message
 

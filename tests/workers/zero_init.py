@@ -299,3 +299,34 @@ def init_peak_memory(layers: int) -> dict[str, Any]:
         "held": init.store.held_bytes(),
         "open_after": len(init.store.open_params()),
     }
+
+
+def gathered_block_frees(hidden: int = 10) -> dict[str, Any]:
+    """DeepSpeed's ``TestZeroGatheredParametersFree`` in hybridzero's terms: a ``Linear`` built under ``zero.Init``
+    (no engine yet) is whole inside ``GatheredParameters`` and freed after it. Freed here means the parameter is a
+    placeholder again (stride 0, one element of storage, the store holds nothing whole) with its logical shape kept,
+    where DeepSpeed leaves a size-0 tensor; once an engine owns it, a ZeRO-3 parameter is size 0 outside a gather, as
+    in DeepSpeed."""
+    import hybridzero
+
+    hybridzero.init_distributed()
+    world = torch.distributed.get_world_size()
+    ds_cfg = {"train_batch_size": world, "zero_optimization": {"stage": 3}}
+    with hybridzero.zero.Init(config_dict_or_path=ds_cfg) as init:
+        model = nn.Sequential(nn.Linear(hidden, hidden))
+    assert init.store is not None
+    weight = model[0].weight
+    with hybridzero.zero.GatheredParameters(list(model.parameters())):
+        inside = weight.numel() == hidden * hidden and weight.stride() == (hidden, 1)
+    after_init = (
+        weight.shape == (hidden, hidden)
+        and weight.stride() == (0, 0)
+        and weight.untyped_storage().nbytes() == weight.element_size()
+        and init.store.open_params() == []
+    )
+    cfg = {"train_batch_size": world, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    engine, *_ = hybridzero.initialize(model=model, config=cfg)
+    with hybridzero.zero.GatheredParameters(list(model.parameters())):
+        inside_engine = weight.numel() == hidden * hidden
+    engine.assert_quiescent()
+    return {"inside": inside, "after_init": after_init, "inside_engine": inside_engine, "after_engine": weight.numel()}
