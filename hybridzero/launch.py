@@ -9,6 +9,9 @@ before ``STEP``; everything after it belongs to the step):
 * ``--num_nodes M``, ``--node_rank R``, ``--master_addr A``, ``--master_port P``: a multi-node rendezvous (as
   torchrun's ``--nnodes``/``--node_rank``/``--master_addr``/``--master_port``); with none of them the run is
   ``--standalone``;
+* ``--bind_cores_to_rank`` (and ``--bind_core_list LIST``, whose cores it counts): as DeepSpeed, each rank gets
+  its share of the cores as ``OMP_NUM_THREADS`` (cores // local processes, at least 1); unlike DeepSpeed, ranks are
+  not pinned to those cores (torchrun starts them unpinned). Without it ``OMP_NUM_THREADS`` defaults to 1;
 * ``--include`` / ``--exclude`` / ``--hostfile`` / ``--launcher``: DeepSpeed's host selection, refused by name (start
   one ``hybridzero launch`` per node instead).
 
@@ -42,11 +45,15 @@ _VALUED = {
     "--node_rank": "node_rank",
     "--master_addr": "master_addr",
     "--master_port": "master_port",
+    "--bind_core_list": "core_list",
 }
+_SWITCHES = {"--bind_cores_to_rank": "bind_cores"}  # launcher flags without a value
 _REFUSED = ("--include", "--exclude", "--hostfile", "--launcher", "--ssh_port", "--autotuning")
 USAGE = (
     "usage: hybridzero launch [--num_gpus N] [--num_nodes M --node_rank R --master_addr A] [--master_port P] "
-    "STEP [STEP ARGS...]   (STEP: " + ", ".join(sorted(set(STEP_NAMES))) + ")"
+    "[--bind_cores_to_rank [--bind_core_list LIST]] STEP [STEP ARGS...]   (STEP: "
+    + ", ".join(sorted(set(STEP_NAMES)))
+    + ")"
 )
 
 
@@ -59,6 +66,29 @@ class LaunchSpec:
     node_rank: int = 0
     master_addr: str | None = None
     master_port: int | None = None
+    bind_cores: bool = False
+    core_list: str | None = None
+
+    def threads_per_rank(self, cores: int) -> int:
+        """``OMP_NUM_THREADS`` of each local rank under ``--bind_cores_to_rank``: its share of ``cores`` (or of
+        ``--bind_core_list``'s cores), at least 1."""
+        if self.core_list:
+            cores = len(_core_ids(self.core_list))
+        return max(cores // self.procs, 1)
+
+
+def _core_ids(text: str) -> list[int]:
+    """DeepSpeed's ``--bind_core_list`` syntax: ``0,2-5,8`` (ValueError naming the flag on anything else)."""
+    ids: list[int] = []
+    try:
+        for part in text.split(","):
+            first, _, last = part.partition("-")
+            ids.extend(range(int(first), int(last or first) + 1))
+    except ValueError:
+        raise ValueError(f"--bind_core_list {text!r}: expected core numbers and ranges like 0,2-5,8") from None
+    if not ids:
+        raise ValueError(f"--bind_core_list {text!r}: names no core")
+    return ids
 
 
 def _int(flag: str, text: str) -> int:
@@ -77,6 +107,9 @@ def parse_launch(argv: list[str], default_procs: int = 1) -> tuple[LaunchSpec, s
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         flag, _, inline = argv[i].partition("=")
+        if flag in _SWITCHES and not inline:
+            values[_SWITCHES[flag]], i = "1", i + 1
+            continue
         if flag in _REFUSED:
             raise ValueError(
                 f"{flag} is not supported by hybridzero launch: it starts the processes of this node "
@@ -84,7 +117,8 @@ def parse_launch(argv: list[str], default_procs: int = 1) -> tuple[LaunchSpec, s
             )
         if flag not in _VALUED:
             raise ValueError(
-                f"unknown launcher flag {flag!r}; launcher flags are {', '.join(_VALUED)} and come before STEP"
+                f"unknown launcher flag {flag!r}; launcher flags are {', '.join([*_VALUED, *_SWITCHES])} and "
+                "come before STEP"
             )
         if inline:
             values[_VALUED[flag]], i = inline, i + 1
@@ -106,7 +140,11 @@ def parse_launch(argv: list[str], default_procs: int = 1) -> tuple[LaunchSpec, s
         node_rank=_int("--node_rank", values["node_rank"]) if "node_rank" in values else 0,
         master_addr=values.get("master_addr"),
         master_port=_int("--master_port", values["master_port"]) if "master_port" in values else None,
+        bind_cores="bind_cores" in values,
+        core_list=values.get("core_list"),
     )
+    if spec.core_list is not None:
+        _core_ids(spec.core_list)  # a malformed list fails here, naming the flag
     if spec.node_rank >= spec.nodes:
         raise ValueError(f"--node_rank {spec.node_rank} must be below --num_nodes {spec.nodes}")
     return spec, STEP_NAMES[step], argv[i + 1 :]
@@ -141,7 +179,11 @@ def launch_main(argv: list[str]) -> int:
     except ValueError as exc:
         print(f"launch: error: {exc}", file=sys.stderr)
         return 2
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    threads = os.environ.get("OMP_NUM_THREADS", "1")
+    if spec.bind_cores:  # DeepSpeed's --bind_cores_to_rank sets each rank's threads to its core share
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = str(spec.threads_per_rank(cores))
+    env = {**os.environ, "OMP_NUM_THREADS": threads}
     try:
         return subprocess.run(torchrun_command(spec, step, rest), env=env, check=False).returncode
     except KeyboardInterrupt:

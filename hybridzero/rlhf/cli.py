@@ -51,13 +51,7 @@ __all__ = ["UNSUPPORTED", "add_rlhf_commands", "add_settings_arguments", "settin
 
 # flag -> (DeepSpeed-Chat default that means "off", why hybridzero refuses any other value)
 UNSUPPORTED: dict[str, tuple[Any, str]] = {
-    "offload": (
-        False,
-        "offload in the RLHF CLI acts at step 3 only (put offload_optimizer in a DeepSpeed config for steps 1-2)",
-    ),
-    "offload_reference_model": (False, "offload in the RLHF CLI acts at step 3 only"),
-    "unpin_actor_parameters": (False, "the hybrid engine pins nothing to unpin"),
-    "release_inference_cache": (False, "the hybrid engine keeps no inference cache between generations"),
+    "offload_reference_model": (False, "step 3 has a reference model; steps 1-2 have none"),
     "dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "actor_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "critic_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
@@ -84,6 +78,8 @@ _IGNORED = {
     "deepspeed_config": "DeepSpeed-Chat builds its config from the flags too; hybridzero does the same",
     "deepscale": "DeepSpeed's old name of --deepspeed",
     "deepscale_config": "DeepSpeed's old name of --deepspeed_config",
+    "unpin_actor_parameters": "the hybrid engine keeps no gathered parameters between generations (nothing to unpin)",
+    "release_inference_cache": "the hybrid engine keeps no inference cache between generations (nothing to release)",
     "disable_dropout": "dropout is always 0 (log-probabilities must be deterministic)",
     "disable_actor_dropout": "dropout is always 0 (log-probabilities must be deterministic)",
     "disable_critic_dropout": "dropout is always 0 (log-probabilities must be deterministic)",
@@ -146,6 +142,16 @@ def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseMode
     for name, why in _IGNORED.items():
         if name in model.model_fields:
             continue  # a setting of this command (steps 1-2's --add_eot_token)
+        if name == "disable_dropout" and "dropout" in model.model_fields:  # steps 1-2: DS-Chat's older --dropout 0
+            parser.add_argument(
+                "--disable_dropout",
+                dest="dropout",
+                action="store_const",
+                const=0.0,
+                default=argparse.SUPPRESS,
+                help="the same as --dropout 0",
+            )
+            continue
         parser.add_argument(
             f"--{name}",
             dest=f"ignored__{name}",

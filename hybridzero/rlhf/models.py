@@ -1,8 +1,10 @@
 """The RLHF models: causal-LM actors and value models (reward model, critic), their tokenizer, and their on-disk form.
 
 ``model_name_or_path = "demo"`` builds the demo's tiny Llama from its config (seeded, trained from scratch) with the
-demo tokenizer (:mod:`hybridzero.rlhf.demo.task`). Dropout is forced to 0 on every model the RLHF steps load
-(:func:`dropout_overrides`): log-probabilities must be deterministic.
+demo tokenizer (:mod:`hybridzero.rlhf.demo.task`). Dropout: step 3's actor, reference and EMA are read with every
+dropout at 0 (:func:`dropout_overrides`), so their log-probabilities are deterministic; steps 1-2 train with
+DeepSpeed-Chat's ``--dropout`` (:func:`set_dropout`; unset keeps the model's own) and step 1 saves its config with
+dropout 0; a value model (reward model, critic) otherwise keeps its config's dropout.
 
 A **value model** is a causal LM's trunk (``AutoModel``: embeddings, blocks, final norm; no LM head) plus a value
 head of ``hidden_size`` weights: ``value[b, t] = <hidden[b, t], v_head>``. The reward model's score of a sequence
@@ -49,6 +51,7 @@ __all__ = [
     "ValueHeadModel",
     "check_loadable",
     "dropout_overrides",
+    "set_dropout",
     "is_value_model_dir",
     "last_token_index",
     "load_causal_lm",
@@ -177,13 +180,16 @@ def is_value_model_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / _MARKER).is_file()
 
 
-def load_value_model(path: str | os.PathLike[str], *, head_seed: int = 0) -> ValueHeadModel:
+def load_value_model(
+    path: str | os.PathLike[str], *, head_seed: int = 0, dropout: float | None = None
+) -> ValueHeadModel:
     """A value model from ``path``: a saved value model (trunk and head), or a causal-LM directory (its trunk; the
-    head is freshly initialised from ``head_seed``, as DeepSpeed-Chat's step 2 starts from a pretrained LM)."""
+    head is freshly initialised from ``head_seed``, as DeepSpeed-Chat's step 2 starts from a pretrained LM);
+    ``dropout`` as in :func:`set_dropout`."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json; expected a Hugging Face model directory")
-    hf_config = transformers.AutoConfig.from_pretrained(path)
+    hf_config = set_dropout(transformers.AutoConfig.from_pretrained(path), dropout)
     if is_value_model_dir(path):
         model = ValueHeadModel(hf_config, head_seed=head_seed)
         state = load_file(str(path / VALUE_MODEL_FILE))
@@ -191,7 +197,7 @@ def load_value_model(path: str | os.PathLike[str], *, head_seed: int = 0) -> Val
         if missing or unexpected:
             raise ValueError(f"{path / VALUE_MODEL_FILE}: missing keys {missing[:5]}, unexpected keys {unexpected[:5]}")
         return model
-    lm = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    lm = transformers.AutoModelForCausalLM.from_pretrained(path, config=hf_config, dtype=torch.float32)
     return ValueHeadModel(hf_config, transformer=lm.base_model, head_seed=head_seed)
 
 
@@ -326,15 +332,19 @@ def fit_embeddings(model: nn.Module, vocab: int, seed: int) -> int:
     return int(hf.get_input_embeddings().num_embeddings)
 
 
-def load_causal_lm(path: str, tokenizer: PreTrainedTokenizerBase, seed: int) -> tuple[nn.Module, PretrainedConfig]:
-    """``(model, hf_config)``: the demo model built from scratch (seeded) for ``"demo"``, else the HF directory."""
+def load_causal_lm(
+    path: str, tokenizer: PreTrainedTokenizerBase, seed: int, dropout: float | None = None
+) -> tuple[nn.Module, PretrainedConfig]:
+    """``(model, hf_config)``: the demo model built from scratch (seeded) for ``"demo"``, else the HF directory; the
+    model trains with ``dropout`` as in :func:`set_dropout`, the returned config (what is saved) has dropout 0."""
     if path == "demo":
         hf_config = demo_model_config(tokenizer)
         torch.manual_seed(seed)
-        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+        model = transformers.AutoModelForCausalLM.from_config(set_dropout(copy.deepcopy(hf_config), dropout))
     else:
         hf_config = transformers.AutoConfig.from_pretrained(path)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        run_config = set_dropout(transformers.AutoConfig.from_pretrained(path), dropout)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, config=run_config, dtype=torch.float32)
     for key, value in dropout_overrides(hf_config).items():
         setattr(hf_config, key, value)
     model.to(torch.float32)
@@ -354,6 +364,20 @@ _DROPOUT_KEYS: tuple[str, ...] = (
     "hidden_dropout_prob",
     "attention_probs_dropout_prob",
 )
+
+
+# the keys DeepSpeed-Chat's ``configure_dropout`` sets from ``--dropout`` (those a config has)
+DS_CHAT_DROPOUT_KEYS: tuple[str, ...] = ("dropout", "attention_dropout", "hidden_dropout", "activation_dropout")
+
+
+def set_dropout(hf_config: PretrainedConfig, dropout: float | None) -> PretrainedConfig:
+    """DeepSpeed-Chat's ``--dropout`` (steps 1-2): ``None`` keeps the model's own dropout; a value is set on each of
+    :data:`DS_CHAT_DROPOUT_KEYS` the config has. Returns ``hf_config`` (changed in place)."""
+    if dropout is not None:
+        for key in DS_CHAT_DROPOUT_KEYS:
+            if hasattr(hf_config, key):
+                setattr(hf_config, key, dropout)
+    return hf_config
 
 
 def dropout_overrides(hf_config: PretrainedConfig) -> dict[str, float]:

@@ -30,6 +30,7 @@ from hybridzero.rlhf.models import (
     load_tokenizer,
     load_value_model,
     save_value_model,
+    set_dropout,
 )
 from hybridzero.rlhf.runlog import open_runlog
 from hybridzero.rlhf.settings import RewardSettings
@@ -103,8 +104,8 @@ def _build_model(s: RewardSettings, tok: PreTrainedTokenizerBase) -> ValueHeadMo
     """The value model: from a model directory, or the demo config from scratch (seeded)."""
     if s.model_name_or_path == "demo":
         torch.manual_seed(s.seed)
-        return ValueHeadModel(demo_model_config(tok), head_seed=s.seed)
-    model = load_value_model(s.model_name_or_path, head_seed=s.seed)
+        return ValueHeadModel(set_dropout(demo_model_config(tok), s.dropout), head_seed=s.seed)
+    model = load_value_model(s.model_name_or_path, head_seed=s.seed, dropout=s.dropout)
     if fit_embeddings(model.transformer, len(tok), s.seed) != model.config.vocab_size:  # --add_eot_token's token
         model.config.vocab_size = cast(Any, model.transformer).config.vocab_size
     return model

@@ -125,6 +125,29 @@ class SupervisedSettings(StepSettings, SupervisedLoRA):
         False, description="--eot_token becomes one special token ending every answer (the tokenizer's eos)"
     )
     eot_token: str = Field("<|endoftext|>", description="DeepSpeed-Chat's end-of-turn token (with --add_eot_token)")
+    dropout: float | None = Field(
+        None,
+        ge=0.0,
+        lt=1.0,
+        description="DeepSpeed-Chat's --dropout: the model config's dropout, attention_dropout, hidden_dropout and "
+        "activation_dropout (those it has) during training; default: the model's own (--disable_dropout: 0)",
+    )
+    offload: bool = Field(
+        False,
+        description="ZeRO-Offload (DeepSpeed-Chat's --offload): fp32 master, gradients and Adam state on the host, "
+        "and at stage 3 the parameter shards too; needs zero_stage >= 1",
+    )
+
+    @model_validator(mode="after")
+    def _check_offload(self) -> SupervisedSettings:
+        """``offload`` moves the optimizer's shard, which only a ZeRO stage has (DeepSpeed-Chat at stage 0 would
+        hand DeepSpeedCPUAdam device parameters)."""
+        if self.offload and self.zero_stage == 0:
+            raise ValueError(
+                "offload = True needs zero_stage 1, 2 or 3 (ZeRO-Offload moves the optimizer's shard to the host), "
+                "got zero_stage = 0; pass --zero_stage 1, 2 or 3, or drop --offload"
+            )
+        return self
 
 
 class SFTSettings(SupervisedSettings):

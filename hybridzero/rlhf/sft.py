@@ -92,7 +92,7 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
     if s.add_eot_token:
         add_eot_token(tok, s.eot_token)
     pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
-    model, hf_config = load_causal_lm(s.model_name_or_path, tok, s.seed)
+    model, hf_config = load_causal_lm(s.model_name_or_path, tok, s.seed, s.dropout)
     train_recs, eval_recs = phase_train_eval(
         s.data_path, s.data_split, 1, None, s.seed, s.data_root, s.eval_fraction
     )  # a DeepSpeed-Chat dataset's own test split where it has one, else a held-out eval_fraction

@@ -86,6 +86,7 @@ def supervised_engine(model: nn.Module, s: SupervisedSettings, n_train: int, wha
         grad_accum=s.gradient_accumulation_steps,
         optim=optim,
         clipping=s.gradient_clipping,
+        offload=s.offload,  # DeepSpeed-Chat's --offload: ZeRO-Offload of the optimizer (and stage-3 parameters)
     )
     head = ("v_head",) if isinstance(model, ValueHeadModel) else ()  # step 2 trains its head (DS-Chat)
     lora = LoRASpec(s.lora_dim, s.lora_module_name, s.only_optimize_lora, s.lora_learning_rate, s.seed, head)

@@ -168,3 +168,40 @@ def test_add_eot_token_adds_one_special_token_that_ends_answers(world, tmp_path:
     pool.run(reward_run, dict(common, model_name_or_path=str(tmp_path / "sft"), output_dir=str(tmp_path / "rm")))
     rm = load_value_model(tmp_path / "rm")
     assert rm.transformer.get_input_embeddings().num_embeddings == size
+
+
+def _weights(path: Path, value: bool) -> dict[str, torch.Tensor]:
+    import transformers
+
+    from hybridzero.rlhf.models import load_value_model
+
+    model = load_value_model(path) if value else transformers.AutoModelForCausalLM.from_pretrained(path)
+    return model.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("run", "stage", "dtype", "extra"),
+    [
+        ("reward", 3, "fp16", {"gradient_checkpointing": True, "weight_decay": 0.1}),  # llama2/run_llama2_7b.sh
+        ("sft", 2, "fp32", {"lora_dim": 4, "lora_module_name": "layers."}),
+    ],
+)
+def test_steps12_offload_is_bitwise_the_run_without(
+    world, tmp_path: Path, run: str, stage: int, dtype: str, extra: dict[str, object]
+) -> None:
+    """DeepSpeed-Chat's ``--offload`` at steps 1-2 (the llama2 reward scripts pass it): ZeRO-Offload of the
+    optimizer (fp32 master, gradients, Adam state on the host; at stage 3 the parameter shards too) changes where
+    the state lives, not one bit of the result: every metric and every saved weight equal the run without."""
+    actor, _ = make_model_dirs(tmp_path / "models")
+    pool = world(2)
+    common = {"per_device_train_batch_size": 2, "max_seq_len": 24, "progress": False, "max_steps": 3}
+    common |= {"model_name_or_path": actor, "zero_stage": stage, "dtype": dtype, "print_every": 1000, **extra}
+    fn = reward_run if run == "reward" else sft_run
+    results = {}
+    for offload in (False, True):
+        out = tmp_path / f"{run}_{offload}"
+        metrics = pool.run(fn, dict(common, offload=offload, output_dir=str(out)))
+        results[offload] = ({k: v for k, v in metrics[0].items() if k != "step_time_s"}, _weights(out, run == "reward"))
+    (plain, plain_w), (off, off_w) = results[False], results[True]
+    assert plain == off and plain["loss"] > 0.0
+    assert plain_w.keys() == off_w.keys() and all(torch.equal(plain_w[k], off_w[k]) for k in plain_w)

@@ -1,15 +1,19 @@
 """DeepSpeed-Chat's own launch scripts through ``hybridzero launch --num_gpus 2`` at world 2.
 
-Each entry is the argument list of one ``training_scripts/**/*.sh`` of DeepSpeed-Chat, flags and values exactly as
-the script passes them, except: model paths are tiny local models, sequence lengths are shrunk, ``$OUTPUT`` is a
-temporary folder, and the DeepSpeed-Chat dataset names resolve to small fixtures in every schema through
-``$HYBRIDZERO_DATA_ROOT`` (no download). For CI cost each run appends a stop (``--max_steps 2`` for steps 1-2,
+The 28 scripts' ``deepspeed ... main.py ARGS`` lines are data (:mod:`tests.integration.dschat_script_args`, with
+their source and the shell substitutions). The test replaces values by flag only: the model of
+``--model_name_or_path`` / ``--actor_model_name_or_path`` is the tiny Llama (the critic's a tiny value model),
+``--output_dir`` / ``--tensorboard_path`` a temporary folder; lengths shrink (``--max_seq_len`` 32, answers 8 and
+prompts 12 tokens, also where the script leaves DeepSpeed-Chat's default of 512 / 256); ``--inference_tp_size`` is
+at most the world size (2); every LoRA module name points at the tiny Llama's blocks (``layers.``). The DeepSpeed-Chat
+dataset names resolve to small fixtures in every schema through ``$HYBRIDZERO_DATA_ROOT`` (no download). The
+launcher gets ``--num_gpus 2`` in place of the script's ``--num_gpus`` / ``--master_port`` and keeps its other flags
+(``--bind_cores_to_rank``). For CI cost each run appends a stop (``--max_steps 2`` for steps 1-2,
 ``--enable_test_mode --test_stop_step 2`` for step 3) and ``--progress false``.
 
-Every entry parses (fast test); the runs are slow tests.
-
-Long because it holds the scripts' argument lists as data (one entry per DeepSpeed-Chat script); the test code
-itself is short.
+Every script parses (fast test). Every script runs (slow test), except the five of ``SHARED_RUNS``: each has the
+flags of another script in the same roles, only other values, so it takes that script's code path; a fast test
+checks that their flag sets are equal.
 """
 
 from __future__ import annotations
@@ -23,470 +27,61 @@ from pathlib import Path
 import pytest
 
 from hybridzero.cli import build_parser
+from hybridzero.launch import parse_launch
 from hybridzero.rlhf.cli import settings_from_args
 from hybridzero.rlhf.settings import PPOSettings, RewardSettings, SFTSettings
+from tests.integration.dschat_script_args import SCRIPTS, SHARED_RUNS, Script
 from tests.workers.rlhf_runs import make_model_dirs
 
-SFT_MODEL, RM_MODEL, ACTOR, CRITIC, OUT = "$SFT_MODEL", "$RM_MODEL", "$ACTOR", "$CRITIC", "$OUTPUT"
-
-# (script, step, argv as the script passes it, with paths and lengths substituted)
-SCRIPTS: list[tuple[str, str, list[str]]] = [
-    (
-        "step1 opt/single_gpu/run_1.3b.sh",
-        "sft",
-        [
-            "--model_name_or_path",
-            SFT_MODEL,
-            "--gradient_accumulation_steps",
-            "8",
-            "--lora_dim",
-            "128",
-            "--zero_stage",
-            "0",
-            "--enable_tensorboard",
-            "--tensorboard_path",
-            OUT,
-            "--deepspeed",
-            "--output_dir",
-            OUT,
-            "--max_seq_len",
-            "32",
-        ],
-    ),
-    (
-        "step1 other_language/run_chinese.sh",
-        "sft",
-        [
-            "--data_path",
-            "wangrui6/Zhihu-KOL",
-            "Cohere/miracl-zh-queries-22-12",
-            "Hello-SimpleAI/HC3-Chinese",
-            "mkqa-Chinese",
-            "--data_split",
-            "10,0,0",
-            "--model_name_or_path",
-            SFT_MODEL,
-            "--per_device_train_batch_size",
-            "8",
-            "--per_device_eval_batch_size",
-            "8",
-            "--max_seq_len",
-            "32",
-            "--learning_rate",
-            "9.65e-6",
-            "--weight_decay",
-            "0.",
-            "--num_train_epochs",
-            "16",
-            "--gradient_accumulation_steps",
-            "1",
-            "--lr_scheduler_type",
-            "cosine",
-            "--num_warmup_steps",
-            "0",
-            "--seed",
-            "1234",
-            "--zero_stage",
-            "2",
-            "--deepspeed",
-            "--output_dir",
-            OUT,
-        ],
-    ),
-    (
-        "step1 single_node/run_1.3b.sh",
-        "sft",
-        [
-            "--data_path",
-            "Dahoas/rm-static",
-            "Dahoas/full-hh-rlhf",
-            "Dahoas/synthetic-instruct-gptj-pairwise",
-            "yitingxie/rlhf-reward-datasets",
-            "--data_split",
-            "2,4,4",
-            "--model_name_or_path",
-            SFT_MODEL,
-            "--per_device_train_batch_size",
-            "8",
-            "--per_device_eval_batch_size",
-            "8",
-            "--max_seq_len",
-            "32",
-            "--learning_rate",
-            "9.65e-6",
-            "--weight_decay",
-            "0.",
-            "--num_train_epochs",
-            "16",
-            "--gradient_accumulation_steps",
-            "1",
-            "--lr_scheduler_type",
-            "cosine",
-            "--num_warmup_steps",
-            "0",
-            "--seed",
-            "1234",
-            "--zero_stage",
-            "2",
-            "--deepspeed",
-            "--enable_tensorboard",
-            "--tensorboard_path",
-            OUT,
-            "--output_dir",
-            OUT,
-        ],
-    ),
-    (
-        "step2 opt/multi_node/run_350m.sh",
-        "reward",
-        [
-            "--data_path",
-            "Dahoas/rm-static",
-            "Dahoas/full-hh-rlhf",
-            "Dahoas/synthetic-instruct-gptj-pairwise",
-            "yitingxie/rlhf-reward-datasets",
-            "--data_split",
-            "2,4,4",
-            "--model_name_or_path",
-            RM_MODEL,
-            "--num_padding_at_beginning",
-            "1",
-            "--per_device_train_batch_size",
-            "2",
-            "--per_device_eval_batch_size",
-            "2",
-            "--max_seq_len",
-            "32",
-            "--learning_rate",
-            "5e-5",
-            "--weight_decay",
-            "0.1",
-            "--disable_dropout",
-            "--num_train_epochs",
-            "1",
-            "--gradient_accumulation_steps",
-            "1",
-            "--lr_scheduler_type",
-            "cosine",
-            "--num_warmup_steps",
-            "0",
-            "--seed",
-            "1234",
-            "--zero_stage",
-            "0",
-            "--deepspeed",
-            "--output_dir",
-            OUT,
-        ],
-    ),
-    (
-        "step2 opt/single_gpu/run_350m.sh",
-        "reward",
-        [
-            "--model_name_or_path",
-            RM_MODEL,
-            "--num_padding_at_beginning",
-            "1",
-            "--weight_decay",
-            "0.1",
-            "--disable_dropout",
-            "--gradient_accumulation_steps",
-            "4",
-            "--zero_stage",
-            "0",
-            "--enable_tensorboard",
-            "--tensorboard_path",
-            OUT,
-            "--deepspeed",
-            "--output_dir",
-            OUT,
-            "--max_seq_len",
-            "32",
-        ],
-    ),
-    (
-        "step3 opt/single_node/run_1.3b.sh",
-        "ppo",
-        [
-            "--data_path",
-            "Dahoas/rm-static",
-            "--data_split",
-            "2,4,4",
-            "--actor_model_name_or_path",
-            ACTOR,
-            "--critic_model_name_or_path",
-            CRITIC,
-            "--num_padding_at_beginning",
-            "1",
-            "--per_device_generation_batch_size",
-            "4",
-            "--per_device_training_batch_size",
-            "4",
-            "--generation_batches",
-            "1",
-            "--ppo_epochs",
-            "1",
-            "--max_answer_seq_len",
-            "8",
-            "--max_prompt_seq_len",
-            "12",
-            "--actor_learning_rate",
-            "9.65e-6",
-            "--critic_learning_rate",
-            "5e-6",
-            "--num_train_epochs",
-            "1",
-            "--lr_scheduler_type",
-            "cosine",
-            "--gradient_accumulation_steps",
-            "1",
-            "--actor_dropout",
-            "0.0",
-            "--num_warmup_steps",
-            "100",
-            "--deepspeed",
-            "--seed",
-            "1234",
-            "--enable_hybrid_engine",
-            "--actor_zero_stage",
-            "2",
-            "--critic_zero_stage",
-            "2",
-            "--enable_ema",
-            "--output_dir",
-            OUT,
-            "--enable_tensorboard",
-            "--tensorboard_path",
-            OUT,
-        ],
-    ),
-    (
-        "step3 opt/single_node/run_6.7b.sh",
-        "ppo",
-        [
-            "--data_path",
-            "Dahoas/rm-static",
-            "--data_split",
-            "2,4,4",
-            "--actor_model_name_or_path",
-            ACTOR,
-            "--critic_model_name_or_path",
-            CRITIC,
-            "--num_padding_at_beginning",
-            "1",
-            "--per_device_generation_batch_size",
-            "4",
-            "--per_device_training_batch_size",
-            "4",
-            "--generation_batches",
-            "1",
-            "--ppo_epochs",
-            "1",
-            "--max_answer_seq_len",
-            "8",
-            "--max_prompt_seq_len",
-            "12",
-            "--actor_learning_rate",
-            "9.65e-6",
-            "--critic_learning_rate",
-            "5e-6",
-            "--actor_weight_decay",
-            "0.1",
-            "--critic_weight_decay",
-            "0.1",
-            "--num_train_epochs",
-            "1",
-            "--lr_scheduler_type",
-            "cosine",
-            "--gradient_accumulation_steps",
-            "1",
-            "--actor_gradient_checkpointing",
-            "--actor_dropout",
-            "0.0",
-            "--num_warmup_steps",
-            "100",
-            "--deepspeed",
-            "--seed",
-            "1234",
-            "--enable_hybrid_engine",
-            "--actor_zero_stage",
-            "3",
-            "--critic_zero_stage",
-            "3",
-            "--output_dir",
-            OUT,
-        ],
-    ),
-    (
-        "step3 opt/single_gpu/run_1.3b.sh",
-        "ppo",
-        [
-            "--actor_model_name_or_path",
-            ACTOR,
-            "--critic_model_name_or_path",
-            CRITIC,
-            "--actor_zero_stage",
-            "0",
-            "--critic_zero_stage",
-            "0",
-            "--num_padding_at_beginning",
-            "1",
-            "--gradient_accumulation_steps",
-            "2",
-            "--deepspeed",
-            "--actor_lora_dim",
-            "128",
-            "--enable_hybrid_engine",
-            "--actor_gradient_checkpointing",
-            "--actor_dropout",
-            "0.0",
-            "--output_dir",
-            OUT,
-            "--max_answer_seq_len",
-            "8",
-            "--max_prompt_seq_len",
-            "12",
-        ],
-    ),
-    (
-        "step3 llama2/run_llama2_7b.sh",
-        "ppo",
-        [
-            "--data_path",
-            "Dahoas/rm-static",
-            "--data_split",
-            "2,4,4",
-            "--actor_model_name_or_path",
-            ACTOR,
-            "--critic_model_name_or_path",
-            CRITIC,
-            "--num_padding_at_beginning",
-            "1",
-            "--per_device_generation_batch_size",
-            "1",
-            "--per_device_training_batch_size",
-            "1",
-            "--generation_batches",
-            "1",
-            "--ppo_epochs",
-            "1",
-            "--max_answer_seq_len",
-            "8",
-            "--max_prompt_seq_len",
-            "12",
-            "--actor_learning_rate",
-            "9.65e-6",
-            "--critic_learning_rate",
-            "5e-6",
-            "--actor_weight_decay",
-            "0.1",
-            "--critic_weight_decay",
-            "0.1",
-            "--num_train_epochs",
-            "1",
-            "--lr_scheduler_type",
-            "cosine",
-            "--gradient_accumulation_steps",
-            "1",
-            "--actor_gradient_checkpointing",
-            "--critic_gradient_checkpointing",
-            "--offload_reference_model",
-            "--disable_actor_dropout",
-            "--num_warmup_steps",
-            "100",
-            "--deepspeed",
-            "--seed",
-            "1234",
-            "--actor_zero_stage",
-            "3",
-            "--critic_zero_stage",
-            "3",
-            "--enable_hybrid_engine",
-            "--output_dir",
-            OUT,
-        ],
-    ),
-    (
-        "step3 opt/single_node/run_13b.sh",
-        "ppo",
-        [
-            "--data_path",
-            "Dahoas/rm-static",
-            "--data_split",
-            "2,4,4",
-            "--actor_model_name_or_path",
-            ACTOR,
-            "--critic_model_name_or_path",
-            CRITIC,
-            "--num_padding_at_beginning",
-            "1",
-            "--per_device_generation_batch_size",
-            "16",
-            "--per_device_training_batch_size",
-            "16",
-            "--generation_batches",
-            "1",
-            "--ppo_epochs",
-            "1",
-            "--max_answer_seq_len",
-            "8",
-            "--max_prompt_seq_len",
-            "12",
-            "--actor_learning_rate",
-            "5e-4",
-            "--critic_learning_rate",
-            "5e-6",
-            "--num_train_epochs",
-            "1",
-            "--lr_scheduler_type",
-            "cosine",
-            "--gradient_accumulation_steps",
-            "1",
-            "--num_warmup_steps",
-            "100",
-            "--deepspeed",
-            "--seed",
-            "1234",
-            "--enable_hybrid_engine",
-            "--inference_tp_size",
-            "2",
-            "--actor_zero_stage",
-            "3",
-            "--critic_zero_stage",
-            "3",
-            "--actor_gradient_checkpointing",
-            "--disable_actor_dropout",
-            "--actor_lora_dim",
-            "128",
-            "--actor_lora_module_name",
-            "decoder.layers.",
-            "--output_dir",
-            OUT,
-        ],
-    ),
-]
 _MODELS = {"sft": SFTSettings, "reward": RewardSettings, "ppo": PPOSettings}
 _STOP = {
     "sft": ["--max_steps", "2"],
     "reward": ["--max_steps", "2"],
     "ppo": ["--enable_test_mode", "--test_stop_step", "2"],
 }
-_IDS = [s[0] for s in SCRIPTS]
+_LENGTHS = {"sft": {"--max_seq_len": "32"}, "reward": {"--max_seq_len": "32"}}
+_LENGTHS["ppo"] = {"--max_answer_seq_len": "8", "--max_prompt_seq_len": "12"}
+_BY_PATH = {s.path: s for s in SCRIPTS}
+_RUN = [s.path for s in SCRIPTS if s.path not in SHARED_RUNS]
 
 
-def _fill(argv: list[str], paths: dict[str, str]) -> list[str]:
-    return [paths.get(a, a) for a in argv]
+def step_args(script: Script, actor: str, critic: str, out: str) -> list[str]:
+    """``main.py``'s arguments with the values the module docstring lists replaced (by flag)."""
+    value_of = {
+        "--model_name_or_path": actor,
+        "--actor_model_name_or_path": actor,
+        "--critic_model_name_or_path": critic,
+        "--output_dir": out,
+        "--tensorboard_path": out,
+        "--inference_tp_size": None,  # min(value, 2)
+        **{flag: "layers." for flag in ("--lora_module_name", "--actor_lora_module_name", "--critic_lora_module_name")},
+        **_LENGTHS[script.step],
+    }
+    args = script.main_args()
+    out_args: list[str] = []
+    for i, arg in enumerate(args):
+        prev = args[i - 1] if i else ""
+        if prev in value_of:
+            out_args.append(str(min(int(arg), 2)) if value_of[prev] is None else str(value_of[prev]))
+        else:
+            out_args.append(arg)
+    missing = {**_LENGTHS[script.step], **_lora_targets(args)}
+    return out_args + [x for flag, v in missing.items() if flag not in args for x in (flag, v)]
 
 
-def _lora_targets(argv: list[str]) -> list[str]:
-    """The OPT scripts' LoRA target, DS-Chat's default "decoder.layers.", names OPT's blocks; the tiny stand-in model
-    is a Llama, whose blocks are "model.layers.": point each LoRA flag the script turns on at them (last one wins)."""
+def _lora_targets(argv: list[str]) -> dict[str, str]:
+    """A LoRA flag the script turns on without its module name gets one (DS-Chat's default "decoder.layers." names
+    OPT's blocks; the tiny stand-in model is a Llama, whose blocks are "model.layers.")."""
     pairs = {
         "--lora_dim": "--lora_module_name",
         "--actor_lora_dim": "--actor_lora_module_name",
         "--critic_lora_dim": "--critic_lora_module_name",
     }
-    return [arg for flag, target in pairs.items() if flag in argv for arg in (target, "layers.")]
+    return {target: "layers." for flag, target in pairs.items() if flag in argv}
+
+
+def _flags(script: Script) -> set[str]:
+    return {a for a in step_args(script, "m", "c", "o") if a.startswith("--")}
 
 
 def write_fixtures(root: Path) -> None:
@@ -527,45 +122,51 @@ def write_fixtures(root: Path) -> None:
             }
             for i in range(20)
         ],
+        "Cohere/miracl-ja-queries-22-12": [
+            {"query": digits(i), "positive_passages": [{"text": digits(i + 5)}], "negative_passages": [{"text": "0"}]}
+            for i in range(20)
+        ],
+        "lmqg/qg_jaquad": [{"question": digits(i), "sentence": digits(i + 6)} for i in range(20)],
+        "lmqg/qag_jaquad": [{"questions": [digits(i)], "paragraph": digits(i + 7)} for i in range(20)],
     }
     for folder, items in rows.items():
         (root / folder).mkdir(parents=True, exist_ok=True)
         (root / folder / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in items))
 
 
-@pytest.mark.parametrize("script", _IDS)
-def test_script_arguments_parse(script: str) -> None:
-    """Every entry parses into settings."""
-    _, step, argv = next(s for s in SCRIPTS if s[0] == script)
-    paths = {SFT_MODEL: "m", RM_MODEL: "m", ACTOR: "a", CRITIC: "c", OUT: "out"}
-    args = build_parser().parse_args([step, *_fill(argv, paths)])
-    s = settings_from_args(_MODELS[step], args)
-    assert s.dtype == "fp16" and s.output_dir == "out"  # DeepSpeed-Chat's default dtype; the script's output
+def test_the_28_scripts_and_the_shared_runs() -> None:
+    """28 distinct scripts (12 of step 1, 5 of step 2, 11 of step 3); a script that shares another's run has
+    exactly its flags (after the substitutions) and the same step."""
+    assert len(_BY_PATH) == len(SCRIPTS) == 28
+    assert [sum(s.step == step for s in SCRIPTS) for step in ("sft", "reward", "ppo")] == [12, 5, 11]
+    for path, runner in SHARED_RUNS.items():
+        shared, ran = _BY_PATH[path], _BY_PATH[runner]
+        assert runner not in SHARED_RUNS and shared.step == ran.step
+        assert _flags(shared) == _flags(ran), (path, _flags(shared) ^ _flags(ran))
+
+
+@pytest.mark.parametrize("path", list(_BY_PATH))
+def test_script_arguments_parse(path: str) -> None:
+    """Every script's launcher flags and ``main.py`` arguments parse (the latter into settings)."""
+    script = _BY_PATH[path]
+    spec, step, rest = parse_launch([*script.launcher_flags(), script.step, "--x"])
+    assert (step, rest) == (script.step, ["--x"]) and spec.bind_cores == ("--bind_cores_to_rank" in script.line)
+    args = build_parser().parse_args([script.step, *script.main_args()])
+    s = settings_from_args(_MODELS[script.step], args)
+    assert s.dtype == "fp16" and s.output_dir.startswith("$OUTPUT")  # DeepSpeed-Chat's default dtype; the script's
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("script", _IDS)
-def test_script_runs_at_world_2(script: str, tmp_path: Path) -> None:
-    _, step, argv = next(s for s in SCRIPTS if s[0] == script)
+@pytest.mark.parametrize("path", _RUN)
+def test_script_runs_at_world_2(path: str, tmp_path: Path) -> None:
+    script = _BY_PATH[path]
     actor, value = make_model_dirs(tmp_path / "models")
     data = tmp_path / "data"
     write_fixtures(data)
     out = tmp_path / "out"
-    paths = {SFT_MODEL: actor, RM_MODEL: actor, ACTOR: actor, CRITIC: value, OUT: str(out)}
-    cmd = [
-        sys.executable,
-        "-m",
-        "hybridzero",
-        "launch",
-        "--num_gpus",
-        "2",
-        step,
-        *_fill(argv, paths),
-        *_lora_targets(argv),
-        *_STOP[step],
-        "--progress",
-        "false",
-    ]
+    kept = [f for f in script.launcher_flags() if f == "--bind_cores_to_rank"]
+    cmd = [sys.executable, "-m", "hybridzero", "launch", "--num_gpus", "2", *kept, script.step]
+    cmd += [*step_args(script, actor, value, str(out)), *_STOP[script.step], "--progress", "false"]
     env = {
         **os.environ,
         "OMP_NUM_THREADS": "1",
@@ -579,7 +180,7 @@ def test_script_runs_at_world_2(script: str, tmp_path: Path) -> None:
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in rows if r["phase"] in ("sft", "reward", "ppo")]
     assert steps == [1, 2], steps
-    model_dir = out / "actor" if step == "ppo" else out
+    model_dir = out / "actor" if script.step == "ppo" else out
     config = json.loads((model_dir / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and (model_dir / "tokenizer_config.json").is_file()
 

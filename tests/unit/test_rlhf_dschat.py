@@ -228,9 +228,21 @@ def test_launcher_maps_deepspeed_flags_onto_torchrun() -> None:
         (["--num_gpus", "x", "sft"], "--num_gpus 'x': expected an integer"),
         (["--num_gpus", "2", "main.py"], "STEP 'main.py' is not one of"),
         (["--bogus", "1", "sft"], "unknown launcher flag '--bogus'"),
+        (["--bind_core_list", "0-x", "sft"], "--bind_core_list '0-x': expected core numbers and ranges"),
     ):
         with pytest.raises(ValueError, match=match):
             parse_launch(argv)
+
+
+def test_bind_cores_to_rank_gives_each_rank_its_core_share() -> None:
+    """DeepSpeed's ``--bind_cores_to_rank`` (DeepSpeed-Chat's scripts pass it): each local rank's OMP_NUM_THREADS is
+    its share of the cores, or of ``--bind_core_list``'s; at least one."""
+    spec, step, rest = parse_launch(["--num_gpus", "3", "--bind_cores_to_rank", "reward", "--offload"])
+    assert (spec.bind_cores, spec.procs, step, rest) == (True, 3, "reward", ["--offload"])
+    assert (spec.threads_per_rank(16), spec.threads_per_rank(2)) == (5, 1)
+    spec, _, _ = parse_launch(["--bind_cores_to_rank", "--bind_core_list", "0-3,8", "--num_gpus", "2", "sft"])
+    assert spec.core_list == "0-3,8" and spec.threads_per_rank(64) == 2
+    assert not parse_launch(["sft"])[0].bind_cores
 
 
 def test_unloadable_models_end_in_one_line_naming_them(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
