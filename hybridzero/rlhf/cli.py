@@ -33,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from hybridzero.rlhf.demo.arith_run import run_arith_demo
 from hybridzero.rlhf.demo.run import demo_monitor, run_demo
 from hybridzero.rlhf.models import check_loadable
 from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
@@ -317,10 +318,14 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    out = args.output_dir or ("runs/demo" if args.task == "reverse" else "runs/demo_arith")
     if "RANK" not in os.environ and args.world_size > 1:
-        argv = ["demo", "--output_dir", args.output_dir, "--world_size", "1"] + (["--quick"] if args.quick else [])
-        return _relaunch(args.world_size, argv)
-    run_demo(args.output_dir, quick=args.quick)
+        argv = ["demo", "--task", args.task, "--output_dir", out, "--world_size", "1"]
+        return _relaunch(args.world_size, argv + (["--quick"] if args.quick else []))
+    if args.task == "arithmetic":
+        run_arith_demo(out, quick=args.quick)
+    else:
+        run_demo(out, quick=args.quick)
     return 0
 
 
@@ -353,7 +358,14 @@ def add_rlhf_commands(subparsers: argparse._SubParsersAction) -> None:
         description="Train a tiny Llama from scratch on the shipped 'reverse the digits' "
         "task through all three steps, then report the hidden rule's score.",
     )
-    p.add_argument("--output_dir", "--output-dir", default="runs/demo")
+    p.add_argument(
+        "--task",
+        choices=("reverse", "arithmetic"),
+        default="reverse",
+        help="reverse: SFT -> reward model -> PPO on 'reverse the digits' (default); arithmetic: SFT on imperfect "
+        "'add a digit' demonstrations -> GRPO with reward functions only (exact checker + format)",
+    )
+    p.add_argument("--output_dir", "--output-dir", default=None, help="default runs/demo or runs/demo_arith")
     p.add_argument("--world_size", "--world-size", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="a few steps per stage (smoke run)")
     p.set_defaults(func=_demo)
