@@ -56,6 +56,7 @@ class RolloutBatch:
     exp: Experience
     prompt_ids: list[int]
     finished: torch.Tensor | None = None  # [B] bool: the answer ended (EOS or stop string) within the limit
+    sample_ids: list[int] | None = None  # each row's sampling id (its seed with the run seed)
 
 
 @dataclass(frozen=True)
@@ -143,7 +144,7 @@ class Step3:
             stop=(self.tok, s.stop_strings) if isinstance(s, GRPOSettings) and s.stop_strings else None,
         )
         with_ref = not isinstance(s, GRPOSettings) or s.grpo_kl_coef > 0  # GRPO without a KL term: no reference pass
-        return RolloutBatch(make_experience(self.roles, ro, with_ref=with_ref), prompt_ids, ro.finished)
+        return RolloutBatch(make_experience(self.roles, ro, with_ref=with_ref), prompt_ids, ro.finished, sample_ids)
 
     def minibatches(self, exp: Experience) -> Iterator[tuple[int, int]]:
         """``(lo, hi)`` row ranges of the training mini-batches of one generation batch."""
