@@ -39,6 +39,7 @@ from hybridzero.rlhf.models import check_loadable
 from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
 from hybridzero.rlhf.reward import train_reward
 from hybridzero.rlhf.settings import (
+    GRPO_ALIASES,
     GRPOSettings,
     PPOSettings,
     RewardSettings,
@@ -166,8 +167,10 @@ def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseMode
                 default=argparse.SUPPRESS,
                 help="DeepSpeed-Chat flag; only its default is accepted",
             )
-    for alias, target in _ALIASES.items():
-        parser.add_argument(f"--{alias}", dest=target, type=int, default=argparse.SUPPRESS, help=f"alias of --{target}")
+    aliases = {**_ALIASES, **(GRPO_ALIASES if issubclass(model, GRPOSettings) else {})}
+    for alias, target in aliases.items():
+        kwargs = _flag_kwargs(model.model_fields[target].annotation)
+        parser.add_argument(f"--{alias}", dest=target, default=argparse.SUPPRESS, help=f"alias of --{target}", **kwargs)
 
 
 def _check_unsupported(given: dict[str, Any]) -> None:
@@ -302,7 +305,8 @@ def _check_models(settings: BaseModel) -> None:
     """Fail in one line, before any engine exists, on a model path or Hub id that cannot be loaded."""
     if isinstance(settings, PPOSettings):
         check_loadable(settings.actor_model_name_or_path, "--actor_model_name_or_path")
-        check_loadable(settings.critic_model_name_or_path, "--critic_model_name_or_path")
+        if not isinstance(settings, GRPOSettings) or settings.uses_reward_model():
+            check_loadable(settings.critic_model_name_or_path, "--critic_model_name_or_path")
     elif isinstance(settings, SupervisedSettings):
         check_loadable(settings.model_name_or_path, "--model_name_or_path")
 
