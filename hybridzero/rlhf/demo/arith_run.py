@@ -88,6 +88,9 @@ def arith_grpo_settings(out: Path, sft_dir: str, quick: bool = False, world: int
         resume=False,
         reward_funcs=list(ARITH_REWARDS),
         reward_weights=list(ARITH_REWARD_WEIGHTS),
+        # the shipped functions are pure and fast: called in-process (as TRL does) instead of one forked child per
+        # call with a deadline, which cost ~40% of an iteration here (cProfile: fork + pipe wait ~0.4 s of ~1 s)
+        reward_timeout=0.0,
     )
 
 
