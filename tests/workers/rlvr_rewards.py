@@ -55,3 +55,13 @@ def nan_on_rank(completions: list[str], **kwargs: Any) -> list[float]:
     if _failing_here():
         values[1] = float("nan")
     return values
+
+
+def first_is_digit(completions: list[str], **kwargs: Any) -> list[float]:
+    """1 when the answer starts with a digit: coarse, so whole groups often tie (DAPO's dynamic sampling)."""
+    return [float(bool(a) and a[0].isdigit()) for a in completions]
+
+
+def nothing_after_equals(completions: list[str], **kwargs: Any) -> list[float]:
+    """1 when no text follows an ``=`` (what a stop string ``=`` must guarantee), else 0."""
+    return [float("=" not in a or a.rstrip().endswith("=")) for a in completions]
