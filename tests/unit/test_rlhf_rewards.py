@@ -158,3 +158,20 @@ def test_reward_sources_in_the_settings() -> None:
         GRPOSettings(reward_model=False)
     with pytest.raises(ValueError, match="overlong_buffer_length"):
         GRPOSettings(overlong_buffer_length=300)
+
+
+def test_stop_strings_cut_after_the_string() -> None:
+    from hybridzero.rlhf.demo.task import build_tokenizer
+    from hybridzero.rlhf.stops import StopOnStrings, cut_after_stop
+
+    tok = build_tokenizer()
+    rows = [tok.encode(text, add_special_tokens=False) for text in ("1 = 2 3", "4 5 6 7", "8 9 = =")]
+    answers = torch.tensor(rows)
+    # "1 =" after 2 tokens; no stop in row 1; row 2 only up to its valid length 3 -> "8 9 =" after 3
+    assert cut_after_stop(tok, answers, torch.tensor([4, 4, 3]), ["="]).tolist() == [2, 4, 3]
+    assert cut_after_stop(tok, answers, torch.tensor([4, 4, 2]), ["9 ="]).tolist() == [4, 4, 2]  # cut off by length
+    prompt = torch.tensor([[tok.convert_tokens_to_ids("5")]] * 3)
+    done = StopOnStrings(tok, ["="], prompt_width=1)(torch.cat([prompt, answers[:, :2]], dim=1), torch.zeros(3, 5))
+    assert done.tolist() == [True, False, False]  # the prompt's own text is never searched
+    with pytest.raises(ValueError, match="non-empty"):
+        StopOnStrings(tok, [""], prompt_width=1)
