@@ -36,6 +36,7 @@ from hybridzero.rlhf.math import (
 )
 from hybridzero.rlhf.models import ValueHeadModel
 from hybridzero.rlhf.reward import train_reward
+from hybridzero.rlhf.rewards import RewardError, load_reward_function
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings, RewardSettings, SFTSettings
 from hybridzero.rlhf.sft import train_sft
 from hybridzero.rlhf.trainer import train_step3
@@ -45,6 +46,7 @@ __all__ = [
     "GRPOSettings",
     "PPOSettings",
     "PolicyLossStats",
+    "RewardError",
     "RewardSettings",
     "SFTSettings",
     "ValueHeadModel",
@@ -55,6 +57,7 @@ __all__ = [
     "grpo_loss",
     "kl_penalized_rewards",
     "last_action_index",
+    "load_reward_function",
     "masked_mean",
     "masked_var",
     "masked_whiten",

@@ -175,3 +175,21 @@ def test_stop_strings_cut_after_the_string() -> None:
     assert done.tolist() == [True, False, False]  # the prompt's own text is never searched
     with pytest.raises(ValueError, match="non-empty"):
         StopOnStrings(tok, [""], prompt_width=1)
+
+
+def test_the_cli_names_a_bad_reward_function_before_starting(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hybridzero.cli import main
+    from tests.workers.rlhf_runs import make_model_dirs
+
+    actor, _ = make_model_dirs(tmp_path)
+    argv = ["grpo", "--actor_model_name_or_path", actor, "--data_path", "demo", "--reward_funcs"]
+    assert main([*argv, R_MISSING]) == 1
+    err = capsys.readouterr().err
+    assert "grpo: error: --reward_funcs 'tests.workers.rlvr_rewards:nope'" in err and "digit_share" in err
+    assert main([*argv, "tests.workers.rlvr_rewards:digit_share", "--reward_weights", "1", "2"]) == 2
+    assert "reward_weights [1.0, 2.0] has 2 entries; expected 1" in capsys.readouterr().err
+
+
+R_MISSING = "tests.workers.rlvr_rewards:nope"
