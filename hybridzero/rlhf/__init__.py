@@ -12,6 +12,9 @@ Layout (concepts, each module readable top to bottom):
 * ``sft``, ``reward`` (steps 1 and 2, sharing ``supervised``'s loop); ``ppo``, ``grpo`` — one iteration of each
   algorithm; ``step3`` — what both share; ``trainer`` — step 3's outer loop; ``checkpoints`` — multi-role save
   and resume;
+* RL with verifiable rewards: ``rewards`` (reward functions: loading, forked calls with a deadline, combining),
+  ``reward_set`` (a run's sources and the agreement protocol), ``grpo_rollout`` (scored groups, DAPO's refill),
+  ``grpo_math`` (the GRPO family's pure math), ``stops`` (stop strings);
 * ``report``, ``runlog``, ``plot`` — DeepSpeed-Chat's report, ``metrics.jsonl`` + TensorBoard, matplotlib PNGs;
 * ``demo/`` — the shipped task and the README's demo.
 """
