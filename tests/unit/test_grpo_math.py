@@ -174,3 +174,22 @@ def test_k3_kl_term() -> None:
         clipped_policy_loss(
             logp, t([[0.0]]), None, t([0.0]), torch.ones(1, 1), eps_low=0.2, eps_high=0.2, level="tok", beta=0.0
         )
+
+
+def test_used_columns_and_trimmed_experience() -> None:
+    from hybridzero.rlhf.experience import Experience
+    from hybridzero.rlhf.grpo import trim_experience
+    from hybridzero.rlhf.rollout import used_columns
+
+    # P = 4 (left padded), A = 3 (right padded): real tokens only in columns 1..4
+    attention = torch.tensor([[0, 1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 0, 0]])
+    assert used_columns(attention) == (1, 5)
+    assert used_columns(torch.zeros(2, 7, dtype=torch.long)) == (0, 2)
+    assert used_columns(torch.tensor([[0, 0, 1, 0]])) == (1, 3)  # one token: still one shifted position
+    action = torch.tensor([[0, 0, 0, 0, 0, 0], [0, 0, 0, 1, 0, 0]])
+    per_token = torch.arange(12, dtype=F64).view(2, 6)
+    exp = Experience(attention * 7, attention, action, per_token, per_token + 1, per_token * 0, t([1.0, 2.0]))
+    cut = trim_experience(exp.validate()).validate()
+    assert cut.sequences.shape == (2, 4) and cut.logprobs.shape == (2, 3)
+    assert cut.action_mask.tolist() == [[0, 0, 0], [0, 0, 1]]  # columns 1..3 of the shifted space
+    assert cut.logprobs.tolist() == [[1.0, 2.0, 3.0], [7.0, 8.0, 9.0]] and cut.rewards.tolist() == [1.0, 2.0]
