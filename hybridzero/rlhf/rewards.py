@@ -21,9 +21,12 @@ a blocked read) and a thread cannot be stopped — an abandoned thread would kee
 would leak another; a killed child frees everything. A fork needs no pickling of the function (closures and
 lambdas work, as in TRL), no re-import and no start-up cost beyond the fork itself (copy-on-write), and nothing the
 function does (globals it mutates, memory it leaks, a crash or ``sys.exit``) reaches the trainer. The cost: state
-a function keeps across calls (a cache) does not persist, and a function that touches torch's threads or CUDA in the
-child may deadlock — then the deadline catches it. ``timeout = 0`` calls the function in-process (no deadline; for
-debugging and stateful functions).
+a function keeps across calls (a cache) does not persist; a function that touches torch's threads or CUDA in
+the child may deadlock (then the deadline catches it); and time: about 23 ms per call for a process holding torch
+and a 10M-parameter model (the fork ~12 ms, more with more mapped memory; measured on a loaded 2-core machine)
+against 0.02 ms in-process. The child's exit (~27 ms) is reaped by a short-lived thread off the critical path.
+``timeout = 0`` calls the function in-process (no deadline, no isolation: for debugging, stateful functions, and
+throughput comparisons with trainers that call in-process, such as TRL).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import os
 import select
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -179,6 +183,7 @@ def _child(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, fd: int) -> No
             view = view[os.write(fd, view) :]
         sys.stdout.flush()
         sys.stderr.flush()
+        os.close(fd)  # EOF for the parent now, before this process's (slow) teardown
     finally:
         os._exit(0)
 
@@ -213,10 +218,12 @@ def _forked(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, timeout: floa
         data = _read_until(read_fd, pid, timeout)
     finally:
         os.close(read_fd)
-    _, status = os.waitpid(pid, 0)
     if not data:
+        _, status = os.waitpid(pid, 0)
         how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
         raise RewardCallError(f"died ({how}) without returning")
+    # the answer is in: reap the exiting child off the critical path (its teardown takes longer than the fork)
+    threading.Thread(target=os.waitpid, args=(pid, 0), name=f"reap-reward-{pid}", daemon=True).start()
     payload = json.loads(data)
     if "error" in payload:
         raise RewardCallError(payload["error"], payload.get("samples"))

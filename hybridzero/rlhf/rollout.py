@@ -7,7 +7,9 @@ draws. So the same sample id gets the same answer on any rank, at any world size
 fp32 rounding of its logits), and a resumed run repeats the samples of the run it resumes.
 
 :func:`rollout` pads prompts to a fixed width ``P`` (left) and answers to ``A`` (right), so every sequence is
-``[P + A]`` whatever the batch: the experience layout of :mod:`hybridzero.rlhf.experience`. The answer is the
+``[P + A]`` whatever the batch: the experience layout of :mod:`hybridzero.rlhf.experience`. Decoding itself runs on
+the batch's own prompt width (its longest prompt), and scoring on the batch's used columns (:func:`used_columns`):
+positions come from the attention mask, so the all-padding columns only cost work. The answer is the
 generated tokens up to and including the first EOS; later positions are pad and 0 in the masks.
 
 :func:`make_experience` scores a rollout with the old policy, the reference, the critic and the reward model
@@ -136,8 +138,9 @@ def rollout(
     """
     ids = _fit(prompt_ids, prompt_width, pad_id, left=True)
     mask = _fit(prompt_mask, prompt_width, 0, left=True)
+    width = min(prompt_width, prompt_ids.shape[1])  # decode on the batch's own prompt width: the rest is padding
     kwargs: dict[str, Any] = {
-        "attention_mask": mask,
+        "attention_mask": mask[:, prompt_width - width :],
         "max_new_tokens": answer_len,
         "do_sample": False,
         "pad_token_id": pad_id,
@@ -150,10 +153,10 @@ def rollout(
         seeds = [sample_seed(run_seed, int(s)) for s in sample_ids]
         kwargs["logits_processor"] = LogitsProcessorList([SampleNoise(seeds, temperature, top_k)])
     if stop is not None and stop[1]:
-        kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnStrings(stop[0], stop[1], prompt_width)])
+        kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnStrings(stop[0], stop[1], width)])
     with torch.no_grad():
-        out = generate(ids, **kwargs)
-    answers = _fit(out[:, prompt_width:], answer_len, pad_id, left=False)
+        out = generate(ids[:, prompt_width - width :], **kwargs)
+    answers = _fit(out[:, width:], answer_len, pad_id, left=False)
     valid = answer_masks(answers, eos_id)
     finished = (answers == eos_id).any(dim=1) if eos_id is not None else torch.zeros_like(valid[:, 0]).bool()
     if stop is not None and stop[1]:
