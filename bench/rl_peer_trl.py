@@ -5,11 +5,12 @@
 Same work as our side (:func:`hybridzero.rlhf.demo.arith_run.arith_grpo_settings`): the SFT checkpoint, the RL
 prompts (``demo_data/arith/prompts.jsonl``, with their ``answer`` column), the reward functions and weights of
 :mod:`hybridzero.rlhf.demo.rewards`, 8 completions of 16 prompts per generation (128 sequences, all ranks together)
-trained in 2 optimizer steps of 64, completion length 8, temperature 1, lr 2e-4 and 5 warmup steps (schedule: TRL's cosine to 0, ours
-cosine to 10% of the lr: the one difference TRL's names do not let us remove), no KL (``beta`` 0, so no reference model), one pass over each generation
-(``num_iterations`` 1), the per-sequence ``grpo`` loss, fp32 on CPU with gloo. Writes ``OUT/trl_result.json``
-(rank 0): wall time of the training loop (first step begin to last step end), completions, and the final model
-in ``OUT/final``. Importing ``trl`` here only: the project never depends on it.
+trained in 2 optimizer steps of 64, completion length 8, temperature 1, lr 2e-4 and 5 warmup steps (schedule:
+TRL's cosine to 0, ours cosine to 10% of the lr: the one difference TRL's names leave), no KL (``beta`` 0, so no
+reference model), one pass over each generation (``num_iterations`` 1), the per-sequence ``grpo`` loss, fp32 on
+CPU with gloo. Writes ``OUT/trl_result.json`` (rank 0): wall time of the training loop (first step begin to last
+step end), completions, and the final model in ``OUT/final``. Importing ``trl`` here only: the project never
+depends on it.
 """
 
 from __future__ import annotations
