@@ -12,6 +12,9 @@ Layout (concepts, each module readable top to bottom):
 * ``sft``, ``reward`` (steps 1 and 2, sharing ``supervised``'s loop); ``ppo``, ``grpo`` — one iteration of each
   algorithm; ``step3`` — what both share; ``trainer`` — step 3's outer loop; ``checkpoints`` — multi-role save
   and resume;
+* RL with verifiable rewards: ``rewards`` (reward functions: loading, forked calls with a deadline, combining),
+  ``reward_set`` (a run's sources and the agreement protocol), ``grpo_rollout`` (scored groups, DAPO's refill),
+  ``grpo_math`` (the GRPO family's pure math), ``stops`` (stop strings);
 * ``report``, ``runlog``, ``plot`` — DeepSpeed-Chat's report, ``metrics.jsonl`` + TensorBoard, matplotlib PNGs;
 * ``demo/`` — the shipped task and the README's demo.
 """
@@ -36,6 +39,7 @@ from hybridzero.rlhf.math import (
 )
 from hybridzero.rlhf.models import ValueHeadModel
 from hybridzero.rlhf.reward import train_reward
+from hybridzero.rlhf.rewards import RewardError, load_reward_function
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings, RewardSettings, SFTSettings
 from hybridzero.rlhf.sft import train_sft
 from hybridzero.rlhf.trainer import train_step3
@@ -45,6 +49,7 @@ __all__ = [
     "GRPOSettings",
     "PPOSettings",
     "PolicyLossStats",
+    "RewardError",
     "RewardSettings",
     "SFTSettings",
     "ValueHeadModel",
@@ -55,6 +60,7 @@ __all__ = [
     "grpo_loss",
     "kl_penalized_rewards",
     "last_action_index",
+    "load_reward_function",
     "masked_mean",
     "masked_var",
     "masked_whiten",

@@ -33,11 +33,14 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from hybridzero.rlhf.demo.arith_run import run_arith_demo
 from hybridzero.rlhf.demo.run import demo_monitor, run_demo
 from hybridzero.rlhf.models import check_loadable
 from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
 from hybridzero.rlhf.reward import train_reward
+from hybridzero.rlhf.rewards import load_reward_function
 from hybridzero.rlhf.settings import (
+    GRPO_ALIASES,
     GRPOSettings,
     PPOSettings,
     RewardSettings,
@@ -171,8 +174,10 @@ def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseMode
                 default=argparse.SUPPRESS,
                 help="DeepSpeed-Chat flag; only its default is accepted",
             )
-    for alias, target in _ALIASES.items():
-        parser.add_argument(f"--{alias}", dest=target, type=int, default=argparse.SUPPRESS, help=f"alias of --{target}")
+    aliases = {**_ALIASES, **(GRPO_ALIASES if issubclass(model, GRPOSettings) else {})}
+    for alias, target in aliases.items():
+        kwargs = _flag_kwargs(model.model_fields[target].annotation)
+        parser.add_argument(f"--{alias}", dest=target, default=argparse.SUPPRESS, help=f"alias of --{target}", **kwargs)
 
 
 def _check_unsupported(given: dict[str, Any]) -> None:
@@ -307,7 +312,10 @@ def _check_models(settings: BaseModel) -> None:
     """Fail in one line, before any engine exists, on a model path or Hub id that cannot be loaded."""
     if isinstance(settings, PPOSettings):
         check_loadable(settings.actor_model_name_or_path, "--actor_model_name_or_path")
-        check_loadable(settings.critic_model_name_or_path, "--critic_model_name_or_path")
+        if not isinstance(settings, GRPOSettings) or settings.uses_reward_model():
+            check_loadable(settings.critic_model_name_or_path, "--critic_model_name_or_path")
+        for spec in getattr(settings, "reward_funcs", []):  # a bad spec fails before any process group exists
+            load_reward_function(spec)
     elif isinstance(settings, SupervisedSettings):
         check_loadable(settings.model_name_or_path, "--model_name_or_path")
 
@@ -323,10 +331,14 @@ def _plot(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    out = args.output_dir or ("runs/demo" if args.task == "reverse" else "runs/demo_arith")
     if "RANK" not in os.environ and args.world_size > 1:
-        argv = ["demo", "--output_dir", args.output_dir, "--world_size", "1"] + (["--quick"] if args.quick else [])
-        return _relaunch(args.world_size, argv)
-    run_demo(args.output_dir, quick=args.quick)
+        argv = ["demo", "--task", args.task, "--output_dir", out, "--world_size", "1"]
+        return _relaunch(args.world_size, argv + (["--quick"] if args.quick else []))
+    if args.task == "arithmetic":
+        run_arith_demo(out, quick=args.quick)
+    else:
+        run_demo(out, quick=args.quick)
     return 0
 
 
@@ -359,7 +371,14 @@ def add_rlhf_commands(subparsers: argparse._SubParsersAction) -> None:
         description="Train a tiny Llama from scratch on the shipped 'reverse the digits' "
         "task through all three steps, then report the hidden rule's score.",
     )
-    p.add_argument("--output_dir", "--output-dir", default="runs/demo")
+    p.add_argument(
+        "--task",
+        choices=("reverse", "arithmetic"),
+        default="reverse",
+        help="reverse: SFT -> reward model -> PPO on 'reverse the digits' (default); arithmetic: SFT on imperfect "
+        "'add a digit' demonstrations -> GRPO with reward functions only (exact checker + format)",
+    )
+    p.add_argument("--output_dir", "--output-dir", default=None, help="default runs/demo or runs/demo_arith")
     p.add_argument("--world_size", "--world-size", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="a few steps per stage (smoke run)")
     p.set_defaults(func=_demo)

@@ -245,11 +245,12 @@ def step3_lora(s: PPOSettings) -> tuple[LoRASpec, LoRASpec]:
 
 @dataclass(frozen=True)
 class Roles:
-    """The step-3 engines; ``critic`` is ``None`` for GRPO, ``ema`` when the EMA actor is off."""
+    """The step-3 engines; ``critic`` is ``None`` for GRPO, ``reward`` for GRPO without a reward model, ``ema`` when
+    the EMA actor is off."""
 
     actor: Engine
     ref: Engine
-    reward: Engine
+    reward: Engine | None  # None: GRPO scored by reward functions only
     critic: Engine | None = None
     ema: Engine | None = None
 
@@ -259,8 +260,9 @@ class Roles:
         return {name: engine for name, engine in named.items() if engine is not None}
 
 
-def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
-    """The engines of PPO or GRPO (no critic), with the EMA actor when enabled."""
+def build_roles(s: PPOSettings, world: int, total_steps: int, with_reward_model: bool = True) -> Roles:
+    """The engines of PPO or GRPO (no critic), with the EMA actor when enabled and the reward model when
+    ``with_reward_model``."""
     gen, train = s.per_device_generation_batch_size, s.per_device_training_batch_size
     updates = max(
         total_steps * s.ppo_epochs * s.generation_batches * (gen // train) // s.gradient_accumulation_steps, 1
@@ -305,9 +307,11 @@ def build_roles(s: PPOSettings, world: int, total_steps: int) -> Roles:
         ema = load_actor_engine(
             s.actor_model_name_or_path, frozen(s.actor_zero_stage, s.offload_reference_model), False, lora=actor_lora
         )
-    reward = build_engine(
-        load_value_model(s.critic_model_name_or_path).float(), frozen(s.stage_of("reward"), s.offload_reward_model)
-    )
+    reward = None
+    if with_reward_model:
+        reward = build_engine(
+            load_value_model(s.critic_model_name_or_path).float(), frozen(s.stage_of("reward"), s.offload_reward_model)
+        )
     critic = None
     if not isinstance(s, GRPOSettings):
         critic_optim = spec(s.critic_learning_rate, s.critic_weight_decay)

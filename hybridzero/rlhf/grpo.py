@@ -1,12 +1,18 @@
-"""GRPO: one iteration, top to bottom — rollout, experience, group advantages, update, EMA. No critic.
+"""GRPO family: one iteration, top to bottom — rollout, rewards, advantages, update, EMA. No critic.
 
-1. **Rollout and experience.** ``group_size`` samples of every prompt (contiguous rows, each with its own sampling
-   seed), scored by the actor (old log-probs), the reference and the reward model (:meth:`Step3.rollout`).
-2. **Targets.** Group-relative advantages of the reward model's scores (one per sample).
-3. **Update.** ``ppo_epochs`` passes over all of the iteration's experience in mini-batches: the GRPO loss
-   (clipped ratio with the sample's advantage, plus ``grpo_kl_coef`` x the k3 KL to the reference), a global
-   per-sequence mean; then an unsupervised (ptx) actor step when a ptx dataset is given.
-4. **EMA.** The EMA actor moves towards the actor (:meth:`Engine.ema_update_from`).
+1. **Rollout.** ``group_size`` samples of every prompt (contiguous rows, each with its own sampling seed), up to
+   ``max_completion_length`` tokens or a stop string, scored by the actor (old log-probs, recorded once for all
+   ``num_iterations`` passes) and, with ``beta > 0``, the reference (:meth:`Step3.rollout`).
+2. **Rewards.** Reward functions and/or the reward model, weighted; failures raised on every rank or skipped
+   (:mod:`hybridzero.rlhf.reward_set`); DAPO's overlong shaping and dynamic sampling
+   (:mod:`hybridzero.rlhf.grpo_rollout`).
+3. **Advantages.** Per group: mean or leave-one-out baseline, scaled by the group's, the batch's or no std
+   (:func:`~hybridzero.rlhf.grpo_math.group_advantages`).
+4. **Update.** ``num_iterations`` passes over the iteration's experience in mini-batches: the clipped loss (token or
+   sequence importance ratio, ``epsilon`` / ``epsilon_high``, k3 KL with ``beta``) aggregated per ``loss_type``
+   with *global* normalisers (:mod:`hybridzero.rlhf.grpo_math`), so every world size takes the same step; each
+   mini-batch is cut to its own used columns first (padding); then a ptx step when a ptx dataset is given.
+5. **EMA.** The EMA actor moves towards the actor (:meth:`Engine.ema_update_from`).
 
 Every prompt's group lives on one rank and in one training mini-batch (checked by the settings).
 """
@@ -17,77 +23,136 @@ import time
 
 import torch
 
-from hybridzero.rlhf.engines import Roles, global_sum
+from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.experience import Experience
-from hybridzero.rlhf.math import grpo_advantages, grpo_loss
-from hybridzero.rlhf.rollout import sequence_logprobs
+from hybridzero.rlhf.grpo_math import aggregate_loss, batch_std, clipped_policy_loss, group_advantages
+from hybridzero.rlhf.grpo_rollout import GroupBatch, sample_groups
+from hybridzero.rlhf.rollout import sequence_logprobs, used_columns
 from hybridzero.rlhf.settings import GRPOSettings
-from hybridzero.rlhf.step3 import (
-    Step3,
-    UpdateStats,
-    global_scale,
-    mean_update_stats,
-    ptx_update,
-    slice_experience,
-    step_both,
-)
+from hybridzero.rlhf.step3 import Step3, UpdateStats, mean_update_stats, ptx_update, slice_experience, step_both
 
-__all__ = ["grpo_iteration", "grpo_update"]
+__all__ = ["advantages_of", "grpo_iteration", "grpo_update", "trim_experience"]
 
 
-def grpo_update(roles: Roles, exp: Experience, advantages: torch.Tensor, *, clip: float, kl_coef: float) -> UpdateStats:
-    """One GRPO training step of the actor (group advantages ``[B]``; KL to the reference in the loss)."""
-    logp = sequence_logprobs(roles.actor, exp.sequences, exp.attention_mask)
-    loss, stats = grpo_loss(
-        logp, exp.logprobs, exp.ref_logprobs, advantages, exp.action_mask, clip=clip, kl_coef=kl_coef
+def advantages_of(run: Step3, gb: GroupBatch) -> torch.Tensor:
+    """``[B]`` advantages of a generation batch (step 3); ``scale_rewards="batch"`` all-reduces the batch's std."""
+    s = run.s
+    assert isinstance(s, GRPOSettings)
+    rewards = torch.where(gb.skipped, torch.full_like(gb.rb.exp.rewards.cpu(), float("nan")), gb.rb.exp.rewards.cpu())
+    scale = None
+    if s.scale_rewards == "batch":
+        kept = rewards[~gb.skipped].double()
+        n, total, sq = global_sum(run.roles.actor, [float(kept.numel()), float(kept.sum()), float((kept**2).sum())])
+        scale = batch_std(n, total, sq)
+    adv = group_advantages(rewards, s.group_size, baseline=s.baseline, scale=s.scale_rewards, batch_scale=scale)
+    return adv.to(gb.rb.exp.rewards.device)
+
+
+def trim_experience(exp: Experience) -> Experience:
+    """``exp`` without the columns that are padding in every row (positions come from the mask: same results)."""
+    lo, hi = used_columns(exp.attention_mask)
+    per_token = ("action_mask", "logprobs", "ref_logprobs", "values")
+    return Experience(
+        **{
+            f: getattr(exp, f)[:, lo : hi - 1] if f in per_token else getattr(exp, f)[:, lo:hi]
+            for f in ("sequences", "attention_mask", *per_token)
+        },
+        rewards=exp.rewards,
     )
-    n_seq = float(exp.batch_size)
-    roles.actor.backward(loss * global_scale(roles.actor, n_seq))
-    skipped = step_both(roles.actor, None)
-    n_tokens = float(exp.action_mask.sum())
-    sums = global_sum(
-        roles.actor,
-        [
-            float(loss.detach()) * n_seq,
-            n_seq,
-            float(stats.clip_fraction) * n_tokens,
-            float(stats.approx_kl) * n_tokens,
-            n_tokens,
-        ],
+
+
+def grpo_update(
+    run: Step3, exp: Experience, adv: torch.Tensor, trains: torch.Tensor, counted: torch.Tensor
+) -> UpdateStats:
+    """One actor step on a mini-batch: ``trains [b]`` rows enter the loss, ``counted [b]`` (not skipped) rows count
+    in the normalisers. A mini-batch without a training token anywhere takes no step (reported as skipped)."""
+    s, actor = run.s, run.roles.actor
+    assert isinstance(s, GRPOSettings)
+    mask = exp.action_mask.bool() & trains.to(exp.action_mask.device)[:, None]
+    n_seqs, n_tokens = global_sum(actor, [float(counted.sum()), float(mask.sum())])
+    if n_tokens == 0:
+        return UpdateStats(0.0, 0.0, 0.0, 0.0, True)
+    logp = sequence_logprobs(actor, exp.sequences, exp.attention_mask)
+    out = clipped_policy_loss(
+        logp,
+        exp.logprobs,
+        exp.ref_logprobs if s.grpo_kl_coef else None,
+        adv,
+        mask,
+        eps_low=s.cliprange,
+        eps_high=s.clip_high,
+        level=s.importance_sampling_level,
+        beta=s.grpo_kl_coef,
     )
-    return UpdateStats(
-        sums[0] / max(sums[1], 1.0), 0.0, sums[2] / max(sums[4], 1.0), sums[3] / max(sums[4], 1.0), skipped
+    loss = aggregate_loss(
+        out.per_token, mask, s.loss_type, num_seqs=n_seqs, num_tokens=n_tokens, max_len=s.max_answer_seq_len
     )
+    actor.backward(loss * actor.comm.world_size)  # the engine averages over ranks; the shares sum to the loss
+    skipped = step_both(actor, None)
+    local = float(mask.sum())
+    sums = global_sum(actor, [float(loss.detach()), float(out.clip_fraction) * local, float(out.approx_kl) * local])
+    return UpdateStats(sums[0], 0.0, sums[1] / n_tokens, sums[2] / n_tokens, skipped)
+
+
+def _rollout_metrics(run: Step3, batches: list[GroupBatch], padding: list[float]) -> dict[str, float]:
+    """Global reward metrics: combined reward over scored samples, each source's mean over what it scored,
+    skipped samples, regenerated groups, truncated answers, and the padding fraction of the training forwards."""
+    names = run.rewarder.names if run.rewarder is not None else []
+    local = [0.0] * (6 + 2 * len(names))
+    for gb in batches:
+        kept = ~gb.skipped
+        local[0] += float(gb.rb.exp.rewards.cpu()[kept].sum())
+        local[1] += float(kept.sum())
+        local[2] += float(gb.skipped.sum())
+        local[3] += float(gb.resampled)
+        local[4] += float((~gb.rb.finished.cpu()).sum()) if gb.rb.finished is not None else 0.0
+        local[5] += float(gb.rb.exp.batch_size)
+        for j in range(len(names)):
+            scored = ~torch.isnan(gb.per_source[j])
+            local[6 + 2 * j] += float(gb.per_source[j][scored].sum())
+            local[7 + 2 * j] += float(scored.sum())
+    total = global_sum(run.roles.actor, local + padding)
+    out = {
+        "reward": total[0] / max(total[1], 1.0),
+        "skipped_samples": total[2],
+        "resampled_groups": total[3],
+        "truncated_fraction": total[4] / max(total[5], 1.0),
+    }
+    for j, name in enumerate(names):
+        out[f"rewards/{name}"] = total[6 + 2 * j] / max(total[7 + 2 * j], 1.0)
+    real, full, trimmed = total[-3:]
+    out["pad_fraction_untrimmed"] = 1.0 - real / max(full, 1.0)
+    out["pad_fraction"] = 1.0 - real / max(trimmed, 1.0)
+    return out
 
 
 def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
-    """Iteration ``it`` of GRPO (module docstring, steps 1-4); returns the iteration's global metrics."""
+    """Iteration ``it`` (module docstring, steps 1-5); returns the iteration's global metrics."""
     s, roles = run.s, run.roles
     assert isinstance(s, GRPOSettings)
     t0 = time.perf_counter()
-    batches, advantages, gen_s = [], [], 0.0
-    for b in range(s.generation_batches):  # 1. rollout and experience, 2. group advantages
-        g0 = time.perf_counter()
-        rb = run.rollout(it, b)
-        gen_s += time.perf_counter() - g0
-        batches.append(rb)
-        advantages.append(grpo_advantages(rb.exp.rewards, s.group_size))
+    batches = [sample_groups(run, it, b) for b in range(s.generation_batches)]  # 1. rollout, 2. rewards
     t1 = time.perf_counter()
-    stats, ptx_losses = [], []
-    for _ in range(s.ppo_epochs):  # 3. update
-        for rb, adv in zip(batches, advantages):
-            for lo, hi in run.minibatches(rb.exp):
-                stats.append(
-                    grpo_update(
-                        roles, slice_experience(rb.exp, lo, hi), adv[lo:hi], clip=s.cliprange, kl_coef=s.grpo_kl_coef
-                    )
-                )
+    advantages = [advantages_of(run, gb) for gb in batches]  # 3. advantages
+    stats, ptx_losses, padding = [], [], [0.0, 0.0, 0.0]
+    for _ in range(s.ppo_epochs):  # 4. update (old log-probs from the rollout, for every pass)
+        for gb, adv in zip(batches, advantages):
+            for lo, hi in run.minibatches(gb.rb.exp):
+                full = slice_experience(gb.rb.exp, lo, hi)
+                mb = trim_experience(full)
+                padding = [
+                    padding[0] + float(full.attention_mask.sum()),
+                    padding[1] + float(full.attention_mask.numel()),
+                    padding[2] + float(mb.attention_mask.numel()),
+                ]
+                stats.append(grpo_update(run, mb, adv[lo:hi], gb.trains[lo:hi], ~gb.skipped[lo:hi]))
                 if run.ptx is not None:
                     ptx_losses.append(ptx_update(roles.actor, run.ptx.next_batch(), s.unsup_coef))
     train_s = time.perf_counter() - t1
-    if roles.ema is not None:  # 4. EMA
+    if roles.ema is not None:  # 5. EMA
         roles.ema.ema_update_from(roles.actor, s.ema_beta)
     metrics = mean_update_stats(stats, ptx_losses if run.ptx is not None else None, with_critic=False)
-    metrics.update(run.rollout_metrics(batches, with_values=False))
-    timing = {"e2e_s": time.perf_counter() - t0, "generation_s": gen_s, "training_s": train_s}
+    metrics.update(run.rollout_metrics([gb.rb for gb in batches], with_values=False))
+    metrics.update(_rollout_metrics(run, batches, padding))
+    timing = {"e2e_s": time.perf_counter() - t0, "generation_s": t1 - t0, "training_s": train_s}
     return {**metrics, **timing, "actor_lr": roles.actor.get_lr()[0]}

@@ -7,7 +7,9 @@ draws. So the same sample id gets the same answer on any rank, at any world size
 fp32 rounding of its logits), and a resumed run repeats the samples of the run it resumes.
 
 :func:`rollout` pads prompts to a fixed width ``P`` (left) and answers to ``A`` (right), so every sequence is
-``[P + A]`` whatever the batch: the experience layout of :mod:`hybridzero.rlhf.experience`. The answer is the
+``[P + A]`` whatever the batch: the experience layout of :mod:`hybridzero.rlhf.experience`. Decoding itself runs on
+the batch's own prompt width (its longest prompt), and scoring on the batch's used columns (:func:`used_columns`):
+positions come from the attention mask, so the all-padding columns only cost work. The answer is the
 generated tokens up to and including the first EOS; later positions are pad and 0 in the masks.
 
 :func:`make_experience` scores a rollout with the old policy, the reference, the critic and the reward model
@@ -22,12 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessorList, StoppingCriteriaList
 
 from hybridzero.rlhf.engines import Roles
 from hybridzero.rlhf.experience import Experience
 from hybridzero.rlhf.math import gather_logprobs
 from hybridzero.rlhf.models import last_token_index, position_ids
+from hybridzero.rlhf.stops import StopOnStrings, cut_after_stop
 from hybridzero.runtime.engine import Engine
 
 __all__ = [
@@ -40,6 +43,7 @@ __all__ = [
     "rollout_stats",
     "sample_seed",
     "sequence_logprobs",
+    "used_columns",
 ]
 
 _MIX = 0x9E3779B97F4A7C15
@@ -87,6 +91,7 @@ class Rollout:
     attention_mask: torch.Tensor
     action_mask: torch.Tensor
     prompt_width: int
+    finished: torch.Tensor | None = None  # [B] bool: the answer ended (EOS or a stop string) within the limit
 
 
 def answer_masks(answers: torch.Tensor, eos_id: int | None) -> torch.Tensor:
@@ -122,17 +127,20 @@ def rollout(
     temperature: float = 1.0,
     top_k: int = 0,
     extra: dict[str, Any] | None = None,
+    stop: tuple[Any, Sequence[str]] | None = None,
 ) -> Rollout:
     """Generate ``answer_len`` tokens at most for each (left-padded) prompt and lay them out at fixed width.
 
     ``generate`` is ``engine.generate`` (hybrid engine) or ``module.generate`` (ZeRO-3 gathers per step); it gets
     HF ``generate`` keyword arguments. With ``do_sample`` each row samples with its own seed
-    ``sample_seed(run_seed, sample_ids[row])``; otherwise decoding is greedy.
+    ``sample_seed(run_seed, sample_ids[row])``; otherwise decoding is greedy. ``stop = (tokenizer, strings)``
+    stops rows at a stop string and cuts each answer right after it (:mod:`hybridzero.rlhf.stops`).
     """
     ids = _fit(prompt_ids, prompt_width, pad_id, left=True)
     mask = _fit(prompt_mask, prompt_width, 0, left=True)
+    width = min(prompt_width, prompt_ids.shape[1])  # decode on the batch's own prompt width: the rest is padding
     kwargs: dict[str, Any] = {
-        "attention_mask": mask,
+        "attention_mask": mask[:, prompt_width - width :],
         "max_new_tokens": answer_len,
         "do_sample": False,
         "pad_token_id": pad_id,
@@ -144,16 +152,24 @@ def rollout(
     if do_sample:
         seeds = [sample_seed(run_seed, int(s)) for s in sample_ids]
         kwargs["logits_processor"] = LogitsProcessorList([SampleNoise(seeds, temperature, top_k)])
+    if stop is not None and stop[1]:
+        kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnStrings(stop[0], stop[1], width)])
     with torch.no_grad():
-        out = generate(ids, **kwargs)
-    answers = _fit(out[:, prompt_width:], answer_len, pad_id, left=False)
+        out = generate(ids[:, prompt_width - width :], **kwargs)
+    answers = _fit(out[:, width:], answer_len, pad_id, left=False)
     valid = answer_masks(answers, eos_id)
+    finished = (answers == eos_id).any(dim=1) if eos_id is not None else torch.zeros_like(valid[:, 0]).bool()
+    if stop is not None and stop[1]:
+        lengths = valid.sum(dim=1)
+        cut = cut_after_stop(stop[0], answers.cpu(), lengths.cpu(), stop[1]).to(valid.device)
+        finished = finished | (cut < lengths)
+        valid = (torch.arange(answer_len, device=valid.device)[None, :] < cut[:, None]).long()
     answers = torch.where(valid.bool(), answers, torch.full_like(answers, pad_id))
     sequences = torch.cat([ids, answers], dim=1)
     attention = torch.cat([mask, valid], dim=1)
     action = torch.zeros_like(attention[:, 1:])
     action[:, prompt_width - 1 :] = valid
-    return Rollout(sequences=sequences, attention_mask=attention, action_mask=action, prompt_width=prompt_width)
+    return Rollout(sequences, attention, action, prompt_width, finished)
 
 
 def causal_kwargs(sequences: torch.Tensor, attention_mask: torch.Tensor) -> dict[str, torch.Tensor | bool]:
@@ -172,32 +188,59 @@ def sequence_logprobs(engine: Engine, sequences: torch.Tensor, attention_mask: t
     return gather_logprobs(logits[:, :-1], sequences[:, 1:])
 
 
-def make_experience(roles: Roles, ro: Rollout) -> Experience:
-    """Score a rollout with the old policy, the reference, the critic (zeros for GRPO) and the reward model."""
-    seq, mask = ro.sequences, ro.attention_mask
+def used_columns(attention_mask: torch.Tensor) -> tuple[int, int]:
+    """``(lo, hi)``: the columns ``[lo, hi)`` a batch's tokens occupy (left and right padding of every row cut off;
+    ``(0, 2)`` at least, so a batch always has one shifted position)."""
+    cols = attention_mask.bool().any(dim=0).nonzero().flatten()
+    if cols.numel() == 0:
+        return 0, min(2, attention_mask.shape[1])
+    lo, hi = int(cols[0]), int(cols[-1]) + 1
+    return (lo, hi) if hi - lo >= 2 else (max(hi - 2, 0), max(hi, 2))
+
+
+def _widen(part: torch.Tensor, lo: int, width: int) -> torch.Tensor:
+    """``[B, w]`` per-token values of trimmed columns back at ``[B, width]``, zeros outside."""
+    out = torch.zeros(part.shape[0], width, dtype=part.dtype, device=part.device)
+    out[:, lo : lo + part.shape[1]] = part
+    return out
+
+
+def make_experience(roles: Roles, ro: Rollout, *, with_ref: bool = True) -> Experience:
+    """Score a rollout with the old policy, the reference (``with_ref``; else its log-probs are the old policy's:
+    a zero KL), the critic (zeros for GRPO) and the reward model (zeros without one).
+
+    Every forward runs on the batch's used columns only (:func:`used_columns`): positions come from the attention
+    mask, so cutting all-padding columns changes nothing but the work; the per-token results are put back at
+    the fixed layout (zeros on the cut columns, which no mask selects)."""
+    lo, hi = used_columns(ro.attention_mask)
+    seq, mask = ro.sequences[:, lo:hi], ro.attention_mask[:, lo:hi]
+    width = ro.sequences.shape[1] - 1
     with torch.no_grad():
         for engine in (roles.actor, roles.ref, roles.reward, roles.critic):
             if engine is not None:
                 engine.eval()
         logprobs = sequence_logprobs(roles.actor, seq, mask)
-        ref_logprobs = sequence_logprobs(roles.ref, seq, mask)
+        ref_logprobs = sequence_logprobs(roles.ref, seq, mask) if with_ref else logprobs.clone()
         values = (
             roles.critic(input_ids=seq, attention_mask=mask)[:, :-1]
             if roles.critic is not None
             else torch.zeros_like(logprobs)
         )
-        scores = roles.reward(input_ids=seq, attention_mask=mask)
-        rewards = scores.gather(1, last_token_index(mask)[:, None]).squeeze(1)
+        if roles.reward is not None:
+            scores = roles.reward(input_ids=seq, attention_mask=mask)
+            rewards = scores.gather(1, last_token_index(mask)[:, None]).squeeze(1)
+        else:
+            rewards = torch.zeros(seq.shape[0], device=seq.device)
         for engine in (roles.actor, roles.critic):
             if engine is not None:
                 engine.train()
     return Experience(
-        sequences=seq,
-        attention_mask=mask,
+        sequences=ro.sequences,
+        attention_mask=ro.attention_mask,
         action_mask=ro.action_mask,
-        logprobs=logprobs.float(),
-        ref_logprobs=ref_logprobs.float(),
-        values=values.float(),
+        logprobs=_widen(logprobs.float(), lo, width),
+        ref_logprobs=_widen(ref_logprobs.float(), lo, width),
+        values=_widen(values.float(), lo, width),
         rewards=rewards.float(),
     ).validate()
 

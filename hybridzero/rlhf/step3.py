@@ -24,12 +24,13 @@ from transformers import PretrainedConfig
 
 from hybridzero.rlhf.data.dealing import Plan, epoch_order, make_plan, rank_prompts
 from hybridzero.rlhf.data.ptx import PtxStream
-from hybridzero.rlhf.data.tokens import load_prompts, pad_token_id, prompt_tensors
+from hybridzero.rlhf.data.tokens import load_prompt_rows, pad_token_id, prompt_tensors
 from hybridzero.rlhf.engines import Roles, build_roles, global_sum, world_comm
 from hybridzero.rlhf.experience import Experience
 from hybridzero.rlhf.models import load_tokenizer
+from hybridzero.rlhf.reward_set import RewardSet
 from hybridzero.rlhf.rollout import make_experience, rollout, rollout_stats
-from hybridzero.rlhf.settings import PPOSettings
+from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
 from hybridzero.runtime.engine import Engine
 
 __all__ = [
@@ -54,6 +55,8 @@ class RolloutBatch:
 
     exp: Experience
     prompt_ids: list[int]
+    finished: torch.Tensor | None = None  # [B] bool: the answer ended (EOS or stop string) within the limit
+    sample_ids: list[int] | None = None  # each row's sampling id (its seed with the run seed)
 
 
 @dataclass(frozen=True)
@@ -83,15 +86,20 @@ class Step3:
     :func:`~hybridzero.rlhf.data.dealing.rank_prompts`.
     """
 
-    def __init__(self, s: PPOSettings, monitor: Monitor | None) -> None:
+    def __init__(self, s: PPOSettings, monitor: Monitor | None, reward_funcs: Sequence[Any] | None = None) -> None:
         self.s, self.monitor = s, monitor
         comm = world_comm()
         self.world, self.rank = comm.world_size, comm.rank
         self.tok = load_tokenizer(s.actor_model_name_or_path)
         self.hf_config = transformers.AutoConfig.from_pretrained(s.actor_model_name_or_path)
-        self.prompts, self.prompt_counts = load_prompts(s, self.tok, model_context(self.hf_config))
+        self.prompts, self.prompt_extras, self.prompt_counts = load_prompt_rows(
+            s, self.tok, model_context(self.hf_config)
+        )
         self.plan: Plan = make_plan(s, self.world, len(self.prompts))
-        self.roles: Roles = build_roles(s, self.world, self.plan.schedule_iterations)
+        # GRPO's reward sources (functions loaded here: a bad spec fails before any engine exists)
+        self.rewarder = RewardSet.build(s, reward_funcs or []) if isinstance(s, GRPOSettings) else None
+        with_model = self.rewarder.with_model if self.rewarder is not None else True
+        self.roles: Roles = build_roles(s, self.world, self.plan.schedule_iterations, with_model)
         self.pad_id = pad_token_id(self.tok, pad_to_eos=True)
         self.eos_id = self.tok.eos_token_id
         self.ptx = PtxStream(s, self.tok, self.pad_id, self.rank, self.world) if s.ptx_enabled else None
@@ -109,6 +117,12 @@ class Step3:
         order = epoch_order(plan.n_prompts, s.seed, epoch)
         positions = rank_prompts(order, plan, pos, batch, self.rank)
         prompt_ids = [order[q] for q in positions for _ in range(plan.k)]
+        return self.sample(prompt_ids, plan.sample_ids(positions, epoch), s.seed)
+
+    def sample(self, prompt_ids: list[int], sample_ids: list[int], run_seed: int) -> RolloutBatch:
+        """Generate one answer per entry of ``prompt_ids`` (sampling ids ``sample_ids``, run seed ``run_seed``) and
+        score them; every rank calls it the same number of times (generation and scoring gather parameters)."""
+        s = self.s
         ids, mask = prompt_tensors(self.tok, [self.prompts[i] for i in prompt_ids], self.pad_id)
         actor = self.roles.actor
         generate: Callable[..., torch.Tensor] = (
@@ -118,8 +132,8 @@ class Step3:
             generate,
             ids.to(actor.device),
             mask.to(actor.device),
-            sample_ids=plan.sample_ids(positions, epoch),
-            run_seed=s.seed,
+            sample_ids=sample_ids,
+            run_seed=run_seed,
             prompt_width=s.max_prompt_seq_len,
             answer_len=s.max_answer_seq_len,
             pad_id=self.pad_id,
@@ -127,8 +141,10 @@ class Step3:
             do_sample=s.do_sample,
             temperature=s.temperature,
             top_k=s.top_k,
+            stop=(self.tok, s.stop_strings) if isinstance(s, GRPOSettings) and s.stop_strings else None,
         )
-        return RolloutBatch(make_experience(self.roles, ro), prompt_ids)
+        with_ref = not isinstance(s, GRPOSettings) or s.grpo_kl_coef > 0  # GRPO without a KL term: no reference pass
+        return RolloutBatch(make_experience(self.roles, ro, with_ref=with_ref), prompt_ids, ro.finished, sample_ids)
 
     def minibatches(self, exp: Experience) -> Iterator[tuple[int, int]]:
         """``(lo, hi)`` row ranges of the training mini-batches of one generation batch."""

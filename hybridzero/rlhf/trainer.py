@@ -10,7 +10,7 @@ Final models: ``output_dir/actor`` (HF directory), ``output_dir/critic`` (value 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from hybridzero.rlhf.grpo import grpo_iteration
 from hybridzero.rlhf.models import save_causal_lm, save_value_model
 from hybridzero.rlhf.ppo import ppo_iteration
 from hybridzero.rlhf.report import ModelShape, Reporter, Step3Timing, model_shape
+from hybridzero.rlhf.rewards import RewardFunction
 from hybridzero.rlhf.runlog import open_runlog
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
 from hybridzero.rlhf.step3 import Monitor, Step3
@@ -68,12 +69,19 @@ def _finish(run: Step3) -> dict[str, str]:
     return {k: str(v) for k, v in paths.items()}
 
 
-def train_step3(s: PPOSettings, monitor: Monitor | None = None) -> dict[str, Any]:
-    """Run step 3 (PPO, or GRPO for :class:`GRPOSettings`); returns ``{"history", "models", "start"}``."""
+def train_step3(
+    s: PPOSettings, monitor: Monitor | None = None, reward_funcs: Sequence[str | RewardFunction] | None = None
+) -> dict[str, Any]:
+    """Run step 3 (PPO, or GRPO for :class:`GRPOSettings`); returns ``{"history", "models", "start"}``.
+
+    ``reward_funcs`` (GRPO only): reward functions as callables or ``module:function`` specs, instead of
+    ``s.reward_funcs`` (TRL's signature: :mod:`hybridzero.rlhf.rewards`); ``s.reward_weights`` weighs them."""
     grpo = isinstance(s, GRPOSettings)
+    if reward_funcs and not grpo:
+        raise ValueError("reward_funcs: reward functions need GRPOSettings (the grpo step); PPO scores with its critic")
     name = "grpo" if grpo else "ppo"
     iteration: Callable[[Step3, int], dict[str, float]] = grpo_iteration if grpo else ppo_iteration
-    run = Step3(s, monitor)
+    run = Step3(s, monitor, reward_funcs)
     log = open_runlog(s.output_dir, run.rank, s.enable_tensorboard, s.progress)
     reporter = Reporter(log, name, *_shapes(run), timing_template(run), s.print_every)
     total = run.plan.total_iterations

@@ -1,5 +1,5 @@
-"""End to end through the real command line under torch.distributed.run: the embedded demo (quick mode) and a
-DeepSpeed-Chat-style step-3 command line at world 2."""
+"""End to end through the real command line under torch.distributed.run: the embedded demos (quick mode: reverse
+and arithmetic) and a DeepSpeed-Chat-style step-3 command line at world 2."""
 
 from __future__ import annotations
 
@@ -42,6 +42,29 @@ def test_demo_quick_runs_all_three_steps_at_world_2(tmp_path: Path) -> None:
     for name in ("actor", "actor_ema", "critic"):
         assert (out / "step3_ppo" / name / "config.json").is_file()
     assert "rule exact" in proc.stdout and "plots:" in proc.stdout and "final models:" in proc.stdout
+
+
+@pytest.mark.slow
+def test_arithmetic_demo_quick_runs_sft_and_grpo_at_world_2(tmp_path: Path) -> None:
+    out = tmp_path / "arith"
+    proc = _run(["demo", "--task", "arithmetic", "--quick", "--output_dir", str(out)], tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["task"] == "arithmetic" and summary["world_size"] == 2 and summary["grpo_iterations"] == 2
+    for policy in ("sft (greedy)", "sft (sampled)", "grpo (greedy)", "grpo (sampled)"):
+        scores = summary["evaluation"][policy]
+        assert set(scores) == {"exact", "exact_carry", "dropped_carry", "format"}
+        assert all(0.0 <= v <= 1.0 for v in scores.values()), scores
+    gain = summary["gain_exact"]
+    assert gain["greedy"] == pytest.approx(
+        summary["evaluation"]["grpo (greedy)"]["exact"] - summary["evaluation"]["sft (greedy)"]["exact"]
+    )
+    last = summary["grpo_last"]
+    assert {"rewards/exact_answer", "rewards/answer_format", "reward"} <= set(last)  # the functions scored
+    assert last["reward"] == pytest.approx(last["rewards/exact_answer"] + 0.1 * last["rewards/answer_format"])
+    assert "critic" not in summary["models"] and (out / "step3_grpo" / "actor" / "config.json").is_file()
+    assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in summary["plots"]) and summary["plots"]
+    assert "GRPO - SFT, greedy" in proc.stdout and "final models:" in proc.stdout
 
 
 @pytest.mark.slow

@@ -41,8 +41,11 @@ def _schema_for(columns: set[str]) -> tuple[str, ...]:
     return PAIRWISE_COLUMNS if columns & {"chosen", "rejected"} else SFT_COLUMNS
 
 
-def _validate_rows(rows: list[Any], source: str, columns: tuple[str, ...] | None) -> list[dict[str, str]]:
-    """Check every row is an object with string values in the needed columns; keep only those columns."""
+def _validate_rows(
+    rows: list[Any], source: str, columns: tuple[str, ...] | None, keep_extra: bool = False
+) -> list[dict[str, str]]:
+    """Check every row is an object with string values in the needed columns; keep only those columns (every
+    column with ``keep_extra``: the extra ones, of any JSON type, go to reward functions)."""
     out: list[dict[str, str]] = []
     for index, row in enumerate(rows):
         if not isinstance(row, dict):
@@ -56,20 +59,22 @@ def _validate_rows(rows: list[Any], source: str, columns: tuple[str, ...] | None
         bad = [name for name in needed if not isinstance(row[name], str)]
         if bad:
             raise ValueError(f"{source}: record {index} column(s) {bad} are not strings")
-        out.append({name: row[name] for name in needed})
+        out.append(dict(row) if keep_extra else {name: row[name] for name in needed})
     return out
 
 
-def load_records(path: str | Path, columns: Sequence[str] | None = None, split: str = "train") -> list[dict[str, str]]:
+def load_records(
+    path: str | Path, columns: Sequence[str] | None = None, split: str = "train", keep_extra: bool = False
+) -> list[dict[str, str]]:
     """Load and validate records from a ``.json`` / ``.jsonl`` file, a Hugging Face dataset directory, or a Hub
     dataset name (``Dahoas/rm-static``: anything that is not an existing path, a ``.json``/``.jsonl`` name, an
     absolute or a ``./`` path; needs ``datasets`` and network access or its cache).
 
     ``columns`` names the needed columns (e.g. :data:`PAIRWISE_COLUMNS`); ``None`` infers the schema per record
     (pairwise when ``chosen``/``rejected`` appear, else ``prompt``/``response``). Extra columns are dropped.
-    ``split`` picks the split of a ``DatasetDict`` directory or Hub dataset. Raises ``FileNotFoundError`` for a
-    missing path or a name the Hub cannot give (naming why),
-    ``ImportError`` for a directory without the ``datasets`` package, and ``ValueError`` for an unknown file
+    ``split`` picks the split of a ``DatasetDict`` directory or Hub dataset; ``keep_extra`` keeps every column.
+    Raises ``FileNotFoundError`` for a missing path or a name the Hub cannot give (naming why), ``ImportError``
+    for a directory without the ``datasets`` package, and ``ValueError`` for an unknown file
     type, malformed JSON, an empty file/split, or records missing a needed column (naming the file, the missing
     columns and the columns present).
     """
@@ -89,7 +94,7 @@ def load_records(path: str | Path, columns: Sequence[str] | None = None, split: 
         raise ValueError(f"{source}: unsupported file type {source.suffix!r}; use .json, .jsonl or a directory")
     if not rows:
         raise ValueError(f"{label}: dataset is empty (no records)")
-    return _validate_rows(rows, label, tuple(columns) if columns is not None else None)
+    return _validate_rows(rows, label, tuple(columns) if columns is not None else None, keep_extra)
 
 
 # ----------------------------------------------------------------------------------------------- splits
@@ -183,23 +188,30 @@ def _for_phase(rows: list[dict[str, str]], phase: int, name: str) -> list[dict[s
 
 
 def phase_records(
-    paths: Sequence[str], split: str, phase: int, columns: Sequence[str] | None, seed: int, data_root: str | None = None
+    paths: Sequence[str],
+    split: str,
+    phase: int,
+    columns: Sequence[str] | None,
+    seed: int,
+    data_root: str | None = None,
+    keep_extra: bool = False,
 ) -> list[dict[str, str]]:
     """The records of training ``phase`` from every dataset in ``paths`` (in order).
 
     ``"demo"`` is the shipped demo dataset's file for the phase (no split: its files are per phase); a
     DeepSpeed-Chat dataset name is read from its local copy under ``data_root`` through its schema adapter
     (:mod:`hybridzero.rlhf.data.dschat`); any other path goes through :func:`load_records`. Both take DeepSpeed-Chat's
-    phase split ``split`` of the whole dataset first, so the phases stay disjoint.
+    phase split ``split`` of the whole dataset first, so the phases stay disjoint. ``keep_extra`` keeps every
+    column of a file's rows (step 3's reward-function columns; a DeepSpeed-Chat dataset has none).
     """
     out: list[dict[str, str]] = []
     for path in paths:
         if path == "demo":
-            out += load_records(demo_data_dir() / DEMO_FILES[phase], columns)
+            out += load_records(demo_data_dir() / DEMO_FILES[phase], columns, keep_extra=keep_extra)
             continue
         rows = dschat_rows(path, data_root)
         if rows is None:
-            out += split_for_phase(load_records(path, columns), split, phase, seed)
+            out += split_for_phase(load_records(path, columns, keep_extra=keep_extra), split, phase, seed)
         else:
             share = _for_phase(split_for_phase(rows, split, phase, seed), phase, path)
             out += _validate_rows(share, path, tuple(columns) if columns is not None else None)

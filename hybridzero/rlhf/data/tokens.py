@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -213,9 +213,19 @@ def prompt_tensors(
 
 def load_prompts(s: PPOSettings, tok: PreTrainedTokenizerBase, model_context: int) -> tuple[list[str], dict[str, int]]:
     """The phase-3 prompts within ``max_prompt_seq_len`` tokens (``prompt_policy`` drop or truncate, counted)."""
+    prompts, _, counts = load_prompt_rows(s, tok, model_context)
+    return prompts, counts
+
+
+def load_prompt_rows(
+    s: PPOSettings, tok: PreTrainedTokenizerBase, model_context: int
+) -> tuple[list[str], list[dict[str, Any]], dict[str, int]]:
+    """:func:`load_prompts` plus each kept prompt's other columns (the reward functions' ``**columns``)."""
     check_budget(model_context, s.max_prompt_seq_len, s.max_answer_seq_len)
-    records = phase_records(s.data_path, s.data_split, 3, ("prompt",), s.seed, s.data_root)
-    prompts, counts = [], {"dropped": 0, "truncated": 0, "empty": 0}
+    records = phase_records(s.data_path, s.data_split, 3, ("prompt",), s.seed, s.data_root, keep_extra=True)
+    prompts: list[str] = []
+    extras: list[dict[str, Any]] = []
+    counts = {"dropped": 0, "truncated": 0, "empty": 0}
     for r in records:
         ids = tok.encode(r["prompt"], add_special_tokens=False)
         if not ids:
@@ -228,6 +238,7 @@ def load_prompts(s: PPOSettings, tok: PreTrainedTokenizerBase, model_context: in
             counts["truncated"] += 1
             r = {**r, "prompt": str(tok.decode(ids[-s.max_prompt_seq_len :]))}
         prompts.append(r["prompt"])
+        extras.append({k: v for k, v in r.items() if k != "prompt"})
     if not prompts:
         raise ValueError(f"no usable step-3 prompts: {counts} (max_prompt_seq_len {s.max_prompt_seq_len})")
-    return prompts, counts
+    return prompts, extras, counts

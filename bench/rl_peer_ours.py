@@ -1,0 +1,81 @@
+"""Our side of ``bench/bench_rl_peers.py`` (run under torchrun): the arithmetic demo's SFT, GRPO or evaluation.
+
+    torchrun --nproc_per_node W bench/rl_peer_ours.py sft  --out DIR [--quick]
+    torchrun --nproc_per_node W bench/rl_peer_ours.py grpo --sft_dir DIR --out DIR --iterations N
+    python bench/rl_peer_ours.py eval --model DIR [--limit N]
+
+``sft`` trains the start checkpoint both trainers share (``DIR/step1_sft``). ``grpo`` runs the demo's GRPO step
+(:func:`hybridzero.rlhf.demo.arith_run.arith_grpo_settings`) for ``N`` iterations and writes ``DIR/ours_result.json``
+(rank 0): the loop time (sum over iterations of generation + scoring + training, ``e2e_s``), completions, the final
+model directory. ``eval`` prints one JSON line of held-out scores (greedy and sampled) of any HF model directory
+(ours or TRL's: the same evaluator scores both).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+import hybridzero
+from hybridzero.rlhf.demo.arith_eval import eval_prompts, evaluate_arith
+from hybridzero.rlhf.demo.arith_run import GLOBAL_PROMPTS, GROUP, arith_grpo_settings, arith_sft_settings
+from hybridzero.rlhf.engines import world_comm
+from hybridzero.rlhf.settings import GRPOSettings
+from hybridzero.rlhf.sft import train_sft
+from hybridzero.rlhf.trainer import train_step3
+
+
+def _grpo(a: argparse.Namespace, world: int, rank: int) -> None:
+    base = arith_grpo_settings(Path(a.out), a.sft_dir, world=world)
+    s = GRPOSettings(
+        **{**base.model_dump(exclude_unset=True), "max_steps": a.iterations, "progress": False, "print_every": 1000}
+    )
+    t0 = time.perf_counter()
+    m = train_step3(s)
+    wall = time.perf_counter() - t0
+    if rank == 0:
+        h = m["history"]
+        result = {
+            "world": world,
+            "train_s": sum(x["e2e_s"] for x in h),
+            "generation_s": sum(x["generation_s"] for x in h),
+            "training_s": sum(x["training_s"] for x in h),
+            "train_step3_s": wall,
+            "iterations": len(h),
+            "completions": len(h) * GLOBAL_PROMPTS * GROUP,
+            "model": m["models"]["actor"],
+            "reward_last": h[-1]["reward"],
+        }
+        (Path(a.out) / "ours_result.json").write_text(json.dumps(result, indent=1) + "\n")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("stage", choices=("sft", "grpo", "eval"))
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--sft_dir", default=None)
+    ap.add_argument("--model", default=None)
+    ap.add_argument("--iterations", type=int, default=32)
+    ap.add_argument("--limit", type=int, default=None, help="eval: the first N held-out prompts")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    torch.set_num_threads(1)
+    hybridzero.init_distributed()
+    comm = world_comm()
+    if a.stage == "sft":
+        train_sft(arith_sft_settings(Path(a.out), a.quick, comm.world_size).model_copy(update={"progress": False}))
+    elif a.stage == "grpo":
+        _grpo(a, comm.world_size, comm.rank)
+    else:
+        prompts = eval_prompts(a.limit)
+        scores = {m: evaluate_arith(a.model, prompts, do_sample=m == "sampled") for m in ("greedy", "sampled")}
+        if comm.rank == 0:
+            print("EVAL " + json.dumps(scores))
+
+
+if __name__ == "__main__":
+    main()

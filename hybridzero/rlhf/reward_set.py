@@ -1,0 +1,116 @@
+"""A GRPO run's reward sources (reward functions, then optionally the reward model) and the agreement protocol.
+
+Data path of a reward: the rollout decodes this rank's answers (text cut at a stop string, special tokens skipped),
+takes their token ids (answer tokens up to and including EOS) and the prompt rows' extra columns, and
+:meth:`RewardSet.score` calls every function once on the batch (:mod:`hybridzero.rlhf.rewards`: forked, with a
+deadline). The reward model's last-token score (from the experience) is one more source. Sources combine into one
+reward per sample: the weighted sum over the sources that scored it.
+
+Agreement (``reward_error_policy``):
+
+* ``raise`` — after scoring, one all-reduce of "did anything fail here" (a function raised, hung, died, returned
+  NaN/inf or a wrong length, or a sample no source scored); if any rank says yes, the ranks all-gather their first
+  messages and *every* rank raises the same :class:`~hybridzero.rlhf.rewards.RewardError` (the lowest failing
+  rank's, naming rank, function, sample and prompt). Every rank is at the same collective when it raises: no rank
+  waits on another, nothing is updated.
+* ``skip`` — no extra collective: a failed or unscored sample gets reward 0 and is *skipped* (left out of its
+  group's statistics, zero advantage, no loss and no count in the loss normalisers); the skipped count is a global
+  metric. What a rank skips depends only on its own samples, so the ranks stay in step.
+
+A hang costs at most ``reward_timeout`` seconds, shorter than the collective timeout the peers wait in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybridzero.rlhf.engines import global_sum
+from hybridzero.rlhf.rewards import RewardError, RewardFunction, RewardSource, combine_rewards, reward_sources
+from hybridzero.rlhf.rewards import score_with_functions as _score
+from hybridzero.rlhf.settings import GRPOSettings
+from hybridzero.runtime.engine import Engine
+
+__all__ = ["RewardSet", "Scored"]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """One rank's rewards for one batch: ``rewards [B]`` float32 (0 where skipped), ``skipped [B]`` bool and
+    ``per_source [S, B]`` float64 (NaN: the source did not score the sample)."""
+
+    rewards: torch.Tensor
+    skipped: torch.Tensor
+    per_source: torch.Tensor
+
+
+@dataclass(frozen=True)
+class RewardSet:
+    """The reward functions, whether the reward model scores too (and its weight), the deadline and the policy."""
+
+    sources: tuple[RewardSource, ...]
+    with_model: bool
+    model_weight: float
+    timeout: float
+    policy: str
+
+    @classmethod
+    def build(cls, s: GRPOSettings, api_funcs: Sequence[str | RewardFunction] = ()) -> RewardSet:
+        """From the settings (``reward_funcs`` specs) or the Python API's functions (one of the two)."""
+        if api_funcs and s.reward_funcs:
+            raise ValueError(
+                f"reward functions given twice: reward_funcs {s.reward_funcs} in the settings and "
+                f"{len(api_funcs)} through train_step3(reward_funcs=...); give them in one place"
+            )
+        funcs: Sequence[str | RewardFunction] = list(api_funcs) or list(s.reward_funcs)
+        with_model = s.uses_reward_model(len(api_funcs))
+        sources, model_weight = reward_sources(funcs, s.reward_weights, with_model)
+        return cls(tuple(sources), with_model, model_weight, s.reward_timeout, s.reward_error_policy)
+
+    @property
+    def names(self) -> list[str]:
+        """Display names of the sources, in order (``reward_model`` last when it scores)."""
+        return [src.name for src in self.sources] + (["reward_model"] if self.with_model else [])
+
+    def score(
+        self,
+        engine: Engine,
+        prompts: list[str],
+        completions: list[str],
+        completion_ids: list[list[int]],
+        columns: dict[str, list[Any]],
+        model_scores: torch.Tensor,
+    ) -> Scored:
+        """Score a batch (module docstring); raises the same :class:`RewardError` on every rank under ``raise``."""
+        funcs = _score(self.sources, prompts, completions, completion_ids, columns, timeout=self.timeout)
+        parts = [funcs.values]
+        weights = [src.weight for src in self.sources]
+        if self.with_model:
+            parts.append(model_scores.detach().double().cpu()[None])
+            weights.append(self.model_weight)
+        values = torch.cat(parts) if parts else funcs.values
+        total = combine_rewards(values, torch.tensor(weights, dtype=torch.float64))
+        unscored = torch.isnan(total) & ~funcs.failed
+        error = funcs.error
+        if error is None and bool(unscored.any()):
+            i = int(unscored.nonzero()[0])
+            error = f"no reward source scored sample {i} of {len(prompts)} (prompt {prompts[i][:80]!r}): all None"
+        if self.policy == "raise":
+            self._agree(engine, error)
+        skipped = funcs.failed | torch.isnan(total)
+        rewards = torch.where(skipped, torch.zeros_like(total), total).float()
+        return Scored(rewards, skipped, values)
+
+    @staticmethod
+    def _agree(engine: Engine, error: str | None) -> None:
+        """Raise the lowest failing rank's message on every rank when any rank has one (one all-reduce when none
+        does; an all-gather of the messages when one does)."""
+        (failing,) = global_sum(engine, [0.0 if error is None else 1.0])
+        if failing == 0:
+            return
+        messages = engine.comm.all_gather_object(error, phase="rewards")
+        rank, first = next((r, m) for r, m in enumerate(messages) if m is not None)
+        raise RewardError(f"rank {rank}: {first} (reward_error_policy=raise; 'skip' would skip such samples)")

@@ -1,0 +1,310 @@
+"""Reward functions for RL with verifiable rewards: loading, calling with a deadline, validating, combining.
+
+**Signature** (TRL's ``GRPOTrainer`` one, so the same function works in both)::
+
+    fn(prompts=list[str], completions=list[str], completion_ids=list[list[int]], **columns) -> list[float | None]
+
+``columns`` are the prompt dataset row's extra columns (every key but ``prompt``), each a list aligned with the
+completions (``None`` where a row lacks the key); a function should accept ``**kwargs``. ``None`` means "this function
+does not score this sample". Results are combined as TRL does: a weighted sum over the functions that scored the
+sample (``nansum``); a sample no source scored is *unscored* (an error or a skipped sample, per the error policy).
+
+**Loading** (:func:`load_reward_function`): ``module:function`` imports an importable module;
+``path/to/file.py:function`` runs that file as a fresh module (nothing is registered in
+``sys.modules``). Data is never evaluated.
+
+**Isolation and the deadline** (:func:`call_reward_function`). With ``timeout > 0`` every call runs in a child
+process forked for that call: the child calls the function, checks the result's shape and sends it back as JSON over a
+pipe, then ``os._exit``\\s; the parent waits at most ``timeout`` seconds and SIGKILLs the child after that. Why a
+fork per call and not a thread or a persistent pool: pure Python can hang forever (an infinite loop, a deadlock,
+a blocked read) and a thread cannot be stopped — an abandoned thread would keep burning a core and the next timeout
+would leak another; a killed child frees everything. A fork needs no pickling of the function (closures and
+lambdas work, as in TRL), no re-import and no start-up cost beyond the fork itself (copy-on-write), and nothing the
+function does (globals it mutates, memory it leaks, a crash or ``sys.exit``) reaches the trainer. The cost: state
+a function keeps across calls (a cache) does not persist; a function that touches torch's threads or CUDA in
+the child may deadlock (then the deadline catches it); and time: about 23 ms per call for a process holding torch
+and a 10M-parameter model (the fork ~12 ms, more with more mapped memory; measured on a loaded 2-core machine)
+against 0.02 ms in-process. The child's exit (~27 ms) is reaped by a short-lived thread off the critical path.
+``timeout = 0`` calls the function in-process (no deadline, no isolation: for debugging, stateful functions, and
+throughput comparisons with trainers that call in-process, such as TRL).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import json
+import math
+import os
+import select
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+__all__ = [
+    "RESERVED_KEYWORDS",
+    "RewardCallError",
+    "RewardError",
+    "RewardFunction",
+    "RewardSource",
+    "call_reward_function",
+    "FunctionScores",
+    "combine_rewards",
+    "load_reward_function",
+    "reward_sources",
+    "score_with_functions",
+]
+
+RewardFunction = Callable[..., Sequence[float | None]]
+RESERVED_KEYWORDS: tuple[str, ...] = ("prompts", "completions", "completion_ids")
+_READ_CHUNK = 1 << 16
+
+
+class RewardError(ValueError):
+    """A reward function failed (raised, hung, died, returned NaN/inf or a wrong length) or a sample was left
+    unscored, under ``reward_error_policy = "raise"``; raised on every rank with the same message."""
+
+
+class RewardCallError(Exception):
+    """One call failed; ``samples`` are the indices it concerns (``None``: the whole call)."""
+
+    def __init__(self, message: str, samples: list[int] | None = None) -> None:
+        super().__init__(message)
+        self.samples = samples
+
+
+@dataclass(frozen=True)
+class RewardSource:
+    """A reward function with its display name (metric ``rewards/<name>``), its spec and its weight."""
+
+    name: str
+    spec: str
+    fn: RewardFunction
+    weight: float
+
+
+def load_reward_function(spec: str) -> RewardFunction:
+    """The callable named by ``module:function`` or ``path/to/file.py:function`` (``function`` may be dotted:
+    ``Class.method``). Raises ``ValueError`` naming the spec and what is wrong, ``FileNotFoundError`` /
+    ``ImportError`` when the module cannot be found."""
+    where, sep, attr = spec.rpartition(":")
+    if not sep or not where or not attr:
+        raise ValueError(f"--reward_funcs {spec!r}: expected module:function or path/to/file.py:function")
+    if where.endswith(".py") or "/" in where or os.sep in where:
+        path = Path(where)
+        if not path.is_file():
+            raise FileNotFoundError(f"--reward_funcs {spec!r}: no file {path}")
+        found = importlib.util.spec_from_file_location(f"hybridzero_reward_{path.stem}", path)
+        if found is None or found.loader is None:
+            raise ImportError(f"--reward_funcs {spec!r}: cannot load {path} as a Python module")
+        module: Any = importlib.util.module_from_spec(found)
+        found.loader.exec_module(module)
+    else:
+        module = importlib.import_module(where)
+    target: Any = module
+    for part in attr.split("."):
+        if not hasattr(target, part):
+            names = sorted(n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n)))
+            raise ValueError(f"--reward_funcs {spec!r}: {where} has no {attr!r}; its callables: {names}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"--reward_funcs {spec!r}: {attr} is a {type(target).__name__}, not a function")
+    return target
+
+
+def reward_sources(
+    funcs: Sequence[str | RewardFunction], weights: Sequence[float] | None, with_model: bool
+) -> tuple[list[RewardSource], float]:
+    """The reward functions (specs loaded, callables as given) with their weights, and the reward model's weight.
+
+    ``weights`` has one entry per function, then one for the reward model when ``with_model``; ``None``: all 1.
+    Display names are the functions' ``__name__`` (made unique with ``_2``, ``_3``...)."""
+    want = len(funcs) + int(with_model)
+    if weights is not None and len(weights) != want:
+        raise ValueError(
+            f"reward_weights {list(weights)} has {len(weights)} entries; expected {want} "
+            f"(one per reward function{', then the reward model' if with_model else ''})"
+        )
+    ws = [1.0] * want if weights is None else [float(w) for w in weights]
+    if not all(math.isfinite(w) for w in ws):
+        raise ValueError(f"reward_weights {ws}: every weight must be finite")
+    out: list[RewardSource] = []
+    seen: dict[str, int] = {}
+    for f, w in zip(funcs, ws):
+        fn = load_reward_function(f) if isinstance(f, str) else f
+        if not callable(fn):
+            raise ValueError(f"reward function {f!r} is not callable")
+        base = str(getattr(fn, "__name__", type(fn).__name__))
+        seen[base] = seen.get(base, 0) + 1
+        name = base if seen[base] == 1 else f"{base}_{seen[base]}"
+        spec = f if isinstance(f, str) else f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', base)}"
+        out.append(RewardSource(name, spec, fn, w))
+    return out, (ws[-1] if with_model else 0.0)
+
+
+def _as_values(result: Any, n: int) -> list[float | None]:
+    """``result`` as ``n`` floats or ``None``s (NaN/inf kept: the caller reports them by index)."""
+    if isinstance(result, torch.Tensor):
+        result = result.detach().cpu().tolist()
+    if isinstance(result, (str, bytes)) or not hasattr(result, "__len__"):
+        raise RewardCallError(f"returned a {type(result).__name__}; expected a list of {n} floats or None")
+    if len(result) != n:
+        raise RewardCallError(f"returned {len(result)} values for {n} completions")
+    values: list[float | None] = []
+    for i, v in enumerate(result):
+        if v is None:
+            values.append(None)
+        elif isinstance(v, (int, float)) and not isinstance(v, bool):
+            values.append(float(v))
+        else:
+            raise RewardCallError(f"value {i} is a {type(v).__name__} ({v!r}); expected a float or None", [i])
+    return values
+
+
+def _child(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, fd: int) -> None:
+    """The forked child: call, convert, send JSON, exit without running the parent's atexit/finally code."""
+    try:
+        payload: dict[str, Any] = {"values": _as_values(fn(**kwargs), n)}
+    except RewardCallError as exc:
+        payload = {"error": str(exc), "samples": exc.samples}
+    except BaseException as exc:  # noqa: BLE001 -- anything the function does is reported, never propagated
+        payload = {"error": f"raised {type(exc).__name__}: {exc}"}
+    try:
+        data = json.dumps(payload).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.close(fd)  # EOF for the parent now, before this process's (slow) teardown
+    finally:
+        os._exit(0)
+
+
+def _read_until(fd: int, pid: int, timeout: float) -> bytes:
+    """Everything the child writes until EOF; SIGKILLs it and raises when ``timeout`` passes first."""
+    chunks: list[bytes] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], max(left, 0.0))
+        if not ready:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise RewardCallError(f"did not return within --reward_timeout {timeout:g} s (killed)")
+        chunk = os.read(fd, _READ_CHUNK)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
+
+
+def _forked(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, timeout: float) -> list[float | None]:
+    sys.stdout.flush()
+    sys.stderr.flush()  # the child inherits unflushed buffers: flush so nothing prints twice
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read_fd)
+        _child(fn, kwargs, n, write_fd)
+    os.close(write_fd)
+    try:
+        data = _read_until(read_fd, pid, timeout)
+    finally:
+        os.close(read_fd)
+    if not data:
+        _, status = os.waitpid(pid, 0)
+        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
+        raise RewardCallError(f"died ({how}) without returning")
+    # the answer is in: reap the exiting child off the critical path (its teardown takes longer than the fork)
+    threading.Thread(target=os.waitpid, args=(pid, 0), name=f"reap-reward-{pid}", daemon=True).start()
+    payload = json.loads(data)
+    if "error" in payload:
+        raise RewardCallError(payload["error"], payload.get("samples"))
+    return list(payload["values"])
+
+
+def call_reward_function(
+    fn: RewardFunction,
+    prompts: list[str],
+    completions: list[str],
+    completion_ids: list[list[int]],
+    columns: Mapping[str, list[Any]],
+    *,
+    timeout: float,
+) -> list[float | None]:
+    """One call of ``fn`` on a batch (module docstring: forked with a deadline when ``timeout > 0``); returns ``n``
+    values (``None`` = not scored). Raises :class:`RewardCallError` when it raises, hangs, dies, returns a wrong
+    length or type, or NaN/inf (``samples`` then lists the offending indices)."""
+    n = len(completions)
+    clash = [k for k in columns if k in RESERVED_KEYWORDS]
+    if clash:
+        raise RewardCallError(f"dataset column(s) {clash} clash with the reward-function arguments {RESERVED_KEYWORDS}")
+    kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
+    if timeout > 0 and hasattr(os, "fork"):
+        values = _forked(fn, kwargs, n, timeout)
+    else:
+        try:
+            values = _as_values(fn(**kwargs), n)
+        except RewardCallError:
+            raise
+        except Exception as exc:
+            raise RewardCallError(f"raised {type(exc).__name__}: {exc}") from exc
+    bad = [i for i, v in enumerate(values) if v is not None and not math.isfinite(v)]
+    if bad:
+        raise RewardCallError(f"returned {values[bad[0]]} for {len(bad)} sample(s)", bad)
+    return values
+
+
+def combine_rewards(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``[S, B]`` per-source rewards (NaN = not scored) and ``[S]`` weights -> ``[B]`` weighted ``nansum``; NaN
+    where no source scored the sample (TRL's rule)."""
+    scored = ~torch.isnan(values)
+    total = torch.where(scored, values * weights[:, None], torch.zeros_like(values)).sum(dim=0)
+    return torch.where(scored.any(dim=0), total, torch.full_like(total, float("nan")))
+
+
+@dataclass(frozen=True)
+class FunctionScores:
+    """One rank's reward-function results for one batch: ``values [F, B]`` float64 (NaN: not scored or failed),
+    ``failed [B]`` (a function failed on the sample) and the first failure's message (``None``: none failed)."""
+
+    values: torch.Tensor
+    failed: torch.Tensor
+    error: str | None
+
+
+def score_with_functions(
+    sources: Sequence[RewardSource],
+    prompts: list[str],
+    completions: list[str],
+    completion_ids: list[list[int]],
+    columns: Mapping[str, list[Any]],
+    *,
+    timeout: float,
+) -> FunctionScores:
+    """Call every function once on the batch; a failure marks its samples (all of them unless it named some) as
+    failed and is described by function, spec, sample index and prompt in ``error``."""
+    n = len(completions)
+    values = torch.full((len(sources), n), float("nan"), dtype=torch.float64)
+    failed = torch.zeros(n, dtype=torch.bool)
+    error: str | None = None
+    for f, src in enumerate(sources):
+        try:
+            got = call_reward_function(src.fn, prompts, completions, completion_ids, columns, timeout=timeout)
+        except RewardCallError as exc:
+            samples = exc.samples if exc.samples else list(range(n))
+            failed[samples] = True
+            if error is None:
+                i = samples[0]
+                where = f"sample {i} of {n} (prompt {prompts[i][:80]!r})" if exc.samples else f"a batch of {n}"
+                error = f"reward function {src.name!r} ({src.spec}) {exc} -- {where}"
+            continue
+        values[f] = torch.tensor([float("nan") if v is None else v for v in got], dtype=torch.float64)
+    return FunctionScores(values, failed, error)

@@ -1,0 +1,43 @@
+"""GRPO-family runs with reward functions on every rank of a world (module-level: picklable for the pool)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from tests.workers.rlhf_runs import STEP3_DEFAULTS
+
+__all__ = ["failing_reward_run", "grpo_family_run"]
+
+
+def grpo_family_run(runs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
+    """Each named GRPO run in turn (one spawned world for all); returns their histories."""
+    from hybridzero.rlhf.settings import GRPOSettings
+    from hybridzero.rlhf.trainer import train_step3
+
+    return {name: train_step3(GRPOSettings(**{**STEP3_DEFAULTS, **s}))["history"] for name, s in runs.items()}
+
+
+def failing_reward_run(settings: dict[str, Any], fail_rank: int) -> dict[str, Any]:
+    """A run whose ``tests.workers.rlvr_rewards`` failing functions misbehave on ``fail_rank`` only; returns the
+    error this rank raised (``None``: it completed), the history and whether the actor's weights stayed finite."""
+    from hybridzero.rlhf.rewards import RewardError
+    from hybridzero.rlhf.settings import GRPOSettings
+    from hybridzero.rlhf.trainer import train_step3
+
+    os.environ["RLVR_FAIL_RANK"] = str(fail_rank)  # read by the reward functions (in their forked children)
+    try:
+        result = train_step3(GRPOSettings(**{**STEP3_DEFAULTS, **settings}))
+    except RewardError as exc:
+        return {"error": str(exc), "history": None, "finite": None}
+    finally:
+        del os.environ["RLVR_FAIL_RANK"]
+    if torch.distributed.get_rank() != 0:  # rank 0 writes the final model
+        return {"error": None, "history": result["history"], "finite": None}
+    from safetensors.torch import load_file
+
+    weights = load_file(os.path.join(result["models"]["actor"], "model.safetensors"))
+    finite = all(bool(torch.isfinite(w).all()) for w in weights.values())
+    return {"error": None, "history": result["history"], "finite": finite}
