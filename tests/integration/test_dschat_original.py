@@ -7,7 +7,8 @@ files, so DeepSpeed-Chat's ``save_hf_format`` + reload round-trips under transfo
 ``local/jsonfile`` (``data/{train,eval}.json`` beside ``dschat/``, so the copy is laid out in a temporary folder) on
 a memorizable copy task. Step 1 and 2 run ZeRO-2 (DeepSpeed-Chat's ZeRO-3 save reads DeepSpeed's per-tensor ``ds_id``
 attributes, which hybridzero does not patch onto tensors; see the README of the copy), step 3 ZeRO-3 for all four
-models with bf16, as DeepSpeed-Chat's CPU dtype.
+models with bf16, as DeepSpeed-Chat's CPU dtype, and ``--enable_hybrid_engine`` (its ``actor_model.module.generate(...,
+synced_gpus=True)`` is HF's synced generation over the ZeRO-3 hooks; ``engine.generate`` is the gather-once path).
 
 Environment for the runs: ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` because DeepSpeed-Chat ``torch.load``s the dataset
 objects it cached itself, which torch >= 2.6 refuses by default (not a hybridzero matter).
@@ -124,6 +125,7 @@ def test_dschat_steps_1_2_3_run_unchanged_at_world_2(tmp_path: Path) -> None:
         "--max_prompt_seq_len", "20", "--max_answer_seq_len", "6", "--actor_learning_rate", "1e-4",
         "--critic_learning_rate", "1e-4", "--actor_zero_stage", "3", "--critic_zero_stage", "3",
         "--num_warmup_steps", "0", "--enable_test_mode", "--test_stop_step", "3", "--print_answers",
+        "--enable_hybrid_engine",
     ], tmp_path / "step3.log")  # fmt: skip
     answers = re.findall(r"--- ans    --> step=\d+, rank=\d+, (\[.*\])", out3)
     assert len(answers) == 6, out3[-3000:]  # 3 steps x 2 ranks
