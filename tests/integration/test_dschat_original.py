@@ -7,7 +7,8 @@ files, so DeepSpeed-Chat's ``save_hf_format`` + reload round-trips under transfo
 ``local/jsonfile`` (``data/{train,eval}.json`` beside ``dschat/``, so the copy is laid out in a temporary folder) on
 a memorizable copy task. Step 1 and 2 run ZeRO-2 (DeepSpeed-Chat's ZeRO-3 save reads DeepSpeed's per-tensor ``ds_id``
 attributes, which hybridzero does not patch onto tensors; see the README of the copy), step 3 ZeRO-3 for all four
-models with bf16, as DeepSpeed-Chat's CPU dtype.
+models with bf16, as DeepSpeed-Chat's CPU dtype, and ``--enable_hybrid_engine`` (its ``actor_model.module.generate(...,
+synced_gpus=True)`` is HF's synced generation over the ZeRO-3 hooks; ``engine.generate`` is the gather-once path).
 
 Environment for the runs: ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` because DeepSpeed-Chat ``torch.load``s the dataset
 objects it cached itself, which torch >= 2.6 refuses by default (not a hybridzero matter).
@@ -28,17 +29,21 @@ import pytest
 
 COPY = Path(__file__).resolve().parents[1] / "third_party" / "dschat"
 LETTERS = "abcde"
+OTHER = str.maketrans(LETTERS, "vwxyz")
 # per-rank wrapper: DeepSpeed's launcher passes --local_rank=N to each process; torchrun exports LOCAL_RANK
+NUM = r"(-?[0-9.]+(?:e[-+]?[0-9]+)?)"  # a printed float
 WRAPPER = 'exec "$0" "$1" --local_rank="$LOCAL_RANK" "${@:2}"'
 
 
 def _examples(n: int, rng: random.Random) -> list[dict[str, str]]:
-    """Copy task: ``copy xyz =`` -> ``xyz`` (chosen) / the reversed word (rejected, never equal)."""
+    """Copy task: ``copy xyz =</s>`` -> ``xyz`` (chosen) / the word in other letters (rejected). The prompt ends
+    with ``</s>`` because ByT5 appends it to every encoding (so step 3's prompts end with it): the SFT data must
+    teach what follows it. As with OPT's leading ``</s>``, one pad-equal token precedes the text's end, hence
+    ``--num_padding_at_beginning 1`` (DeepSpeed-Chat's default)."""
     out = []
     while len(out) < n:
         word = "".join(rng.choice(LETTERS) for _ in range(3))
-        if word != word[::-1]:
-            out.append({"prompt": f"copy {word} =", "chosen": word, "rejected": word[::-1]})
+        out.append({"prompt": f"copy {word} =</s>", "chosen": word, "rejected": word.translate(OTHER)})
     return out
 
 
@@ -92,38 +97,41 @@ def test_dschat_steps_1_2_3_run_unchanged_at_world_2(tmp_path: Path) -> None:
         "--per_device_eval_batch_size", "2", "--max_seq_len", "24", "--learning_rate", "3e-3",
         "--num_train_epochs", "5", "--zero_stage", "2", "--print_loss", "--output_dir", str(tmp_path / "actor"),
     ], tmp_path / "step1.log")  # fmt: skip
-    rank0 = _floats(r"Rank: 0, loss = ([0-9.]+)", out1)
-    evals = _floats(r"ppl: [0-9.e+inf]+, loss: ([0-9.]+)", out1)
+    rank0 = _floats(r"Rank: 0, loss = " + NUM, out1)
+    evals = _floats(r"ppl: \S+, loss: " + NUM, out1)
     assert len(rank0) == 20 and len(evals) == 6, (rank0, evals)
     assert sum(rank0[-4:]) < 0.8 * sum(rank0[:4]), rank0  # the copy task is memorized: the loss falls clearly
     assert evals[-1] < evals[0], evals
 
     out2 = _run(chat, "step2_reward_model_finetuning", [
         *common, "--model_name_or_path", str(base), "--per_device_train_batch_size", "2",
-        "--per_device_eval_batch_size", "2", "--max_seq_len", "40", "--learning_rate", "2e-3",
-        "--num_train_epochs", "4", "--zero_stage", "2", "--num_padding_at_beginning", "0",
+        "--per_device_eval_batch_size", "2", "--max_seq_len", "40", "--learning_rate", "5e-3",
+        "--num_train_epochs", "4", "--zero_stage", "2", "--num_padding_at_beginning", "1",
         "--output_dir", str(tmp_path / "critic"),
     ], tmp_path / "step2.log")  # fmt: skip
-    losses = _floats(r"Epoch \d+/\d+ with loss ([0-9.]+)", out2)
-    accs = _floats(r"acc \(higher is better\) : ([0-9.]+)", out2)
-    chosen = _floats(r"chosen_last_scores \(higher is better\) : (-?[0-9.]+)", out2)
-    assert len(losses) == 4 and len(accs) == 5 and len(chosen) == 5, (losses, accs, chosen)
-    assert losses[-1] < losses[0], losses
-    assert all(0.0 <= a <= 1.0 for a in accs)
+    losses = _floats(r"Epoch \d+/\d+ with loss " + NUM, out2)
+    accs = _floats(r"acc \(higher is better\) : " + NUM, out2)
+    rejected = _floats(r"rejected_last_scores \(lower is better\) : " + NUM, out2)
+    chosen = _floats(r"chosen_last_scores \(higher is better\) : " + NUM, out2)
+    assert len(losses) == 4 and len(accs) == len(chosen) == len(rejected) == 5, (losses, accs, chosen)
+    assert losses[-1] < 0.5 * losses[0], losses  # the rejected answers use other letters: easily separated
+    assert chosen[-1] - rejected[-1] > chosen[0] - rejected[0] + 1.0, (chosen, rejected)
+    assert accs[-1] == 1.0, accs
 
     out3 = _run(chat, "step3_rlhf_finetuning", [
         *common, "--actor_model_name_or_path", str(tmp_path / "actor"),
-        "--critic_model_name_or_path", str(tmp_path / "critic"), "--num_padding_at_beginning", "0",
+        "--critic_model_name_or_path", str(tmp_path / "critic"), "--num_padding_at_beginning", "1",
         "--per_device_generation_batch_size", "2", "--per_device_training_batch_size", "2",
-        "--max_prompt_seq_len", "16", "--max_answer_seq_len", "6", "--actor_learning_rate", "1e-4",
+        "--max_prompt_seq_len", "20", "--max_answer_seq_len", "6", "--actor_learning_rate", "1e-4",
         "--critic_learning_rate", "1e-4", "--actor_zero_stage", "3", "--critic_zero_stage", "3",
         "--num_warmup_steps", "0", "--enable_test_mode", "--test_stop_step", "3", "--print_answers",
+        "--enable_hybrid_engine",
     ], tmp_path / "step3.log")  # fmt: skip
     answers = re.findall(r"--- ans    --> step=\d+, rank=\d+, (\[.*\])", out3)
     assert len(answers) == 6, out3[-3000:]  # 3 steps x 2 ranks
     assert all(a not in ("[]", "['']", "['', '']") for a in answers), answers
-    actor = _floats(r"Actor Loss: (-?[0-9.e-]+)", out3)
-    critic = _floats(r"Critic Loss: (-?[0-9.e-]+)", out3)
+    actor = _floats(r"Actor Loss: " + NUM, out3)
+    critic = _floats(r"Critic Loss: " + NUM, out3)
     assert len(actor) == 3 and len(critic) == 3, (actor, critic)
     assert all(abs(x) < 1e3 for x in actor + critic), (actor, critic)
     assert "Average reward score" in out3
