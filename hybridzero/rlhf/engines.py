@@ -310,13 +310,14 @@ def build_roles(s: PPOSettings, world: int, total_steps: int, with_reward_model:
     reward = None
     if with_reward_model:
         reward = build_engine(
-            load_value_model(s.critic_model_name_or_path).float(), frozen(s.stage_of("reward"), s.offload_reward_model)
+            load_value_model(s.critic_model_name_or_path, no_dropout=True).float(),
+            frozen(s.stage_of("reward"), s.offload_reward_model),
         )
     critic = None
     if not isinstance(s, GRPOSettings):
         critic_optim = spec(s.critic_learning_rate, s.critic_weight_decay)
         critic = build_engine(
-            load_value_model(s.critic_model_name_or_path).float(),
+            load_value_model(s.critic_model_name_or_path, no_dropout=True).float(),
             trained(s.critic_zero_stage, critic_optim),
             checkpointing=s.critic_gradient_checkpointing,
             optim=critic_optim,

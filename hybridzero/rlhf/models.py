@@ -181,15 +181,19 @@ def is_value_model_dir(path: str | os.PathLike[str]) -> bool:
 
 
 def load_value_model(
-    path: str | os.PathLike[str], *, head_seed: int = 0, dropout: float | None = None
+    path: str | os.PathLike[str], *, head_seed: int = 0, dropout: float | None = None, no_dropout: bool = False
 ) -> ValueHeadModel:
     """A value model from ``path``: a saved value model (trunk and head), or a causal-LM directory (its trunk; the
     head is freshly initialised from ``head_seed``, as DeepSpeed-Chat's step 2 starts from a pretrained LM);
-    ``dropout`` as in :func:`set_dropout`."""
+    ``dropout`` as in :func:`set_dropout`; ``no_dropout`` sets every dropout probability the config has to 0
+    (:func:`dropout_overrides`: the RLHF critic and reward model, whose values must be deterministic)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(f"{path}: no config.json; expected a Hugging Face model directory")
     hf_config = set_dropout(transformers.AutoConfig.from_pretrained(path), dropout)
+    if no_dropout:
+        for key, value in dropout_overrides(hf_config).items():
+            setattr(hf_config, key, value)
     if is_value_model_dir(path):
         model = ValueHeadModel(hf_config, head_seed=head_seed)
         state = load_file(str(path / VALUE_MODEL_FILE))

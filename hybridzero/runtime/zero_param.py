@@ -1,4 +1,5 @@
-"""DeepSpeed's read-only ZeRO-3 parameter attributes (``ds_id``, ``ds_shape``, ``ds_numel``, ``ds_tensor``).
+"""DeepSpeed's read-only ZeRO-3 parameter attributes (``ds_id``, ``ds_shape``, ``ds_numel``, ``ds_tensor``,
+``ds_status``).
 
 DeepSpeed sets these attributes on every parameter of a ZeRO-3 model, and code written for it (its own unit tests,
 ``hasattr(p, "ds_id")`` checks in user code) reads them. hybridzero stores no state on tensors: a ZeRO-3 engine
@@ -22,7 +23,8 @@ import torch
 from torch import nn
 
 from hybridzero.runtime.fragments import TensorFragments, master_range, param_part
-from hybridzero.zero.groups import ShardedGroup, Slot
+from hybridzero.runtime.zero.partition_parameters import ZeroParamStatus
+from hybridzero.zero.groups import GroupState, ShardedGroup, Slot
 from hybridzero.zero.registry import REGISTRY
 
 __all__ = ["ZeroParameter", "adopt", "release"]
@@ -53,6 +55,19 @@ class ZeroParameter(nn.Parameter):
     def ds_numel(self) -> int:
         """The parameter's full number of elements."""
         return int(self.ds_shape.numel())
+
+    @property
+    def ds_status(self) -> ZeroParamStatus:
+        """Whether the full value is on this rank now: its gather group's state, in DeepSpeed's words.
+
+        A group that is never partitioned (persistent parameters) is always ``AVAILABLE``.
+        """
+        _, group, _ = self._where("ds_status")
+        if group.always_full or group.state is GroupState.GATHERED:
+            return ZeroParamStatus.AVAILABLE
+        if group.state is GroupState.GATHERING:
+            return ZeroParamStatus.INFLIGHT
+        return ZeroParamStatus.NOT_AVAILABLE
 
     @property
     def ds_tensor(self) -> torch.Tensor:

@@ -208,7 +208,8 @@ def test_initialize_with_args(world, tmp_path) -> None:
 
 
 def test_ds_attributes_of_zero3_parameters(world) -> None:
-    """DeepSpeed's ``ds_id`` / ``ds_shape`` / ``ds_numel`` / ``ds_tensor`` (read-only, computed from the engine):
+    """DeepSpeed's ``ds_id`` / ``ds_shape`` / ``ds_numel`` / ``ds_tensor`` / ``ds_status`` (read-only, computed from
+    the engine; ``ds_status`` NOT_AVAILABLE at rest for sharded parameters, AVAILABLE inside a gather):
     the ranks' ``ds_tensor`` parts, in rank order, are the full fp32 value where the parameter is sharded (or each is
     the whole value where it is persistent); stage 2 parameters have none."""
     pool = world(2)
@@ -216,7 +217,7 @@ def test_ds_attributes_of_zero3_parameters(world) -> None:
     got = pool.run(ds_attributes, spec)
     full = {n: p.detach() for n, p in build_model(spec).named_parameters()}  # the engine's start values
     for r in got:
-        assert r["shape"] and r["ids"] and r["local"] and r["copy_unowned"] and r["destroyed"], r
+        assert r["status"] and r["shape"] and r["ids"] and r["local"] and r["copy_unowned"] and r["destroyed"], r
     for name, value in full.items():
         parts = [r["parts"][name] for r in got]
         whole = value.reshape(-1)

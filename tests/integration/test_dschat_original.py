@@ -87,6 +87,24 @@ def _floats(pattern: str, text: str) -> list[float]:
 
 
 @pytest.mark.slow
+def _assert_saved_whole(out_dir: Path, base: Path) -> None:
+    """DeepSpeed-Chat's ZeRO-3 save (``save_zero_three_model``: ``ds_id`` / ``ds_status`` + ``GatheredParameters``)
+    wrote every parameter whole: each base-model tensor is in ``pytorch_model.bin`` with its full shape."""
+    import torch
+    import transformers
+
+    saved = torch.load(out_dir / "pytorch_model.bin", weights_only=True)
+    ref = transformers.AutoModelForCausalLM.from_pretrained(base).state_dict()
+    matched = 0
+    for name, tensor in saved.items():
+        tail = name if any(k.endswith(name) for k in ref) else name.split(".", 1)[-1]  # reward model: its prefix
+        key = next((k for k in ref if k.endswith(tail)), None)
+        assert tensor.numel() > 0 and (key is None or tensor.shape == ref[key].shape), (name, tuple(tensor.shape))
+        matched += key is not None
+    assert matched >= len(saved) - 1, (matched, sorted(saved))  # the reward model's v_head is its own
+    assert len(saved) >= len({k for k in ref if "lm_head" not in k}) - 1, sorted(saved)
+
+
 def test_dschat_steps_1_2_3_run_unchanged_at_world_2(tmp_path: Path) -> None:
     chat, base = _layout(tmp_path)
     data = ["--data_path", "local/jsonfile", "--data_split", "1,1,1", "--data_output_path", str(tmp_path / "cache")]
@@ -95,18 +113,19 @@ def test_dschat_steps_1_2_3_run_unchanged_at_world_2(tmp_path: Path) -> None:
     out1 = _run(chat, "step1_supervised_finetuning", [
         *common, "--model_name_or_path", str(base), "--per_device_train_batch_size", "2",
         "--per_device_eval_batch_size", "2", "--max_seq_len", "24", "--learning_rate", "3e-3",
-        "--num_train_epochs", "5", "--zero_stage", "2", "--print_loss", "--output_dir", str(tmp_path / "actor"),
+        "--num_train_epochs", "5", "--zero_stage", "3", "--print_loss", "--output_dir", str(tmp_path / "actor"),
     ], tmp_path / "step1.log")  # fmt: skip
     rank0 = _floats(r"Rank: 0, loss = " + NUM, out1)
     evals = _floats(r"ppl: \S+, loss: " + NUM, out1)
     assert len(rank0) == 20 and len(evals) == 6, (rank0, evals)
     assert sum(rank0[-4:]) < 0.8 * sum(rank0[:4]), rank0  # the copy task is memorized: the loss falls clearly
     assert evals[-1] < evals[0], evals
+    _assert_saved_whole(tmp_path / "actor", base)
 
     out2 = _run(chat, "step2_reward_model_finetuning", [
         *common, "--model_name_or_path", str(base), "--per_device_train_batch_size", "2",
         "--per_device_eval_batch_size", "2", "--max_seq_len", "40", "--learning_rate", "5e-3",
-        "--num_train_epochs", "4", "--zero_stage", "2", "--num_padding_at_beginning", "1",
+        "--num_train_epochs", "4", "--zero_stage", "3", "--num_padding_at_beginning", "1",
         "--output_dir", str(tmp_path / "critic"),
     ], tmp_path / "step2.log")  # fmt: skip
     losses = _floats(r"Epoch \d+/\d+ with loss " + NUM, out2)

@@ -197,3 +197,17 @@ def test_steps12_dropout_acts_as_deepspeed_chat(tmp_path: Path) -> None:
         assert value.transformer.layers[0].self_attn.attention_dropout == expected
     with pytest.raises(ValueError, match="dropout"):
         parsed("--dropout", "1.5")
+
+
+def test_step3_critic_and_reward_load_without_dropout(tmp_path: Path) -> None:
+    """Step 3's critic and reward model are built with every dropout probability 0 (``no_dropout``), whatever the
+    saved config says, as ``--critic_dropout`` / ``--disable_critic_dropout``'s help states: values must be
+    deterministic for W1/W2/W4 parity. A plain load keeps the config's own dropout."""
+    from hybridzero.rlhf.models import load_value_model
+    from tests.workers.rlhf_runs import make_model_dirs
+
+    actor, _ = make_model_dirs(tmp_path, attention_dropout=0.25)
+    assert load_value_model(actor).transformer.layers[0].self_attn.attention_dropout == 0.25
+    critic = load_value_model(actor, no_dropout=True)
+    assert critic.transformer.layers[0].self_attn.attention_dropout == 0.0
+    assert all(not isinstance(m, torch.nn.Dropout) or m.p == 0.0 for m in critic.modules())

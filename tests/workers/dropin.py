@@ -325,7 +325,17 @@ def ds_attributes(spec: RunSpec) -> dict[str, Any]:
         part = p.ds_tensor
         local_ok &= part.dtype == torch.float32 and (local is None or torch.equal(part, local))
         parts[n] = part
+    import hybridzero as deepspeed
+    from hybridzero.runtime.zero.partition_parameters import ZeroParamStatus as Status
+
+    rest = [p.ds_status for p in named.values()]
+    with deepspeed.zero.GatheredParameters(list(named.values())):
+        inside = {p.ds_status for p in named.values()}
     out = {
+        "status": Status.NOT_AVAILABLE in rest
+        and set(rest) <= {Status.AVAILABLE, Status.NOT_AVAILABLE}
+        and inside == {Status.AVAILABLE}
+        and [p.ds_status for p in named.values()] == rest,
         "shape": all(p.ds_shape == eager[n].shape and p.ds_numel == eager[n].numel() for n, p in named.items()),
         "ids": sorted(p.ds_id for p in named.values()) == list(range(len(named))),
         "local": local_ok,
