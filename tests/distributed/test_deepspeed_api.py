@@ -20,6 +20,7 @@ from tests.workers.dropin import (
     module_surface,
     set_state_roundtrip,
     unowned_and_two_engines,
+    unwrap_for_generation,
 )
 
 pytestmark = pytest.mark.timeout(600)
@@ -223,3 +224,18 @@ def test_ds_attributes_of_zero3_parameters(world) -> None:
         whole = value.reshape(-1)
         assert torch.equal(torch.cat(parts), whole) or all(torch.equal(p, whole) for p in parts), name
     assert pool.run(ds_attributes, _spec(2)) == [{"none": True}] * 2
+
+
+def test_unwrap_model_for_generation(world) -> None:
+    """``deepspeed.runtime.zero.unwrap_model_for_generation(engine)`` (what DeepSpeed's ``test_unwrap_model.py`` and
+    TRL-style loops call between steps): parameters whole inside, no collective while generating, partitioned after,
+    train mode kept; the training around it is bitwise the same run without it; passing ``engine.module`` is a clear
+    error."""
+    pool = world(2)
+    spec = _spec(3)
+    with_unwrap = pool.run(unwrap_for_generation, spec, True)
+    plain = pool.run(unwrap_for_generation, spec, False)
+    for a, b in zip(with_unwrap, plain):
+        assert all(a["checks"]) and len(a["checks"]) == 2 * spec.steps + 1, a["checks"]
+        assert torch.equal(a["losses"], b["losses"])
+        assert len(a["tokens"]) == spec.steps and all(len(t) == 3 for t in a["tokens"])

@@ -346,3 +346,42 @@ def ds_attributes(spec: RunSpec) -> dict[str, Any]:
     out["destroyed"] = all(type(p) is torch.nn.Parameter and not hasattr(p, "ds_id") for p in named.values())
     out["world"] = world
     return out
+
+
+def unwrap_for_generation(spec: RunSpec, use_unwrap: bool) -> dict[str, Any]:
+    """DeepSpeed's ``runtime.zero.unwrap_model_for_generation(engine)`` between training steps: inside, every
+    parameter is whole (its full shape, equal to ``safe_get_full_fp32_param``), the module keeps its train/eval mode,
+    and a greedy ``engine.module.generate`` issues no collective at all; after it the parameters are partitioned
+    again. Training around it gives the losses of the same run without it (``use_unwrap=False``)."""
+    from hybridzero import utils
+    from hybridzero.runtime.zero import unwrap_model_for_generation
+
+    engine, batches, rank, _ = _setup(spec)
+    named = dict(engine.module.named_parameters())
+    losses, checks, tokens = [], [], []
+    for s in range(spec.steps):
+        ids = batches[s, 0, rank]
+        loss = engine(input_ids=ids, labels=ids).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.detach())
+        if not use_unwrap:
+            continue
+        full = {n: utils.safe_get_full_fp32_param(p) for n, p in named.items()}
+        prompt = ids[:1, :4]
+        with unwrap_model_for_generation(engine) as unwrapped, torch.no_grad():
+            mark = engine.comm_ledger().copy()
+            whole = all(  # a frozen parameter's fp32 read is None (as in DeepSpeed): its full shape is checked
+                p.shape == p.ds_shape and (full[n] is None or torch.equal(p.float(), full[n])) for n, p in named.items()
+            )
+            out = unwrapped.module.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)
+            quiet = engine.comm_ledger().since(mark).total().calls == 0
+            checks.append(whole and quiet and unwrapped is engine and engine.module.training)
+        tokens.append(out[0, 4:].tolist())
+        checks.append(any(p.numel() == 0 for p in named.values()))  # partitioned again
+    try:
+        unwrap_model_for_generation(engine.module).__enter__()
+        checks.append(False)
+    except TypeError as exc:
+        checks.append("pass the engine" in str(exc))
+    return {"losses": torch.stack(losses), "checks": checks, "tokens": tokens}
