@@ -72,11 +72,19 @@ def test_frozen_base_blocks_are_released_when_backward_leaves_them(world, spec: 
 
 
 def test_post_backward_release_under_activation_checkpointing_is_bitwise_the_same(world) -> None:
-    spec = SPEC.replace(extra_zero={"stage3_max_reuse_distance": 0})
+    """With activation checkpointing (blocks re-run their forward inside the backward, after their post-backward
+    release) the ZeRO-3 run equals the unsharded reference *with the same checkpointing* bitwise, and its peak is
+    the one without checkpointing. Like is compared with like: checkpointed against plain training differs in the
+    last bits on some CPUs (torch's recompute path picks other kernels), which is torch's, not the engine's."""
+    spec = SPEC.replace(steps=2, extra_zero={"stage3_max_reuse_distance": 0})
+    ckpt_spec = spec.replace(activation_checkpointing=True)
     plain = world(2).run(lora_peak_gathered, spec)
-    ckpt = world(2).run(lora_peak_gathered, spec, True)
-    assert [r["losses"] for r in plain] == [r["losses"] for r in ckpt]
-    assert all(torch.equal(v, ckpt[0]["params"][n]) for n, v in plain[0]["params"].items())
+    ckpt = world(2).run(lora_peak_gathered, ckpt_spec)
+    ref = reference_run(ckpt_spec, 2)
+    assert [sum(r["losses"][s] for r in ckpt) / 2 for s in range(2)] == ref["losses"]
+    for name, value in ref["params"].items():
+        got = ckpt[0]["params"][name]
+        assert torch.equal(got, value), f"{name}: max diff {(got - value).abs().max()}"
     assert ckpt[0]["peak"] == plain[0]["peak"]
 
 

@@ -46,6 +46,7 @@ class RunSpec:
     frozen: tuple[str, ...] = ()  # parameters whose name contains one of these are frozen
     extra_zero: dict[str, Any] = field(default_factory=dict)
     lora: tuple[str, int, bool] | None = None  # (module-name substring, lora_dim, only_optimize_lora): DS-Chat LoRA
+    activation_checkpointing: bool = False  # HF's non-reentrant gradient checkpointing (engine and reference alike)
 
     def replace(self, **changes: Any) -> RunSpec:
         """A copy with ``changes`` applied."""
@@ -55,6 +56,8 @@ class RunSpec:
 def build_model(spec: RunSpec) -> nn.Module:
     """The spec's tiny model, deterministically initialised."""
     model = MODEL_FACTORIES[spec.model](seed=spec.seed)
+    if spec.activation_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if spec.lora is not None:
         from hybridzero.lora import convert_linear_layer_to_lora, only_optimize_lora
 

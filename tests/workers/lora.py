@@ -146,15 +146,14 @@ def lora_checkpoint_export(spec: RunSpec, root: str) -> dict[str, Any]:
     }
 
 
-def lora_peak_gathered(spec: RunSpec, checkpointing: bool = False) -> dict[str, Any]:
+def lora_peak_gathered(spec: RunSpec) -> dict[str, Any]:
     """Peak gathered bytes of two training steps against the root group plus the largest block (with HF's
-    non-reentrant activation checkpointing when asked: blocks re-run their forward inside the backward)."""
+    non-reentrant activation checkpointing when ``spec.activation_checkpointing``: blocks re-run their forward inside
+    the backward)."""
     import hybridzero
 
     hybridzero.init_distributed()
     model = build_model(spec)
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     engine, *_ = hybridzero.initialize(model=model, config=ds_config(spec, torch.distributed.get_world_size()))
     losses = _train(engine, spec, range(2))
     sizes: dict[str, int] = {}  # per owner module ("" = root): a LoRA block has a trainable and a frozen group

@@ -1,4 +1,5 @@
-"""``deepspeed.runtime.zero``: ``GatheredParameters``, ``Init`` (as ``deepspeed.zero``), ``unwrap_model_for_generation``."""
+"""``deepspeed.runtime.zero``: ``GatheredParameters``, ``Init`` (as ``deepspeed.zero``),
+``unwrap_model_for_generation``."""
 
 from __future__ import annotations
 
