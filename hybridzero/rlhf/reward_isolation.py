@@ -59,6 +59,8 @@ PARENT_POLL_S = 1.0  # how often a worker checks that its parent is still alive
 _READ_CHUNK = 1 << 16
 _HEAD = struct.Struct("!Q")  # frame = 8-byte big-endian length, then that many bytes of UTF-8 JSON
 _CLOSE_GRACE_S = 2.0
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+_CONTAINERS = _SCALARS | {list, dict}
 
 
 class RewardCallError(Exception):
@@ -90,14 +92,16 @@ def as_values(result: Any, n: int) -> list[float | None]:
 
 def is_plain(obj: Any) -> bool:
     """True when JSON carries ``obj`` unchanged: exactly ``None``/``bool``/``int``/``float``/``str``, and lists
-    and string-keyed dicts of those (a tuple would come back a list, a subclass as its base, an int key a str)."""
+    and string-keyed dicts of those (a tuple would come back a list, a subclass as its base, an int key a str).
+    Lists are checked a level at a time by their set of element types (C speed for the long lists of ids)."""
     kind = type(obj)
-    if obj is None or kind in (str, int, float, bool):
+    if kind in _SCALARS:
         return True
     if kind is list:
-        return all(is_plain(v) for v in obj)
+        kinds = set(map(type, obj))
+        return kinds <= _SCALARS or (kinds <= _CONTAINERS and all(is_plain(v) for v in obj))
     if kind is dict:
-        return all(type(k) is str and is_plain(v) for k, v in obj.items())
+        return set(map(type, obj)) <= {str} and is_plain(list(obj.values()))
     return False
 
 
@@ -301,7 +305,9 @@ class RewardWorker:
 
     Invariants: at most one live worker process at a time, forked at :meth:`start` or the first :meth:`call` after
     construction or after the previous one was killed, died or was closed; after :meth:`close` no child of this
-    object is left (a later :meth:`call` would fork a fresh one). Not thread-safe: one caller at a time."""
+    object is left (a later :meth:`call` would fork a fresh one); a call left by any exception but the function's
+    own (Ctrl-C in the parent) ends the worker: a half-done exchange is never resumed, so a reply always answers
+    its own request. Not thread-safe: one caller at a time."""
 
     def __init__(self, fns: Sequence[RewardFunction]) -> None:
         self.fns: tuple[RewardFunction, ...] = tuple(fns)
@@ -344,14 +350,22 @@ class RewardWorker:
         """``fns[index](**kwargs)`` as ``n`` values, within ``timeout`` seconds; raises :class:`RewardCallError`
         with the forked child's messages. Kwargs that are not plain JSON (:func:`is_plain`) go to
         :func:`call_forked` instead."""
-        if not is_plain(kwargs):
+        try:
+            plain = is_plain(kwargs)
+        except RecursionError:  # nested deeper than JSON would take
+            plain = False
+        if not plain:
             return call_forked(self.fns[index], kwargs, n, timeout)
         data = json.dumps({"index": index, "n": n, "kwargs": kwargs}).encode()
+        live = self._exchange()
         try:
-            reply = self._exchange().round_trip(_HEAD.pack(len(data)) + data, time.monotonic() + timeout)
+            reply = live.round_trip(_HEAD.pack(len(data)) + data, time.monotonic() + timeout)
         except TimeoutError:
             self._end(grace=0.0)
             raise RewardCallError(f"did not return within --reward_timeout {timeout:g} s (killed)") from None
+        except BaseException:  # e.g. Ctrl-C mid-call: a half-done exchange cannot be resumed, so end this worker
+            self._end(grace=0.0)
+            raise
         if reply is None:
             status = self._end(grace=0.0)
             raise RewardCallError(f"died ({_exit_text(status)}) without returning")

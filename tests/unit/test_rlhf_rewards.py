@@ -168,6 +168,32 @@ def test_a_hang_or_a_death_ends_the_worker_and_the_next_call_forks_a_fresh_one()
         assert _call(count, 30.0, worker) == [1.0, 1.0] and worker.pid not in (None, pid)
 
 
+class _Interrupted(Exception):
+    pass
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise _Interrupted
+
+
+def test_a_call_interrupted_in_the_parent_ends_the_worker() -> None:
+    count = _counter()
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    try:
+        with RewardWorker([count, lambda **kw: time.sleep(60)]) as worker:
+            assert _call(count, 30.0, worker) == [1.0, 1.0]
+            pid = worker.pid
+            assert pid is not None
+            signal.setitimer(signal.ITIMER_REAL, 0.2)  # as Ctrl-C would: an exception while the parent waits
+            with pytest.raises(_Interrupted):
+                _call(worker.fns[1], 30.0, worker)
+            assert worker.pid is None and _gone(pid)  # its late reply can never answer a later request
+            assert _call(count, 30.0, worker) == [1.0, 1.0]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 def test_columns_json_cannot_carry_fall_back_to_a_fork_per_call() -> None:
     assert is_plain({"a": [1, 2.5, None, True, "x", {"b": []}]})
     assert not any(is_plain(v) for v in ([(1, 2)], {1: "a"}, [b"x"], [math.pi, {"k": (1,)}], [torch.tensor(1)]))
