@@ -83,7 +83,8 @@ class Step3:
     """State of one step-3 run on this rank: settings, tokenizer, prompts, :class:`Plan`, engines, ptx stream.
 
     Invariant: every rank holds the same prompts and plan; rank ``r``'s share of each batch comes from
-    :func:`~hybridzero.rlhf.data.dealing.rank_prompts`.
+    :func:`~hybridzero.rlhf.data.dealing.rank_prompts`. Owns a process (GRPO's reward worker): whoever builds it
+    calls :meth:`close` when done (the trainer, in a ``finally``).
     """
 
     def __init__(self, s: PPOSettings, monitor: Monitor | None, reward_funcs: Sequence[Any] | None = None) -> None:
