@@ -2,7 +2,7 @@
 
 Data path of a reward: the rollout decodes this rank's answers (text cut at a stop string, special tokens skipped),
 takes their token ids (answer tokens up to and including EOS) and the prompt rows' extra columns, and
-:meth:`RewardSet.score` calls every function once on the batch (:mod:`hybridzero.rlhf.rewards`: forked, with a
+:meth:`RewardSet.score` calls every function once on the batch (:mod:`hybridzero.rlhf.rewards`: isolated, with a
 deadline). The reward model's last-token score (from the experience) is one more source. Sources combine into one
 reward per sample: the weighted sum over the sources that scored it.
 
@@ -18,18 +18,33 @@ Agreement (``reward_error_policy``):
   metric. What a rank skips depends only on its own samples, so the ranks stay in step.
 
 A hang costs at most ``reward_timeout`` seconds, shorter than the collective timeout the peers wait in.
+
+Isolation: with ``reward_timeout > 0`` the set owns one :class:`~hybridzero.rlhf.reward_isolation.RewardWorker`
+(a persistent child forked from this rank, holding the functions; ``None`` with ``reward_timeout = 0``, in-process).
+It forks at :meth:`RewardSet.start` or, failing that, at the first :meth:`RewardSet.score`; a worker killed at the
+deadline or dead is replaced at the next call. Whoever builds the set closes it (:meth:`RewardSet.close`, or
+``with``): the step-3 trainer does so in a ``finally`` when the run ends, by return or by exception. The frozen
+fields never change; only the worker object inside changes state.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from hybridzero.rlhf.engines import global_sum
-from hybridzero.rlhf.rewards import RewardError, RewardFunction, RewardSource, combine_rewards, reward_sources
+from hybridzero.rlhf.rewards import (
+    RewardError,
+    RewardFunction,
+    RewardSource,
+    RewardWorker,
+    combine_rewards,
+    reward_sources,
+)
 from hybridzero.rlhf.rewards import score_with_functions as _score
 from hybridzero.rlhf.settings import GRPOSettings
 from hybridzero.runtime.engine import Engine
@@ -49,13 +64,15 @@ class Scored:
 
 @dataclass(frozen=True)
 class RewardSet:
-    """The reward functions, whether the reward model scores too (and its weight), the deadline and the policy."""
+    """The reward functions, whether the reward model scores too (and its weight), the deadline, the policy, and
+    the worker the functions run in (``None``: in-process; module docstring). A context manager closing it."""
 
     sources: tuple[RewardSource, ...]
     with_model: bool
     model_weight: float
     timeout: float
     policy: str
+    worker: RewardWorker | None = field(default=None, compare=False, repr=False)
 
     @classmethod
     def build(cls, s: GRPOSettings, api_funcs: Sequence[str | RewardFunction] = ()) -> RewardSet:
@@ -68,7 +85,26 @@ class RewardSet:
         funcs: Sequence[str | RewardFunction] = list(api_funcs) or list(s.reward_funcs)
         with_model = s.uses_reward_model(len(api_funcs))
         sources, model_weight = reward_sources(funcs, s.reward_weights, with_model)
-        return cls(tuple(sources), with_model, model_weight, s.reward_timeout, s.reward_error_policy)
+        isolated = s.reward_timeout > 0 and bool(sources) and hasattr(os, "fork")
+        worker = RewardWorker([src.fn for src in sources]) if isolated else None
+        return cls(tuple(sources), with_model, model_weight, s.reward_timeout, s.reward_error_policy, worker)
+
+    def start(self) -> None:
+        """Fork the worker now (no-op without one, or when it runs). Cheap while this process is small: a worker
+        forked after the engines exist keeps, copy-on-write, every page the trainer later rewrites."""
+        if self.worker is not None:
+            self.worker.start()
+
+    def close(self) -> None:
+        """End the worker process, if any (idempotent; a later :meth:`score` would fork a fresh one)."""
+        if self.worker is not None:
+            self.worker.close()
+
+    def __enter__(self) -> RewardSet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
     @property
     def names(self) -> list[str]:
@@ -85,7 +121,9 @@ class RewardSet:
         model_scores: torch.Tensor,
     ) -> Scored:
         """Score a batch (module docstring); raises the same :class:`RewardError` on every rank under ``raise``."""
-        funcs = _score(self.sources, prompts, completions, completion_ids, columns, timeout=self.timeout)
+        funcs = _score(
+            self.sources, prompts, completions, completion_ids, columns, timeout=self.timeout, worker=self.worker
+        )
         parts = [funcs.values]
         weights = [src.weight for src in self.sources]
         if self.with_model:

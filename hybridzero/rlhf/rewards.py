@@ -13,34 +13,35 @@ sample (``nansum``); a sample no source scored is *unscored* (an error or a skip
 ``path/to/file.py:function`` runs that file as a fresh module (nothing is registered in
 ``sys.modules``). Data is never evaluated.
 
-**Isolation and the deadline** (:func:`call_reward_function`). With ``timeout > 0`` every call runs in a child
-process forked for that call: the child calls the function, checks the result's shape and sends it back as JSON over a
-pipe, then ``os._exit``\\s; the parent waits at most ``timeout`` seconds and SIGKILLs the child after that. Why a
-fork per call and not a thread or a persistent pool: pure Python can hang forever (an infinite loop, a deadlock,
-a blocked read) and a thread cannot be stopped — an abandoned thread would keep burning a core and the next timeout
-would leak another; a killed child frees everything. A fork needs no pickling of the function (closures and
-lambdas work, as in TRL), no re-import and no start-up cost beyond the fork itself (copy-on-write), and nothing the
-function does (globals it mutates, memory it leaks, a crash or ``sys.exit``) reaches the trainer. The cost: state
-a function keeps across calls (a cache) does not persist; a function that touches torch's threads or CUDA in
-the child may deadlock (then the deadline catches it); and time: about 23 ms per call for a process holding torch
-and a 10M-parameter model (the fork ~12 ms, more with more mapped memory; measured on a loaded 2-core machine)
-against 0.02 ms in-process. The child's exit (~27 ms) is reaped by a short-lived thread off the critical path.
-``timeout = 0`` calls the function in-process (no deadline, no isolation: for debugging, stateful functions, and
-throughput comparisons with trainers that call in-process, such as TRL).
+**Isolation and the deadline** (:func:`call_reward_function`; the mechanics in
+:mod:`hybridzero.rlhf.reward_isolation`). With ``timeout > 0`` a call never runs in the trainer's process: a
+:class:`~hybridzero.rlhf.reward_isolation.RewardWorker` (one per
+:class:`~hybridzero.rlhf.reward_set.RewardSet`, so one per rank) is a child *forked* once that holds the loaded
+functions and serves call after call (index and kwargs in, values out, as JSON over pipes); the parent waits at most
+``timeout`` seconds and SIGKILLs it after that, and the next call forks a fresh one. Why a process and not a thread:
+pure Python can hang forever (an infinite loop, a deadlock, a blocked read) and a thread cannot be stopped — an
+abandoned thread would keep burning a core and the next timeout would leak another; a killed child frees
+everything. Why fork and not spawn: nothing is pickled (closures and lambdas work, as in TRL) and nothing
+re-imported; a crash, ``os._exit``, leaked memory or a mutated global never reaches the trainer. Why a persistent
+worker and not a fork per call (what this did before): the fork costs tens of ms in a process holding torch and a
+model and is now paid once; a call costs a round trip on the pipes (``bench/bench_reward_calls.py``, a batch of 64
+on a loaded 2-core machine: ~0.35 ms in the worker, ~0.17 ms in-process, 24 ms forked per call with a
+10M-parameter model held, 47 ms with 100M). State a function keeps across calls (a
+cache) therefore persists in the worker — as in-process or in TRL — while staying out of the trainer; the worker
+sees the process as it was when forked (globals, ``os.environ``). Without a worker (``worker=None``), or for a
+call whose columns are not plain JSON (tuples, bytes, numpy values...), the call runs in a child forked for it
+alone (:func:`~hybridzero.rlhf.reward_isolation.call_forked`; no state kept). A function that touches torch's
+threads or CUDA in a forked child may deadlock (then the deadline catches it). ``timeout = 0`` calls the function
+in-process (no deadline, no isolation: for debugging and throughput comparisons with trainers that call
+in-process, such as TRL).
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import json
 import math
 import os
-import select
-import signal
-import sys
-import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,12 +49,15 @@ from typing import Any
 
 import torch
 
+from hybridzero.rlhf.reward_isolation import RewardCallError, RewardWorker, as_values, call_forked
+
 __all__ = [
     "RESERVED_KEYWORDS",
     "RewardCallError",
     "RewardError",
     "RewardFunction",
     "RewardSource",
+    "RewardWorker",
     "call_reward_function",
     "FunctionScores",
     "combine_rewards",
@@ -64,20 +68,11 @@ __all__ = [
 
 RewardFunction = Callable[..., Sequence[float | None]]
 RESERVED_KEYWORDS: tuple[str, ...] = ("prompts", "completions", "completion_ids")
-_READ_CHUNK = 1 << 16
 
 
 class RewardError(ValueError):
     """A reward function failed (raised, hung, died, returned NaN/inf or a wrong length) or a sample was left
     unscored, under ``reward_error_policy = "raise"``; raised on every rank with the same message."""
-
-
-class RewardCallError(Exception):
-    """One call failed; ``samples`` are the indices it concerns (``None``: the whole call)."""
-
-    def __init__(self, message: str, samples: list[int] | None = None) -> None:
-        super().__init__(message)
-        self.samples = samples
 
 
 @dataclass(frozen=True)
@@ -149,87 +144,6 @@ def reward_sources(
     return out, (ws[-1] if with_model else 0.0)
 
 
-def _as_values(result: Any, n: int) -> list[float | None]:
-    """``result`` as ``n`` floats or ``None``s (NaN/inf kept: the caller reports them by index)."""
-    if isinstance(result, torch.Tensor):
-        result = result.detach().cpu().tolist()
-    if isinstance(result, (str, bytes)) or not hasattr(result, "__len__"):
-        raise RewardCallError(f"returned a {type(result).__name__}; expected a list of {n} floats or None")
-    if len(result) != n:
-        raise RewardCallError(f"returned {len(result)} values for {n} completions")
-    values: list[float | None] = []
-    for i, v in enumerate(result):
-        if v is None:
-            values.append(None)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            values.append(float(v))
-        else:
-            raise RewardCallError(f"value {i} is a {type(v).__name__} ({v!r}); expected a float or None", [i])
-    return values
-
-
-def _child(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, fd: int) -> None:
-    """The forked child: call, convert, send JSON, exit without running the parent's atexit/finally code."""
-    try:
-        payload: dict[str, Any] = {"values": _as_values(fn(**kwargs), n)}
-    except RewardCallError as exc:
-        payload = {"error": str(exc), "samples": exc.samples}
-    except BaseException as exc:  # noqa: BLE001 -- anything the function does is reported, never propagated
-        payload = {"error": f"raised {type(exc).__name__}: {exc}"}
-    try:
-        data = json.dumps(payload).encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.close(fd)  # EOF for the parent now, before this process's (slow) teardown
-    finally:
-        os._exit(0)
-
-
-def _read_until(fd: int, pid: int, timeout: float) -> bytes:
-    """Everything the child writes until EOF; SIGKILLs it and raises when ``timeout`` passes first."""
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select([fd], [], [], max(left, 0.0))
-        if not ready:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise RewardCallError(f"did not return within --reward_timeout {timeout:g} s (killed)")
-        chunk = os.read(fd, _READ_CHUNK)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
-def _forked(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, timeout: float) -> list[float | None]:
-    sys.stdout.flush()
-    sys.stderr.flush()  # the child inherits unflushed buffers: flush so nothing prints twice
-    read_fd, write_fd = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read_fd)
-        _child(fn, kwargs, n, write_fd)
-    os.close(write_fd)
-    try:
-        data = _read_until(read_fd, pid, timeout)
-    finally:
-        os.close(read_fd)
-    if not data:
-        _, status = os.waitpid(pid, 0)
-        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
-        raise RewardCallError(f"died ({how}) without returning")
-    # the answer is in: reap the exiting child off the critical path (its teardown takes longer than the fork)
-    threading.Thread(target=os.waitpid, args=(pid, 0), name=f"reap-reward-{pid}", daemon=True).start()
-    payload = json.loads(data)
-    if "error" in payload:
-        raise RewardCallError(payload["error"], payload.get("samples"))
-    return list(payload["values"])
-
-
 def call_reward_function(
     fn: RewardFunction,
     prompts: list[str],
@@ -238,20 +152,25 @@ def call_reward_function(
     columns: Mapping[str, list[Any]],
     *,
     timeout: float,
+    worker: RewardWorker | None = None,
 ) -> list[float | None]:
-    """One call of ``fn`` on a batch (module docstring: forked with a deadline when ``timeout > 0``); returns ``n``
-    values (``None`` = not scored). Raises :class:`RewardCallError` when it raises, hangs, dies, returns a wrong
-    length or type, or NaN/inf (``samples`` then lists the offending indices)."""
+    """One call of ``fn`` on a batch; returns ``n`` values (``None`` = not scored). With ``timeout > 0`` it runs in
+    ``worker`` (which must hold ``fn``) or, without one, in a child forked for it, under the deadline (module
+    docstring); with ``timeout = 0`` in-process. Raises :class:`RewardCallError` when it raises, hangs, dies,
+    returns a wrong length or type, or NaN/inf (``samples`` then lists the offending indices)."""
     n = len(completions)
     clash = [k for k in columns if k in RESERVED_KEYWORDS]
     if clash:
         raise RewardCallError(f"dataset column(s) {clash} clash with the reward-function arguments {RESERVED_KEYWORDS}")
     kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
     if timeout > 0 and hasattr(os, "fork"):
-        values = _forked(fn, kwargs, n, timeout)
+        if worker is not None:
+            values = worker.call(worker.index_of(fn), kwargs, n, timeout)
+        else:
+            values = call_forked(fn, kwargs, n, timeout)
     else:
         try:
-            values = _as_values(fn(**kwargs), n)
+            values = as_values(fn(**kwargs), n)
         except RewardCallError:
             raise
         except Exception as exc:
@@ -288,16 +207,20 @@ def score_with_functions(
     columns: Mapping[str, list[Any]],
     *,
     timeout: float,
+    worker: RewardWorker | None = None,
 ) -> FunctionScores:
-    """Call every function once on the batch; a failure marks its samples (all of them unless it named some) as
-    failed and is described by function, spec, sample index and prompt in ``error``."""
+    """Call every function once on the batch (in ``worker``, which holds them all, when given); a failure marks its
+    samples (all of them unless it named some) as failed and is described by function, spec, sample index and
+    prompt in ``error``."""
     n = len(completions)
     values = torch.full((len(sources), n), float("nan"), dtype=torch.float64)
     failed = torch.zeros(n, dtype=torch.bool)
     error: str | None = None
     for f, src in enumerate(sources):
         try:
-            got = call_reward_function(src.fn, prompts, completions, completion_ids, columns, timeout=timeout)
+            got = call_reward_function(
+                src.fn, prompts, completions, completion_ids, columns, timeout=timeout, worker=worker
+            )
         except RewardCallError as exc:
             samples = exc.samples if exc.samples else list(range(n))
             failed[samples] = True

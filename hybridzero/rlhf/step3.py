@@ -83,7 +83,8 @@ class Step3:
     """State of one step-3 run on this rank: settings, tokenizer, prompts, :class:`Plan`, engines, ptx stream.
 
     Invariant: every rank holds the same prompts and plan; rank ``r``'s share of each batch comes from
-    :func:`~hybridzero.rlhf.data.dealing.rank_prompts`.
+    :func:`~hybridzero.rlhf.data.dealing.rank_prompts`. Owns a process (GRPO's reward worker): whoever builds it
+    calls :meth:`close` when done (the trainer, in a ``finally``).
     """
 
     def __init__(self, s: PPOSettings, monitor: Monitor | None, reward_funcs: Sequence[Any] | None = None) -> None:
@@ -96,13 +97,25 @@ class Step3:
             s, self.tok, model_context(self.hf_config)
         )
         self.plan: Plan = make_plan(s, self.world, len(self.prompts))
-        # GRPO's reward sources (functions loaded here: a bad spec fails before any engine exists)
+        # GRPO's reward sources (functions loaded here: a bad spec fails before any engine exists); their worker is
+        # forked now, while this process is small (RewardSet.start), and closed by close() -- here too on failure
         self.rewarder = RewardSet.build(s, reward_funcs or []) if isinstance(s, GRPOSettings) else None
-        with_model = self.rewarder.with_model if self.rewarder is not None else True
-        self.roles: Roles = build_roles(s, self.world, self.plan.schedule_iterations, with_model)
-        self.pad_id = pad_token_id(self.tok, pad_to_eos=True)
-        self.eos_id = self.tok.eos_token_id
-        self.ptx = PtxStream(s, self.tok, self.pad_id, self.rank, self.world) if s.ptx_enabled else None
+        try:
+            if self.rewarder is not None:
+                self.rewarder.start()
+            with_model = self.rewarder.with_model if self.rewarder is not None else True
+            self.roles: Roles = build_roles(s, self.world, self.plan.schedule_iterations, with_model)
+            self.pad_id = pad_token_id(self.tok, pad_to_eos=True)
+            self.eos_id = self.tok.eos_token_id
+            self.ptx = PtxStream(s, self.tok, self.pad_id, self.rank, self.world) if s.ptx_enabled else None
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        """Release what outlives a run: the reward functions' worker process (idempotent)."""
+        if self.rewarder is not None:
+            self.rewarder.close()
 
     @property
     def updates_per_iteration(self) -> int:

@@ -69,19 +69,11 @@ def _finish(run: Step3) -> dict[str, str]:
     return {k: str(v) for k, v in paths.items()}
 
 
-def train_step3(
-    s: PPOSettings, monitor: Monitor | None = None, reward_funcs: Sequence[str | RewardFunction] | None = None
-) -> dict[str, Any]:
-    """Run step 3 (PPO, or GRPO for :class:`GRPOSettings`); returns ``{"history", "models", "start"}``.
-
-    ``reward_funcs`` (GRPO only): reward functions as callables or ``module:function`` specs, instead of
-    ``s.reward_funcs`` (TRL's signature: :mod:`hybridzero.rlhf.rewards`); ``s.reward_weights`` weighs them."""
-    grpo = isinstance(s, GRPOSettings)
-    if reward_funcs and not grpo:
-        raise ValueError("reward_funcs: reward functions need GRPOSettings (the grpo step); PPO scores with its critic")
-    name = "grpo" if grpo else "ppo"
-    iteration: Callable[[Step3, int], dict[str, float]] = grpo_iteration if grpo else ppo_iteration
-    run = Step3(s, monitor, reward_funcs)
+def _loop(
+    run: Step3, name: str, iteration: Callable[[Step3, int], dict[str, float]]
+) -> tuple[list[dict[str, float]], dict[str, str], int]:
+    """Resume, iterate, report, save, write the final models; returns ``(history, models, start)``."""
+    s = run.s
     log = open_runlog(s.output_dir, run.rank, s.enable_tensorboard, s.progress)
     reporter = Reporter(log, name, *_shapes(run), timing_template(run), s.print_every)
     total = run.plan.total_iterations
@@ -106,4 +98,24 @@ def train_step3(
     models = _finish(run)
     log.print(f"{name.upper()}: final actor in {models['actor']}")
     log.close()
+    return history, models, start
+
+
+def train_step3(
+    s: PPOSettings, monitor: Monitor | None = None, reward_funcs: Sequence[str | RewardFunction] | None = None
+) -> dict[str, Any]:
+    """Run step 3 (PPO, or GRPO for :class:`GRPOSettings`); returns ``{"history", "models", "start"}``.
+
+    ``reward_funcs`` (GRPO only): reward functions as callables or ``module:function`` specs, instead of
+    ``s.reward_funcs`` (TRL's signature: :mod:`hybridzero.rlhf.rewards`); ``s.reward_weights`` weighs them."""
+    grpo = isinstance(s, GRPOSettings)
+    if reward_funcs and not grpo:
+        raise ValueError("reward_funcs: reward functions need GRPOSettings (the grpo step); PPO scores with its critic")
+    name = "grpo" if grpo else "ppo"
+    iteration: Callable[[Step3, int], dict[str, float]] = grpo_iteration if grpo else ppo_iteration
+    run = Step3(s, monitor, reward_funcs)
+    try:
+        history, models, start = _loop(run, name, iteration)
+    finally:
+        run.close()  # the reward worker ends with the run, by return or by exception
     return {"history": history, "models": models, "start": start}

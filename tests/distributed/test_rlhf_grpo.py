@@ -143,6 +143,7 @@ def test_a_failing_reward_on_one_rank_raises_the_same_error_everywhere(
     assert errors[0] is not None and errors[0] == errors[1], errors
     assert errors[0].startswith("rank 1: reward function 'raise_on_rank'".replace("raise_on_rank", func))
     assert message in errors[0] and "reward_error_policy=raise" in errors[0]
+    assert [r["left"] for r in results] == [[], []]  # the reward workers were closed and reaped on the error path
 
 
 def test_skip_policy_skips_the_failing_samples_on_every_rank(world, dirs, prompts, tmp_path: Path) -> None:
@@ -154,6 +155,7 @@ def test_skip_policy_skips_the_failing_samples_on_every_rank(world, dirs, prompt
     }
     results = world(2).run(failing_reward_run, _settings(dirs, prompts, tmp_path / "skip", 2, **knobs), 1, timeout=300)
     assert all(r["error"] is None for r in results) and results[0]["finite"] is True
+    assert [r["left"] for r in results] == [[], []]  # and at the end of a completed run
     h0, h1 = results[0]["history"], results[1]["history"]
     timing = ("e2e_s", "generation_s", "training_s")
     assert [{k: v for k, v in m.items() if k not in timing} for m in h0] == [

@@ -20,24 +20,41 @@ def grpo_family_run(runs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str,
     return {name: train_step3(GRPOSettings(**{**STEP3_DEFAULTS, **s}))["history"] for name, s in runs.items()}
 
 
+def _child_pids() -> set[int]:
+    """Pids of this process's children, zombies included (Linux ``/proc``; empty elsewhere)."""
+    me, out = os.getpid(), set()
+    for entry in os.listdir("/proc") if os.path.isdir("/proc") else []:
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # not a process, or gone meanwhile
+        if int(fields[1]) == me:
+            out.add(int(entry))
+    return out
+
+
 def failing_reward_run(settings: dict[str, Any], fail_rank: int) -> dict[str, Any]:
     """A run whose ``tests.workers.rlvr_rewards`` failing functions misbehave on ``fail_rank`` only; returns the
-    error this rank raised (``None``: it completed), the history and whether the actor's weights stayed finite."""
+    error this rank raised (``None``: it completed), the history, whether the actor's weights stayed finite, and
+    the child processes the run left behind (its reward worker must be closed and reaped, whichever way it ended)."""
     from hybridzero.rlhf.rewards import RewardError
     from hybridzero.rlhf.settings import GRPOSettings
     from hybridzero.rlhf.trainer import train_step3
 
-    os.environ["RLVR_FAIL_RANK"] = str(fail_rank)  # read by the reward functions (in their forked children)
+    before = _child_pids()
+    os.environ["RLVR_FAIL_RANK"] = str(fail_rank)  # read by the reward functions (in their worker process)
     try:
         result = train_step3(GRPOSettings(**{**STEP3_DEFAULTS, **settings}))
     except RewardError as exc:
-        return {"error": str(exc), "history": None, "finite": None}
+        return {"error": str(exc), "history": None, "finite": None, "left": sorted(_child_pids() - before)}
     finally:
         del os.environ["RLVR_FAIL_RANK"]
+    left = sorted(_child_pids() - before)
     if torch.distributed.get_rank() != 0:  # rank 0 writes the final model
-        return {"error": None, "history": result["history"], "finite": None}
+        return {"error": None, "history": result["history"], "finite": None, "left": left}
     from safetensors.torch import load_file
 
     weights = load_file(os.path.join(result["models"]["actor"], "model.safetensors"))
     finite = all(bool(torch.isfinite(w).all()) for w in weights.values())
-    return {"error": None, "history": result["history"], "finite": finite}
+    return {"error": None, "history": result["history"], "finite": finite, "left": left}

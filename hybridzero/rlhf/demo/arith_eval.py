@@ -11,11 +11,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hybridzero.rlhf.data.tokens import prompt_tensors
 from hybridzero.rlhf.demo.arith import arith_data_dir, exact_score, format_score, is_dropped_carry, needs_carry
+from hybridzero.rlhf.demo.report import held_out_answers
 from hybridzero.rlhf.engines import ds_config, global_sum, load_actor_engine, world_comm
 from hybridzero.rlhf.models import load_tokenizer
-from hybridzero.rlhf.rollout import rollout
 
 __all__ = ["PROMPT_WIDTH", "ANSWER_LEN", "eval_prompts", "evaluate_arith"]
 
@@ -38,24 +37,17 @@ def evaluate_arith(actor_dir: str | Path, prompts: list[str], *, do_sample: bool
     world, rank = comm.world_size, comm.rank
     tok = load_tokenizer(str(actor_dir))
     actor = load_actor_engine(str(actor_dir), ds_config(stage=3, dtype="fp32", micro_batch=1, world_size=world), False)
-    mine = list(range(rank, len(prompts), world))
-    ids, mask = prompt_tensors(tok, [prompts[i] for i in mine], int(tok.pad_token_id))
-    ro = rollout(
-        actor.generate,
-        ids,
-        mask,
-        sample_ids=mine,
-        run_seed=seed,
+    mine, _, answers = held_out_answers(
+        actor,
+        tok,
+        prompts,
+        rank=rank,
+        world=world,
+        seed=seed,
         prompt_width=PROMPT_WIDTH,
         answer_len=ANSWER_LEN,
-        pad_id=int(tok.pad_token_id),
-        eos_id=tok.eos_token_id,
         do_sample=do_sample,
     )
-    answers = [
-        str(tok.decode(row[PROMPT_WIDTH:][m[PROMPT_WIDTH:].bool()].tolist(), skip_special_tokens=True))
-        for row, m in zip(ro.sequences, ro.attention_mask)
-    ]
     pairs = [(prompts[i], a) for i, a in zip(mine, answers)]
     carry = [(p, a) for p, a in pairs if needs_carry(p)]
     sums = global_sum(

@@ -10,15 +10,14 @@ the format rate. Writes ``summary.json`` and the steps' PNG plots, and prints wh
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hybridzero.rlhf.demo.arith import arith_data_dir
 from hybridzero.rlhf.demo.arith_eval import ANSWER_LEN, PROMPT_WIDTH, eval_prompts, evaluate_arith
+from hybridzero.rlhf.demo.report import write_report
 from hybridzero.rlhf.engines import world_comm
-from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
 from hybridzero.rlhf.runlog import echo_fn
 from hybridzero.rlhf.settings import GRPOSettings, SFTSettings
 from hybridzero.rlhf.sft import train_sft
@@ -134,13 +133,7 @@ def run_arith_demo(out_dir: str = "runs/demo_arith", quick: bool = False) -> dic
         "models": {"sft": sft_s.output_dir, **grpo_m["models"]},
     }
     if rank == 0:
-        try:
-            plots = [str(p) for d in (sft_s.output_dir, grpo_s.output_dir) for p in plot_run(Path(d))]
-        except PlotsUnavailable as exc:
-            plots = []
-            echo(f"plots skipped: {exc}")
-        summary["plots"] = plots
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        plots = write_report(out, (sft_s.output_dir, grpo_s.output_dir), summary, echo)
         _verdict(results, echo)
         echo(f"plots: {out}/step*/plots/ ({len(plots)} PNG files); summary: {out / 'summary.json'}")
         echo(f"final models: SFT {sft_s.output_dir}, GRPO actor {grpo_m['models']['actor']}")

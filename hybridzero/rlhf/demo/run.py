@@ -10,7 +10,6 @@ down) would show. Writes ``summary.json`` and PNG plots, and prints where everyt
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,13 +17,11 @@ from typing import Any
 import torch
 
 from hybridzero.rlhf.data.records import load_records
-from hybridzero.rlhf.data.tokens import prompt_tensors
+from hybridzero.rlhf.demo.report import held_out_answers, write_report
 from hybridzero.rlhf.demo.task import demo_data_dir, rule_is_copy, rule_partial, rule_score, rule_scores
 from hybridzero.rlhf.engines import build_engine, ds_config, global_sum, load_actor_engine, world_comm
 from hybridzero.rlhf.models import last_token_index, load_tokenizer, load_value_model
-from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
 from hybridzero.rlhf.reward import train_reward
-from hybridzero.rlhf.rollout import rollout
 from hybridzero.rlhf.runlog import echo_fn
 from hybridzero.rlhf.settings import PPOSettings, RewardSettings, SFTSettings
 from hybridzero.rlhf.sft import train_sft
@@ -143,27 +140,20 @@ def evaluate_policy(
     reward = build_engine(
         load_value_model(reward_dir).float(), ds_config(stage=3, dtype="fp32", micro_batch=1, world_size=world)
     )
-    mine = list(range(rank, len(prompts), world))
-    ids, mask = prompt_tensors(tok, [prompts[i] for i in mine], int(tok.pad_token_id))
-    ro = rollout(
-        actor.generate,
-        ids,
-        mask,
-        sample_ids=mine,
-        run_seed=seed,
+    mine, ro, answers = held_out_answers(
+        actor,
+        tok,
+        prompts,
+        rank=rank,
+        world=world,
+        seed=seed,
         prompt_width=prompt_width,
         answer_len=answer_len,
-        pad_id=int(tok.pad_token_id),
-        eos_id=tok.eos_token_id,
         do_sample=do_sample,
     )
     with torch.no_grad():
         values = reward(input_ids=ro.sequences, attention_mask=ro.attention_mask)
         scores = values.gather(1, last_token_index(ro.attention_mask)[:, None]).squeeze(1)
-    answers = [
-        str(tok.decode(row[prompt_width:][m[prompt_width:].bool()].tolist(), skip_special_tokens=True))
-        for row, m in zip(ro.sequences, ro.attention_mask)
-    ]
     sums = [
         sum(float(rule_score(prompts[i], a)) for i, a in zip(mine, answers)),
         sum(float(rule_partial(prompts[i], a)) for i, a in zip(mine, answers)),
@@ -219,15 +209,7 @@ def run_demo(out_dir: str = "runs/demo", quick: bool = False) -> dict[str, Any]:
         "models": {"sft": sft_s.output_dir, "reward": reward_s.output_dir, **ppo_m["models"]},
     }
     if rank == 0:
-        try:
-            plots = [
-                str(p) for d in (sft_s.output_dir, reward_s.output_dir, ppo_s.output_dir) for p in plot_run(Path(d))
-            ]
-        except PlotsUnavailable as exc:
-            plots = []
-            echo(f"plots skipped: {exc}")
-        summary["plots"] = plots
-        (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        plots = write_report(out, (sft_s.output_dir, reward_s.output_dir, ppo_s.output_dir), summary, echo)
         _verdict(results, echo)
         echo(f"reward model held-out accuracy: {reward_m['eval_accuracy']:.3f}")
         echo(f"plots: {out}/step*/plots/ ({len(plots)} PNG files); summary: {out / 'summary.json'}")
