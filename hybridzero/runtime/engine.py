@@ -34,7 +34,6 @@ from hybridzero.optim.swap import build_swapper
 from hybridzero.runtime import zero_param
 from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI, ThroughputTimer
 from hybridzero.runtime.failures import failure_guard
-from hybridzero.runtime.fragments import TensorFragments
 from hybridzero.runtime.services import EngineServices
 from hybridzero.runtime.synced_generation import SyncedGenerationGuard, guard_fits
 from hybridzero.runtime.tp_generate import TensorParallelGenerator
@@ -126,7 +125,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self._cast_buffers()
         z = config.zero
         self.coordinator = self._build_coordinator()
-        self.param_owner = TensorFragments(ZeroParamOwner(self.coordinator, comm), self)
+        self.param_owner = zero_param.EngineParams(ZeroParamOwner(self.coordinator, comm), self, z.stage)
         REGISTRY.register(self.param_owner.zero.params(), self.param_owner)  # GatheredParameters, utils.safe_*
         if z.stage == 3:  # DeepSpeed's read-only ds_* attributes, computed from this engine (runtime.zero_param)
             zero_param.adopt(self.param_owner.zero.params())

@@ -41,6 +41,7 @@ from hybridzero.comm.collectives import Comm, init_distributed
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import load_config
 from hybridzero.zero.init_store import InitStore
+from hybridzero.zero.param_view import adopt
 from hybridzero.zero.registry import REGISTRY
 
 __all__ = ["MAX_OPEN", "Init"]
@@ -230,6 +231,7 @@ class Init:
         if REGISTRY.owner_of(param) is None and not param.is_meta:
             self.store.partition(param)
             REGISTRY.register([param], self.store)
+            adopt([param])  # DeepSpeed's read-only ds_* attributes, answered by the store (zero.param_view)
 
     # --- DeepSpeed-compatible extras ------------------------------------------------------------------------------
     def gathered(self, params: list[nn.Parameter], modifier_rank: int | None) -> Any:

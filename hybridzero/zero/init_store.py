@@ -27,6 +27,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -34,6 +35,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from hybridzero.comm.collectives import Comm
 from hybridzero.zero.layout import padded_numel
+from hybridzero.zero.param_view import DS_ATTRIBUTES, ZeroParamStatus
 
 __all__ = ["InitStore", "placeholder"]
 
@@ -181,6 +183,21 @@ class InitStore:
         with self._working():
             full = self._gather(entry)
         return full[: entry.numel].view(entry.shape)
+
+    # --- DsOwner (hybridzero.zero.param_view): DeepSpeed's ds_* attributes ---------------------------------------
+    def ds_attribute(self, param: nn.Parameter, name: str) -> Any:
+        """``ds_id`` (construction order in this store), ``ds_shape``, ``ds_tensor`` (a copy of this rank's padded
+        slice), ``ds_status`` (``AVAILABLE`` while open)."""
+        entry = self._entries.get(param)
+        if entry is None or name not in DS_ATTRIBUTES:
+            raise AttributeError(f"{name}: not a parameter this zero.Init context partitions")
+        if name == "ds_id":
+            return next(i for i, p in enumerate(self._entries.keys()) if p is param)
+        if name in ("ds_shape", "ds_numel"):
+            return entry.shape
+        if name == "ds_status":
+            return ZeroParamStatus.NOT_AVAILABLE if entry.full is None else ZeroParamStatus.AVAILABLE
+        return entry.shard.clone()
 
     # --- ParamOwner (hybridzero.zero.registry) ----------------------------------------------------------------
     @contextmanager

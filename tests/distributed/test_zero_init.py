@@ -13,6 +13,7 @@ from tests.workers.zero_init import (
     enabled_false_and_exceptions,
     gathered_block_frees,
     hf_model_matches_eager,
+    init_ds_attributes,
     init_peak_memory,
     module_argument_partitions_a_built_model,
 )
@@ -97,3 +98,23 @@ def test_gathered_block_frees_after_exit(world) -> None:
     owns it, a deliberate difference (README, "Differences, on purpose"); under an engine it is size 0, as there."""
     got = world(2).run(gathered_block_frees, timeout=300)
     assert got == [{"inside": True, "after_init": True, "inside_engine": True, "after_engine": 0}] * 2
+
+
+@pytest.mark.parametrize("stage", [3, 2])
+def test_ds_attributes_of_init_parameters(world, stage: int) -> None:
+    """DeepSpeed's ``ds_status`` / ``ds_shape`` / ``ds_numel`` / ``ds_id`` / ``ds_tensor`` on parameters built under
+    ``zero.Init`` (before any engine), as DeepSpeed's ``TestGatherUpdate`` reads them; the ranks' ``ds_tensor``
+    slices are the gathered value padded to a multiple of the world size."""
+    import torch
+
+    from hybridzero.runtime.zero.partition_parameters import ZeroParamStatus as Status
+
+    got = world(3).run(init_ds_attributes, stage, timeout=300)
+    for r in got:
+        assert r["rest"] == (Status.NOT_AVAILABLE, Status.NOT_AVAILABLE) and r["inside"] == Status.AVAILABLE
+        assert r["after"] == Status.NOT_AVAILABLE and r["shape"] == ((3, 5), 15, (3,)) and r["ids"]
+        assert not r["outside"] and r["zeroed"] and r["destroyed"]
+        assert r["engine"] == ((Status.NOT_AVAILABLE, (3, 5), True) if stage == 3 else False)
+    whole = got[0]["whole"].reshape(-1)
+    parts = torch.cat([r["part"] for r in got])
+    assert parts.numel() % 3 == 0 and torch.equal(parts[:15], whole) and not parts[15:].any()

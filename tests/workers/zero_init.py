@@ -330,3 +330,46 @@ def gathered_block_frees(hidden: int = 10) -> dict[str, Any]:
         inside_engine = weight.numel() == hidden * hidden
     engine.assert_quiescent()
     return {"inside": inside, "after_init": after_init, "inside_engine": inside_engine, "after_engine": weight.numel()}
+
+
+def init_ds_attributes(stage: int) -> dict[str, Any]:
+    """DeepSpeed's ``ds_*`` attributes on parameters built under ``zero.Init`` (its ``TestGatherUpdate`` /
+    ``TestScatterGather``, here on a ``Linear(5, 3)`` whose 15 and 3 elements divide by no world size > 1): at rest
+    ``NOT_AVAILABLE`` with the full shape, ``AVAILABLE`` inside ``GatheredParameters``; ``ds_tensor`` is this rank's
+    padded slice; a modifier rank's edit is global; a parameter built outside has none. Then an engine takes the
+    parameters over: at ZeRO-3 it answers (ids renumbered by the engine), at stage 2 there are no attributes (as in
+    DeepSpeed); after ``destroy`` the class is plain again."""
+    import hybridzero
+    from hybridzero.runtime.zero.partition_parameters import ZeroParamStatus as Status
+
+    hybridzero.init_distributed()
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    cfg = {"train_batch_size": world, "zero_optimization": {"stage": stage, "stage3_param_persistence_threshold": 0}}
+    with hybridzero.zero.Init(config_dict_or_path=cfg):
+        lin = nn.Linear(5, 3)
+    outside = nn.Linear(5, 3)
+    w, b = lin.weight, lin.bias
+    out: dict[str, Any] = {
+        "rest": (w.ds_status, b.ds_status),
+        "shape": (tuple(w.ds_shape), w.ds_numel, tuple(b.ds_shape)),
+        "ids": sorted({w.ds_id, b.ds_id}) == [0, 1],
+        "outside": hasattr(outside.weight, "ds_status") or hasattr(outside.weight, "ds_id"),
+        "part": w.ds_tensor,
+    }
+    with hybridzero.zero.GatheredParameters(w, modifier_rank=world - 1):
+        out["inside"] = w.ds_status
+        out["whole"] = w.detach().clone()
+        if rank == world - 1:
+            with torch.no_grad():
+                w.zero_()
+    out["after"] = w.ds_status
+    with hybridzero.zero.GatheredParameters(w):
+        out["zeroed"] = bool(torch.equal(w, torch.zeros_like(w)))
+    engine, *_ = hybridzero.initialize(model=lin, config=cfg)
+    if stage == 3:
+        out["engine"] = (w.ds_status, tuple(w.ds_shape), sorted({w.ds_id, b.ds_id}) == [0, 1])
+    else:
+        out["engine"] = hasattr(w, "ds_id") or hasattr(w, "ds_status")
+    engine.destroy()
+    out["destroyed"] = type(w) is nn.Parameter and not hasattr(w, "ds_id")
+    return out

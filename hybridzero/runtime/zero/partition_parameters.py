@@ -1,22 +1,13 @@
-"""``deepspeed.runtime.zero.partition_parameters``: :class:`ZeroParamStatus`, DeepSpeed's per-parameter ZeRO-3 state.
+r"""``deepspeed.runtime.zero.partition_parameters``: :class:`ZeroParamStatus`, DeepSpeed's per-parameter ZeRO-3 state.
 
-DeepSpeed patches ``ds_id`` / ``ds_status`` / ``ds_tensor`` onto every ZeRO-3 parameter; hybridzero keeps that state
-in its gather groups and patches nothing onto tensors. A ZeRO-3 engine's parameters are
-:class:`hybridzero.runtime.zero_param.ZeroParameter`, whose ``ds_status`` property reads this enum off the
-parameter's gather group, so DeepSpeed-Chat's ``hasattr(p, "ds_id") and p.ds_status == NOT_AVAILABLE`` works as
-written.
+DeepSpeed patches ``ds_id`` / ``ds_status`` / ``ds_tensor`` onto every partitioned parameter; hybridzero keeps that
+state in the parameter's owner (an engine's gather groups, a ``zero.Init`` store) and patches nothing onto tensors.
+Partitioned parameters are :class:`hybridzero.zero.param_view.ZeroParameter`\s, whose ``ds_status`` property asks the
+owner, so DeepSpeed-Chat's ``hasattr(p, "ds_id") and p.ds_status == NOT_AVAILABLE`` works as written.
 """
 
 from __future__ import annotations
 
-import enum
+from hybridzero.zero.param_view import ZeroParamStatus
 
 __all__ = ["ZeroParamStatus"]
-
-
-class ZeroParamStatus(enum.Enum):
-    """DeepSpeed's values: whole on this rank, partitioned, or being gathered."""
-
-    AVAILABLE = 1
-    NOT_AVAILABLE = 2
-    INFLIGHT = 3

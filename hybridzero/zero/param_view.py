@@ -1,0 +1,99 @@
+"""DeepSpeed's read-only per-parameter ZeRO-3 attributes (``ds_id``, ``ds_shape``, ``ds_numel``, ``ds_tensor``,
+``ds_status``) without storing anything on tensors.
+
+DeepSpeed sets these attributes on every parameter that ``zero.Init`` or a ZeRO-3 engine partitions, and code
+written for it (its unit tests, DeepSpeed-Chat's ``hasattr(p, "ds_id") and p.ds_status == NOT_AVAILABLE``) reads
+them. hybridzero keeps a parameter's sharded state in its owner (an engine's gather groups, or a ``zero.Init``
+store) and instead gives each such parameter the class :class:`ZeroParameter`, an ``nn.Parameter`` subclass whose
+attributes are *properties that ask the owner* found through :data:`hybridzero.zero.registry.REGISTRY`. Changing the
+class is torch's own mechanism for a parameter changing kind (``UninitializedParameter.materialize``); nothing is
+written into the tensor.
+
+Invariants: an owner answers through :class:`DsOwner` (``ds_attribute(param, name)``) and raises ``AttributeError``
+for a parameter it does not partition (an engine at stage 0-2); a ``ZeroParameter`` no owner holds (a copy, after
+``engine.destroy()``) has none of the attributes (``hasattr`` is False, as for a plain parameter); the attributes are
+read-only; ``ds_status`` is ``AVAILABLE`` exactly while the full value is on this rank.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
+
+from hybridzero.zero.registry import REGISTRY
+
+__all__ = ["DS_ATTRIBUTES", "DsOwner", "ZeroParamStatus", "ZeroParameter", "adopt", "release"]
+
+DS_ATTRIBUTES: tuple[str, ...] = ("ds_id", "ds_shape", "ds_numel", "ds_tensor", "ds_status")
+
+
+class ZeroParamStatus(enum.Enum):
+    """DeepSpeed's values: whole on this rank, partitioned, or being gathered."""
+
+    AVAILABLE = 1
+    NOT_AVAILABLE = 2
+    INFLIGHT = 3
+
+
+@runtime_checkable
+class DsOwner(Protocol):
+    """An owner of sharded parameters that can describe them in DeepSpeed's terms."""
+
+    def ds_attribute(self, param: nn.Parameter, name: str) -> Any:
+        """The value of ``name`` (one of :data:`DS_ATTRIBUTES`) for ``param``; ``AttributeError`` if not provided."""
+        ...
+
+
+class ZeroParameter(nn.Parameter):
+    """A partitioned parameter, with DeepSpeed's ``ds_*`` attributes as read-only properties."""
+
+    def _ask(self, name: str) -> Any:
+        owner = REGISTRY.owner_of(self)
+        if not isinstance(owner, DsOwner):
+            raise AttributeError(f"{name}: this parameter is not partitioned by a zero.Init context or ZeRO-3 engine")
+        return owner.ds_attribute(self, name)
+
+    @property
+    def ds_id(self) -> int:
+        """A number unique among the parameters of the owner (engine order, or construction order under Init)."""
+        return int(self._ask("ds_id"))
+
+    @property
+    def ds_shape(self) -> torch.Size:
+        """The parameter's full shape."""
+        return torch.Size(self._ask("ds_shape"))
+
+    @property
+    def ds_numel(self) -> int:
+        """The parameter's full number of elements."""
+        return int(self.ds_shape.numel())
+
+    @property
+    def ds_tensor(self) -> torch.Tensor:
+        """A copy of this rank's part of the parameter, flattened (possibly empty)."""
+        return self._ask("ds_tensor")
+
+    @property
+    def ds_status(self) -> ZeroParamStatus:
+        """Whether the full value is on this rank now."""
+        return self._ask("ds_status")
+
+
+def _swap(params: Iterable[nn.Parameter], old: type[nn.Parameter], new: type[nn.Parameter]) -> None:
+    for p in params:
+        if type(p) is old:
+            p.__class__ = new
+
+
+def adopt(params: Iterable[nn.Parameter]) -> None:
+    """Give plain parameters the class :class:`ZeroParameter` (other subclasses are left as they are)."""
+    _swap(params, nn.Parameter, ZeroParameter)
+
+
+def release(params: Iterable[nn.Parameter]) -> None:
+    """Give :class:`ZeroParameter` parameters back their plain class."""
+    _swap(params, ZeroParameter, nn.Parameter)
