@@ -340,7 +340,6 @@ def init_ds_attributes(stage: int) -> dict[str, Any]:
     parameters over: at ZeRO-3 it answers (ids renumbered by the engine), at stage 2 there are no attributes (as in
     DeepSpeed); after ``destroy`` the class is plain again."""
     import hybridzero
-    from hybridzero.runtime.zero.partition_parameters import ZeroParamStatus as Status
 
     hybridzero.init_distributed()
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
