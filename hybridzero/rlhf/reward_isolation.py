@@ -39,6 +39,7 @@ Both paths flush stdout/stderr before forking (the child inherits unflushed buff
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import select
@@ -59,6 +60,7 @@ PARENT_POLL_S = 1.0  # how often a worker checks that its parent is still alive
 _READ_CHUNK = 1 << 16
 _HEAD = struct.Struct("!Q")  # frame = 8-byte big-endian length, then that many bytes of UTF-8 JSON
 _CLOSE_GRACE_S = 2.0
+_PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 _CONTAINERS = _SCALARS | {list, dict}
 
@@ -227,10 +229,24 @@ def _serve(fns: Sequence[RewardFunction], req_fd: int, rep_fd: int) -> None:
         _flush()  # the function's prints show up call by call
 
 
+def _die_with_parent() -> None:
+    """Linux: the kernel SIGKILLs this process when its parent dies (covers a function stuck in C code holding the
+    GIL, where the watchdog thread cannot run); elsewhere the watchdog alone."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+
+
 def _worker_main(fns: Sequence[RewardFunction], req_fd: int, rep_fd: int, parent: int) -> None:
     """Entry of the forked worker; never returns (``os._exit``: no parent atexit/finally code runs here)."""
     code = 0
     try:
+        _die_with_parent()
+        if os.getppid() != parent:  # the parent died before the request above took effect
+            os._exit(0)
+        torch.set_num_threads(1)  # a function using torch must not wait on the parent's OpenMP pool (fork-unsafe)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         threading.Thread(target=_watch_parent, args=(parent,), name="reward-worker-watchdog", daemon=True).start()

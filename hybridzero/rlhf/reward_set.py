@@ -17,7 +17,10 @@ Agreement (``reward_error_policy``):
   group's statistics, zero advantage, no loss and no count in the loss normalisers); the skipped count is a global
   metric. What a rank skips depends only on its own samples, so the ranks stay in step.
 
-A hang costs at most ``reward_timeout`` seconds, shorter than the collective timeout the peers wait in.
+A batch's functions run one after another, so a rank can spend up to ``F × reward_timeout`` seconds scoring while
+its peers wait in the next collective; :meth:`RewardSet.build` refuses settings where that reaches the collective
+timeout (``$HYBRIDZERO_TIMEOUT_S``, default 600 s), so a hang ends as the same error on every rank, never as a
+collective timeout.
 
 Isolation: with ``reward_timeout > 0`` the set owns one :class:`~hybridzero.rlhf.reward_isolation.RewardWorker`
 (a persistent child forked from this rank, holding the functions; ``None`` with ``reward_timeout = 0``, in-process).
@@ -36,6 +39,7 @@ from typing import Any
 
 import torch
 
+from hybridzero.comm.collectives import DEFAULT_TIMEOUT_S
 from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.rewards import (
     RewardError,
@@ -85,6 +89,14 @@ class RewardSet:
         funcs: Sequence[str | RewardFunction] = list(api_funcs) or list(s.reward_funcs)
         with_model = s.uses_reward_model(len(api_funcs))
         sources, model_weight = reward_sources(funcs, s.reward_weights, with_model)
+        collective_s = float(os.environ.get("HYBRIDZERO_TIMEOUT_S", DEFAULT_TIMEOUT_S))
+        if sources and len(sources) * s.reward_timeout >= 0.9 * collective_s:
+            raise ValueError(
+                f"reward_timeout {s.reward_timeout:g} s x {len(sources)} reward functions may keep a rank scoring "
+                f"{len(sources) * s.reward_timeout:g} s while its peers wait in a collective that times out after "
+                f"{collective_s:g} s (HYBRIDZERO_TIMEOUT_S); lower --reward_timeout below "
+                f"{0.9 * collective_s / len(sources):g} s or raise HYBRIDZERO_TIMEOUT_S"
+            )
         isolated = s.reward_timeout > 0 and bool(sources) and hasattr(os, "fork")
         worker = RewardWorker([src.fn for src in sources]) if isolated else None
         return cls(tuple(sources), with_model, model_weight, s.reward_timeout, s.reward_error_policy, worker)

@@ -164,10 +164,14 @@ def call_reward_function(
         raise RewardCallError(f"dataset column(s) {clash} clash with the reward-function arguments {RESERVED_KEYWORDS}")
     kwargs = {"prompts": prompts, "completions": completions, "completion_ids": completion_ids, **columns}
     if timeout > 0 and hasattr(os, "fork"):
-        if worker is not None:
-            values = worker.call(worker.index_of(fn), kwargs, n, timeout)
-        else:
-            values = call_forked(fn, kwargs, n, timeout)
+        index = worker.index_of(fn) if worker is not None else -1  # ValueError: a caller's bug, not the function's
+        try:
+            if worker is not None:
+                values = worker.call(index, kwargs, n, timeout)
+            else:
+                values = call_forked(fn, kwargs, n, timeout)
+        except (OSError, ValueError) as exc:  # fork/pipe/select/JSON trouble of this rank: agreed on as a failed call
+            raise RewardCallError(f"could not be called in isolation ({type(exc).__name__}: {exc})") from exc
     else:
         try:
             values = as_values(fn(**kwargs), n)

@@ -24,10 +24,11 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 import torch
+from torch import nn
 
 from hybridzero.lora import merged_lora
 from hybridzero.zero.coordinator import ZeroCoordinator
-from hybridzero.zero.groups import ShardedGroup
+from hybridzero.zero.groups import GroupState, ShardedGroup
 
 
 def gathered_bytes(coordinator: ZeroCoordinator) -> int:
@@ -43,19 +44,53 @@ def _in_groups(groups: list[ShardedGroup]) -> Callable[[torch.Tensor], bool]:
 
 
 @contextmanager
-def generation_mode(coordinator: ZeroCoordinator, max_gathered_bytes: int | None = None) -> Iterator[str]:
-    """Full-parameter generation inside the block; yields ``"full"`` or ``"bucketed"`` (see module docstring)."""
+def _modes_restored(module: nn.Module, to_eval: bool) -> Iterator[None]:
+    """Inside: the module in eval mode when ``to_eval``; after: every submodule's own train/eval flag as before."""
+    modes = [(m, m.training) for m in module.modules()]
+    if to_eval:
+        module.eval()
+    try:
+        yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+@contextmanager
+def generation_mode(
+    coordinator: ZeroCoordinator, max_gathered_bytes: int | None = None, keep_mode: bool = False
+) -> Iterator[str]:
+    """Full-parameter generation inside the block; yields ``"full"`` or ``"bucketed"`` (see module docstring).
+
+    The module is in eval mode inside (``keep_mode``: as the caller left it) and every submodule gets its own mode
+    back on exit. Re-entrant: inside a full block (the coordinator bypassed, every group pinned whole) a nested block,
+    e.g. ``engine.generate`` inside ``unwrap_model_for_generation``, gathers nothing and yields ``"full"``."""
+    module = coordinator.module
+    if _inside_full_block(coordinator):
+        with _modes_restored(module, not keep_mode):
+            yield "full"
+        return
     coordinator.release_held()
     coordinator.assert_quiescent()
-    module = coordinator.module
-    was_training = module.training
-    module.eval()
-    if max_gathered_bytes is not None and gathered_bytes(coordinator) > max_gathered_bytes:
-        try:
+    with _modes_restored(module, not keep_mode):
+        if max_gathered_bytes is not None and gathered_bytes(coordinator) > max_gathered_bytes:
             yield "bucketed"
-        finally:
-            module.train(was_training)
-        return
+        else:
+            with _gathered_whole(coordinator) as mode:
+                yield mode
+
+
+def _inside_full_block(coordinator: ZeroCoordinator) -> bool:
+    """True inside a full generation block: hooks bypassed and every ZeRO-3 group pinned whole (tensor-parallel
+    generation also bypasses the hooks, with its layers swapped out: that is not this state)."""
+    groups = [g for g in coordinator.groups if not g.always_full]
+    return coordinator.bypass and all(g.pins > 0 and g.state is GroupState.GATHERED for g in groups)
+
+
+@contextmanager
+def _gathered_whole(coordinator: ZeroCoordinator) -> Iterator[str]:
+    """Every ZeRO-3 group gathered and pinned, the hooks bypassed (module docstring); yields ``"full"``."""
+    module = coordinator.module
     groups = [g for g in coordinator.groups if not g.always_full]
     synced_flag = getattr(module, "_is_fsdp_managed_module", None)
     for g in groups:
@@ -77,7 +112,6 @@ def generation_mode(coordinator: ZeroCoordinator, max_gathered_bytes: int | None
         for g in groups:
             g.pins -= 1
             coordinator.release(g)
-        module.train(was_training)
 
 
 def check_out_tokens(limit: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:

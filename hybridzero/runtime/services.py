@@ -76,9 +76,10 @@ class EngineServices:
                     leave_synced_generation(self.comm, exc, self.device)
                 raise
 
-    def generation_mode(self, max_gathered_bytes: int | None = None) -> Any:
-        """``with engine.generation_mode():`` — the module runs on fully gathered parameters inside the block."""
-        return generation_mode(self.coordinator, max_gathered_bytes)
+    def generation_mode(self, max_gathered_bytes: int | None = None, keep_mode: bool = False) -> Any:
+        """``with engine.generation_mode():`` — the module runs on fully gathered parameters inside the block (in eval
+        mode; ``keep_mode``: in the mode it is in; every submodule's mode is restored on exit)."""
+        return generation_mode(self.coordinator, max_gathered_bytes, keep_mode)
 
     def save_checkpoint(
         self,

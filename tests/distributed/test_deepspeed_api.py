@@ -218,7 +218,8 @@ def test_ds_attributes_of_zero3_parameters(world) -> None:
     got = pool.run(ds_attributes, spec)
     full = {n: p.detach() for n, p in build_model(spec).named_parameters()}  # the engine's start values
     for r in got:
-        assert r["status"] and r["shape"] and r["ids"] and r["local"] and r["copy_unowned"] and r["destroyed"], r
+        checks = ("write_lost", "status", "shape", "ids", "local", "copy_unowned", "destroyed")
+        assert all(r[c] for c in checks), {c: r[c] for c in checks}
     for name, value in full.items():
         parts = [r["parts"][name] for r in got]
         whole = value.reshape(-1)
@@ -229,13 +230,14 @@ def test_ds_attributes_of_zero3_parameters(world) -> None:
 def test_unwrap_model_for_generation(world) -> None:
     """``deepspeed.runtime.zero.unwrap_model_for_generation(engine)`` (what DeepSpeed's ``test_unwrap_model.py`` and
     TRL-style loops call between steps): parameters whole inside, no collective while generating, partitioned after,
-    train mode kept; the training around it is bitwise the same run without it; passing ``engine.module`` is a clear
-    error."""
+    every submodule's train/eval mode kept (inside and after); ``engine.generate`` inside it is re-entrant (same
+    tokens as the module's, still no collective); the training around it is bitwise the same run without it;
+    passing ``engine.module`` is a clear error."""
     pool = world(2)
     spec = _spec(3)
     with_unwrap = pool.run(unwrap_for_generation, spec, True)
     plain = pool.run(unwrap_for_generation, spec, False)
     for a, b in zip(with_unwrap, plain):
-        assert all(a["checks"]) and len(a["checks"]) == 2 * spec.steps + 1, a["checks"]
+        assert all(a["checks"]) and len(a["checks"]) == 3 * spec.steps + 1, a["checks"]
         assert torch.equal(a["losses"], b["losses"])
         assert len(a["tokens"]) == spec.steps and all(len(t) == 3 for t in a["tokens"])

@@ -5,9 +5,10 @@ them). Each step runs as DeepSpeed's launcher runs it: ``torchrun --nproc_per_no
 process. The model is a tiny OPT (DeepSpeed-Chat's default family) with the byte-level ByT5 tokenizer (built without
 files, so DeepSpeed-Chat's ``save_hf_format`` + reload round-trips under transformers 5); the data is
 ``local/jsonfile`` (``data/{train,eval}.json`` beside ``dschat/``, so the copy is laid out in a temporary folder) on
-a memorizable copy task. Step 1 and 2 run ZeRO-2 (DeepSpeed-Chat's ZeRO-3 save reads DeepSpeed's per-tensor ``ds_id``
-attributes, which hybridzero does not patch onto tensors; see the README of the copy), step 3 ZeRO-3 for all four
-models with bf16, as DeepSpeed-Chat's CPU dtype, and ``--enable_hybrid_engine`` (its ``actor_model.module.generate(...,
+a memorizable copy task. Every step runs ZeRO-3: steps 1 and 2 save through DeepSpeed-Chat's own
+``save_zero_three_model`` (it reads the ``ds_id`` / ``ds_status`` properties of hybridzero's ``ZeroParameter``; the
+saved files are checked whole), step 3 trains all four models with bf16, as DeepSpeed-Chat's CPU dtype, and
+``--enable_hybrid_engine`` (its ``actor_model.module.generate(...,
 synced_gpus=True)`` is HF's synced generation over the ZeRO-3 hooks; ``engine.generate`` is the gather-once path).
 
 Environment for the runs: ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1`` because DeepSpeed-Chat ``torch.load``s the dataset
@@ -86,25 +87,29 @@ def _floats(pattern: str, text: str) -> list[float]:
     return [float(m) for m in re.findall(pattern, text)]
 
 
-@pytest.mark.slow
 def _assert_saved_whole(out_dir: Path, base: Path) -> None:
     """DeepSpeed-Chat's ZeRO-3 save (``save_zero_three_model``: ``ds_id`` / ``ds_status`` + ``GatheredParameters``)
-    wrote every parameter whole: each base-model tensor is in ``pytorch_model.bin`` with its full shape."""
+    wrote every parameter whole: each base-model tensor is in ``pytorch_model.bin`` with its full shape, finite, and
+    the training moved the weights away from the base model's."""
     import torch
     import transformers
 
     saved = torch.load(out_dir / "pytorch_model.bin", weights_only=True)
     ref = transformers.AutoModelForCausalLM.from_pretrained(base).state_dict()
-    matched = 0
+    matched, moved = 0, 0
     for name, tensor in saved.items():
         tail = name if any(k.endswith(name) for k in ref) else name.split(".", 1)[-1]  # reward model: its prefix
         key = next((k for k in ref if k.endswith(tail)), None)
         assert tensor.numel() > 0 and (key is None or tensor.shape == ref[key].shape), (name, tuple(tensor.shape))
+        assert bool(torch.isfinite(tensor.float()).all()), name
         matched += key is not None
-    assert matched >= len(saved) - 1, (matched, sorted(saved))  # the reward model's v_head is its own
+        moved += key is not None and not torch.equal(tensor.float(), ref[key].float())
+    assert matched >= len(saved) - 1, (matched, sorted(saved))  # only the reward model's v_head is its own
+    assert moved > matched // 2, (moved, matched)
     assert len(saved) >= len({k for k in ref if "lm_head" not in k}) - 1, sorted(saved)
 
 
+@pytest.mark.slow
 def test_dschat_steps_1_2_3_run_unchanged_at_world_2(tmp_path: Path) -> None:
     chat, base = _layout(tmp_path)
     data = ["--data_path", "local/jsonfile", "--data_split", "1,1,1", "--data_output_path", str(tmp_path / "cache")]
@@ -136,6 +141,7 @@ def test_dschat_steps_1_2_3_run_unchanged_at_world_2(tmp_path: Path) -> None:
     assert losses[-1] < 0.5 * losses[0], losses  # the rejected answers use other letters: easily separated
     assert chosen[-1] - rejected[-1] > chosen[0] - rejected[0] + 1.0, (chosen, rejected)
     assert accs[-1] == 1.0, accs
+    _assert_saved_whole(tmp_path / "critic", base)
 
     out3 = _run(chat, "step3_rlhf_finetuning", [
         *common, "--actor_model_name_or_path", str(tmp_path / "actor"),

@@ -376,3 +376,27 @@ def test_the_cli_names_a_bad_reward_function_before_starting(
 
 
 R_MISSING = "tests.workers.rlvr_rewards:nope"
+
+
+def test_reward_deadline_must_fit_the_collective_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A batch's functions run one after another: F x reward_timeout reaching the collective timeout the peers wait
+    in is refused up front, naming both values and what would be valid."""
+    fns = [_counter(), _counter()]
+    monkeypatch.setenv("HYBRIDZERO_TIMEOUT_S", "100")
+    with pytest.raises(ValueError, match=r"reward_timeout 45 s x 2 reward functions .* 100 s .* below 45 s"):
+        RewardSet.build(GRPOSettings(reward_timeout=45.0), fns)
+    RewardSet.build(GRPOSettings(reward_timeout=44.0), fns).close()
+    RewardSet.build(GRPOSettings(reward_timeout=0.0), fns).close()  # in-process: no deadline to fit
+
+
+def test_isolation_trouble_is_a_reward_call_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure of the isolation itself on one rank (fork/pipe refused: EAGAIN, EMFILE) becomes a RewardCallError,
+    so the reward set's agreement reports it on every rank instead of this rank leaving the collective alone."""
+    from hybridzero.rlhf import reward_isolation
+
+    def no_fork() -> int:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(reward_isolation.os, "fork", no_fork)
+    with pytest.raises(RewardCallError, match=r"in isolation \(BlockingIOError: .*temporarily unavailable"):
+        _call(lambda **kw: [1.0, 1.0], 5.0)

@@ -342,6 +342,9 @@ def ds_attributes(spec: RunSpec) -> dict[str, Any]:
         "parts": parts,
         "copy_unowned": not hasattr(copy.deepcopy(next(iter(named.values()))), "ds_id"),
     }
+    name, probe = next(iter(named.items()))
+    probe.ds_tensor.fill_(123.0)  # a copy: the write is lost (README, "Differences, on purpose")
+    out["write_lost"] = torch.equal(probe.ds_tensor, parts[name])
     engine.destroy()
     out["destroyed"] = all(type(p) is torch.nn.Parameter and not hasattr(p, "ds_id") for p in named.values())
     out["world"] = world
@@ -369,14 +372,21 @@ def unwrap_for_generation(spec: RunSpec, use_unwrap: bool) -> dict[str, Any]:
             continue
         full = {n: utils.safe_get_full_fp32_param(p) for n, p in named.items()}
         prompt = ids[:1, :4]
+        first = next(m for m in engine.module.modules() if m is not engine.module)
+        first.eval()  # a submodule the user put in eval mode keeps it through the block (and the nested generate)
+        modes = [m.training for m in engine.module.modules()]
         with unwrap_model_for_generation(engine) as unwrapped, torch.no_grad():
             mark = engine.comm_ledger().copy()
             whole = all(  # a frozen parameter's fp32 read is None (as in DeepSpeed): its full shape is checked
                 p.shape == p.ds_shape and (full[n] is None or torch.equal(p.float(), full[n])) for n, p in named.items()
             )
             out = unwrapped.module.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)
+            again = unwrapped.generate(prompt, max_new_tokens=3, do_sample=False, pad_token_id=0)  # nested: re-entrant
             quiet = engine.comm_ledger().since(mark).total().calls == 0
-            checks.append(whole and quiet and unwrapped is engine and engine.module.training)
+            kept = [m.training for m in engine.module.modules()] == modes
+            checks.append(whole and quiet and kept and unwrapped is engine and torch.equal(out, again))
+        checks.append([m.training for m in engine.module.modules()] == modes)
+        first.train()
         tokens.append(out[0, 4:].tolist())
         checks.append(any(p.numel() == 0 for p in named.values()))  # partitioned again
     try:

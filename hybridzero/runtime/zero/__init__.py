@@ -17,9 +17,11 @@ def unwrap_model_for_generation(model: Any) -> Iterator[Any]:
     ``model`` (the engine, as DeepSpeed does). On exit the gathered copies are released and fetching is back on.
 
     This is :meth:`engine.generation_mode` (the hybrid engine's gather-once path: prefetch state is settled first, so
-    no gather is left in flight, and the groups are pinned for the block) keeping the module's train/eval mode, as
-    DeepSpeed's does. For generation and no-grad forwards only: a backward inside the block is not supported (as in
-    DeepSpeed, whose version removes the hooks backward needs). At ZeRO 0-2 parameters are always whole and the block
+    no gather is left in flight, and the groups are pinned for the block) leaving every module's train/eval mode as
+    it is, as DeepSpeed's does. ``model.generate(...)`` inside (the engine's hybrid generation) and
+    ``model.module.generate(...)`` both decode on the gathered weights without a collective. For generation and
+    no-grad forwards only: a backward inside the block is not supported (as in DeepSpeed, whose version removes the
+    hooks backward needs). At ZeRO 0-2 parameters are always whole and the block
     changes nothing.
     """
     if not callable(getattr(model, "generation_mode", None)):
@@ -27,7 +29,5 @@ def unwrap_model_for_generation(model: Any) -> Iterator[Any]:
             f"unwrap_model_for_generation: expected the engine deepspeed.initialize returned, got "
             f"{type(model).__name__} (pass the engine, not engine.module)"
         )
-    was_training = bool(model.module.training)
-    with model.generation_mode():
-        model.module.train(was_training)  # generation_mode switches to eval; DeepSpeed's keeps the mode
+    with model.generation_mode(keep_mode=True):  # DeepSpeed's leaves every module's train/eval mode alone
         yield model
