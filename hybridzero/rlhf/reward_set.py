@@ -18,9 +18,9 @@ Agreement (``reward_error_policy``):
   metric. What a rank skips depends only on its own samples, so the ranks stay in step.
 
 A batch's functions run one after another, so a rank can spend up to ``F × reward_timeout`` seconds scoring while
-its peers wait in the next collective; :meth:`RewardSet.build` refuses settings where that reaches the collective
-timeout (``$HYBRIDZERO_TIMEOUT_S``, default 600 s), so a hang ends as the same error on every rank, never as a
-collective timeout.
+its peers wait in the next collective; :meth:`RewardSet.build` warns when that reaches the collective timeout
+(``$HYBRIDZERO_TIMEOUT_S``, default 600 s): only below it does a hang end as the same error on every rank rather
+than as a collective timeout (still an error on every rank, never a hang).
 
 Isolation: with ``reward_timeout > 0`` the set owns one :class:`~hybridzero.rlhf.reward_isolation.RewardWorker`
 (a persistent child forked from this rank, holding the functions; ``None`` with ``reward_timeout = 0``, in-process).
@@ -33,6 +33,7 @@ fields never change; only the worker object inside changes state.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,11 +92,13 @@ class RewardSet:
         sources, model_weight = reward_sources(funcs, s.reward_weights, with_model)
         collective_s = float(os.environ.get("HYBRIDZERO_TIMEOUT_S", DEFAULT_TIMEOUT_S))
         if sources and len(sources) * s.reward_timeout >= 0.9 * collective_s:
-            raise ValueError(
+            warnings.warn(
                 f"reward_timeout {s.reward_timeout:g} s x {len(sources)} reward functions may keep a rank scoring "
                 f"{len(sources) * s.reward_timeout:g} s while its peers wait in a collective that times out after "
-                f"{collective_s:g} s (HYBRIDZERO_TIMEOUT_S); lower --reward_timeout below "
-                f"{0.9 * collective_s / len(sources):g} s or raise HYBRIDZERO_TIMEOUT_S"
+                f"{collective_s:g} s (HYBRIDZERO_TIMEOUT_S): functions that hang would end the run as a collective "
+                f"timeout, not a RewardError; lower --reward_timeout below {0.9 * collective_s / len(sources):g} s "
+                f"or raise HYBRIDZERO_TIMEOUT_S",
+                stacklevel=2,
             )
         isolated = s.reward_timeout > 0 and bool(sources) and hasattr(os, "fork")
         worker = RewardWorker([src.fn for src in sources]) if isolated else None

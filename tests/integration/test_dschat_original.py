@@ -98,8 +98,9 @@ def _assert_saved_whole(out_dir: Path, base: Path) -> None:
     ref = transformers.AutoModelForCausalLM.from_pretrained(base).state_dict()
     matched, moved = 0, 0
     for name, tensor in saved.items():
-        tail = name if any(k.endswith(name) for k in ref) else name.split(".", 1)[-1]  # reward model: its prefix
-        key = next((k for k in ref if k.endswith(tail)), None)
+        stripped = name.split(".", 1)[-1]  # the reward model's trunk has its own prefix; its v_head matches nothing
+        key = next((k for k in ref if k.endswith("." + name) or k == name), None)
+        key = key or next((k for k in ref if "." in stripped and k.endswith("." + stripped)), None)
         assert tensor.numel() > 0 and (key is None or tensor.shape == ref[key].shape), (name, tuple(tensor.shape))
         assert bool(torch.isfinite(tensor.float()).all()), name
         matched += key is not None
