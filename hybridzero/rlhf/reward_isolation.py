@@ -34,7 +34,8 @@ grace, and reaps it.
 dataset column holding tuples, bytes, numpy values, dicts with non-string keys...), since JSON would not give the
 function the same values it would get in-process; such a call keeps no state, as before the worker existed.
 
-Both paths flush stdout/stderr before forking (the child inherits unflushed buffers: nothing prints twice).
+Both paths flush stdout/stderr before forking (the child inherits unflushed buffers: nothing prints twice). Kept
+whole (just over 400 lines): both paths share the frame, payload and exit rules that make their messages identical.
 """
 
 from __future__ import annotations

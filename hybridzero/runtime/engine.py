@@ -9,7 +9,7 @@ Invariants: ``step()`` updates only at the gradient-accumulation boundary; after
 engine is quiescent; an exception in an engine call is posted to every peer and tears the process group down so
 that no peer hangs.
 
-About 450 lines after formatting; the engine's services and DeepSpeed surface already live in
+About 460 lines after formatting; the engine's services and DeepSpeed surface already live in
 runtime/services.py and runtime/deepspeed_api.py, and what remains is construction plus the training calls.
 """
 

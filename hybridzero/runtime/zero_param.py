@@ -28,6 +28,9 @@ class EngineParams(TensorFragments):
     def __init__(self, zero: ZeroParamOwner, host: FragmentHost, stage: int) -> None:
         super().__init__(zero, host)
         self.stage = stage
+        # ds_id by identity, computed once: the engine's parameter list is fixed at construction, and DeepSpeed-Chat
+        # reads ds_id per parameter every step (hasattr in _z3_params_to_fetch), so a scan per read would be O(n^2)
+        self.ds_ids = {id(p): i for i, p in enumerate(zero.params())}
 
     def ds_attribute(self, param: nn.Parameter, name: str) -> Any:
         """The answer for ``name`` (one of ``DS_ATTRIBUTES``) on one of this engine's parameters."""
@@ -39,7 +42,7 @@ def _answer(fragments: EngineParams, param: nn.Parameter, name: str) -> Any:
         raise AttributeError(f"{name}: provided for ZeRO-3 parameters only (this engine runs stage {fragments.stage})")
     group, slot = fragments.zero.locate(param)
     if name == "ds_id":
-        return next(i for i, p in enumerate(fragments.zero.params()) if p is slot.param)
+        return fragments.ds_ids[id(slot.param)]
     if name in ("ds_shape", "ds_numel"):
         return torch.Size(slot.spec.shape)
     if name == "ds_status":
