@@ -12,7 +12,9 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-__all__ = ["TensorSource", "check_range", "resolve_name"]
+__all__ = ["FLOAT_EXPECTED", "TensorSource", "check_float", "check_range", "dtype_label", "resolve_name"]
+
+FLOAT_EXPECTED = "a floating-point tensor (float16, bfloat16, float32 or float64: those are converted)"
 
 
 @runtime_checkable
@@ -64,3 +66,15 @@ def check_range(name: str, numel: int, lo: int, hi: int) -> None:
             raise ValueError(f"{label} for {name!r} must be an int, got {type(value).__name__}")
     if not 0 <= lo <= hi <= numel:
         raise ValueError(f"bad range [{lo}, {hi}) for {name!r} with {numel} elements")
+
+
+def dtype_label(dtype: torch.dtype) -> str:
+    """``torch.int32`` -> ``"int32"``."""
+    return str(dtype).removeprefix("torch.")
+
+
+def check_float(name: str, source: object, dtype: torch.dtype) -> None:
+    """Raise ValueError naming tensor ``name`` of ``source`` unless ``dtype`` is floating point: parameters and
+    their optimizer state are floats, and an integer or bool tensor is never cast to one silently."""
+    if not dtype.is_floating_point:
+        raise ValueError(f"tensor {name!r} of {source!r} has dtype {dtype_label(dtype)}, expected {FLOAT_EXPECTED}")

@@ -93,9 +93,16 @@ def _regular_file(tag_dir: Path, name: str) -> Path:
 def _refusal(exc: Exception) -> str:
     """The reason of a refused ``torch.load`` in one line (torch's own advice to unpickle the file is dropped)."""
     text = str(exc)
-    hit = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    hit = re.search(r"\bGLOBAL ([\w.]+)", text, flags=re.IGNORECASE)  # torch's wording varies between versions
     if hit:
-        return f"it needs '{hit.group(1)}' to load, and only tensors and plain containers are read"
+        name = hit.group(1)
+        alias = re.sub(r"^(posix|nt)\.", "os.", name)
+        shown = f"'{name}'" + (f" ({alias})" if alias != name else "")
+        return f"it needs the blocked global {shown} to load, and only tensors and plain containers are read"
+    boilerplate = ("weights only load failed", "check the documentation", "re-running", "in pytorch")
+    reasons = [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().lower().startswith(boilerplate)]
+    if reasons:
+        return reasons[0][:300]
     return text.strip().splitlines()[-1][:300] if text.strip() else type(exc).__name__
 
 

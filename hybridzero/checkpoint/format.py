@@ -34,14 +34,15 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load as load_bytes
 
-from hybridzero.checkpoint.jsontree import decode
-from hybridzero.checkpoint.paths import MANIFEST, PRODUCER, CheckpointError, check_tag, find_tag
+from hybridzero.checkpoint.jsontree import check_plain_json, decode
+from hybridzero.checkpoint.paths import MANIFEST, PRODUCER, CheckpointError, check_inside, check_tag, find_tag
 
 FORMAT = 2
 META = "meta.json"
 STATE_JSON = "state.json"
 STATE_TENSORS = "state.safetensors"
 RANK_HEADER_KEY = "hybridzero"
+_MAX_HEADER = 100_000_000  # safetensors' own limit on a header's size
 DTYPES: dict[str, torch.dtype] = {
     "float32": torch.float32,
     "float16": torch.float16,
@@ -80,17 +81,41 @@ def _fail(file: Path, check: str) -> CheckpointError:
     return CheckpointError(f"checkpoint file {file}: {check}")
 
 
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; ValueError on a key given twice (readers disagree on which one wins)."""
+    out = dict(pairs)
+    seen: set[str] = set()
+    for k, _ in pairs if len(out) != len(pairs) else ():
+        if k in seen:
+            raise ValueError(f"duplicate key {k!r}")
+        seen.add(k)
+    return out
+
+
+def _check_safetensors_header(file: Path) -> None:
+    """The JSON header of a safetensors file names each tensor once (safetensors itself keeps one silently)."""
+    try:
+        with file.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if n > _MAX_HEADER:
+                raise ValueError(f"header of {n} bytes (at most {_MAX_HEADER})")
+            json.loads(f.read(n), object_pairs_hook=_unique)
+    except (OSError, ValueError, RecursionError) as exc:
+        raise _fail(file, f"unreadable safetensors header ({type(exc).__name__}: {exc})") from exc
+
+
 def _read_json(file: Path) -> Any:
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
+        return json.loads(file.read_text(encoding="utf-8"), object_pairs_hook=_unique)
     except FileNotFoundError as exc:
         raise _fail(file, "missing") from exc
-    except (OSError, ValueError) as exc:
-        raise _fail(file, f"unreadable JSON ({exc})") from exc
+    except (OSError, ValueError, RecursionError) as exc:
+        raise _fail(file, f"unreadable JSON ({type(exc).__name__}: {exc})") from exc
 
 
 def _is_int(v: Any, lo: int = 0) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool) and v >= lo
+    """An int (not a bool) in ``[lo, 2**63)``: every count and offset fits int64."""
+    return isinstance(v, int) and not isinstance(v, bool) and lo <= v < 2**63
 
 
 def _verify_manifest(path: Path) -> dict[str, str]:
@@ -103,6 +128,7 @@ def _verify_manifest(path: Path) -> dict[str, str]:
             f"`hybridzero convert-checkpoint {path.parent} NEW_DIR --tag {path.name}` (it reads tensors "
             "and plain containers only) and load NEW_DIR"
         )
+    check_inside(file, path.parent)
     manifest = _read_json(file)
     files = manifest.get("files") if isinstance(manifest, dict) else None
     if not isinstance(manifest, dict) or manifest.get("producer") != PRODUCER or not isinstance(files, dict):
@@ -113,7 +139,7 @@ def _verify_manifest(path: Path) -> dict[str, str]:
         check_tag(name, where=f"file name in {file}")
         if not (isinstance(digest, str) and len(digest) == 64):
             raise _fail(file, f"bad checksum entry for {name!r}")
-        target = path / name
+        target = check_inside(path / name, path.parent)
         if not target.is_file():
             raise _fail(target, "missing (listed in the manifest)")
         if sha256_file(target) != digest:
@@ -142,7 +168,7 @@ def validate_meta(meta: Any, file: Path) -> None:
         raise _fail(file, f"world_size must be an integer > 0, got {world!r}")
     for key in ("global_steps", "micro_steps", "skipped_steps"):
         if not _is_int(meta.get(key)):
-            raise _fail(file, f"{key} must be an integer >= 0, got {meta.get(key)!r}")
+            raise _fail(file, f"{key} must be an integer in [0, 2**63), got {meta.get(key)!r}")
     excluded = meta.get("excluded", [])
     if not isinstance(excluded, list) or not all(isinstance(n, str) for n in excluded):
         raise _fail(file, "excluded must be a list of parameter names")
@@ -240,29 +266,35 @@ class SavedTag:
         """``rank``'s RNG tensors (``rng/...``) and the JSON of its header (python RNG)."""
         h = self.handles[rank]
         rng = {k: h.get_tensor(k) for k in h.keys() if k.startswith("rng/")}
+        file = self.path / rank_file(rank)
         try:
-            header = json.loads((h.metadata() or {})[RANK_HEADER_KEY])
-        except (KeyError, ValueError) as exc:
-            raise _fail(self.path / rank_file(rank), f"header without valid '{RANK_HEADER_KEY}' JSON") from exc
-        return rng, decode(header, rng, str(self.path / rank_file(rank)))
+            return rng, decode(json.loads((h.metadata() or {})[RANK_HEADER_KEY]), rng, str(file))
+        except (KeyError, ValueError, RecursionError) as exc:
+            raise _fail(file, f"header without valid '{RANK_HEADER_KEY}' JSON ({type(exc).__name__}: {exc})") from exc
 
     def state(self) -> dict[str, Any]:
         """The decoded ``state.json`` with its tensors (optimizer, scheduler, loss scaler, client state)."""
+        _check_safetensors_header(self.path / STATE_TENSORS)
         try:
             tensors = load_bytes((self.path / STATE_TENSORS).read_bytes())
         except (OSError, SafetensorError) as exc:
             raise _fail(self.path / STATE_TENSORS, f"unreadable safetensors ({exc})") from exc
         try:
             state = decode(_read_json(self.path / STATE_JSON), tensors, str(self.path / STATE_JSON))
-        except ValueError as exc:
-            raise _fail(self.path / STATE_JSON, str(exc)) from exc
+        except (ValueError, RecursionError) as exc:
+            raise _fail(self.path / STATE_JSON, f"{type(exc).__name__}: {exc}") from exc
         if not isinstance(state, dict) or not {"optimizer", "scheduler", "loss_scaler", "client_state"} <= set(state):
             raise _fail(self.path / STATE_JSON, "needs optimizer, scheduler, loss_scaler and client_state")
+        try:
+            check_plain_json(state["client_state"])
+        except (TypeError, RecursionError) as exc:
+            raise _fail(self.path / STATE_JSON, f"{type(exc).__name__}: {exc}") from exc
         return state
 
 
 def _check_rank_file(path: Path, rank: int, entry: dict[str, Any]) -> Any:
     file = path / rank_file(rank)
+    _check_safetensors_header(file)
     try:
         handle = safe_open(str(file), framework="pt")
     except (OSError, SafetensorError) as exc:
@@ -287,6 +319,7 @@ def open_tag(path: Path) -> SavedTag:
     """Verify the tag at ``path`` completely (checksums, metadata, rank-file headers) and open it for reading."""
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist or is not a directory")
+    check_inside(path, path.parent)
     files = _verify_manifest(path)
     meta = _read_json(path / META)
     validate_meta(meta, path / META)

@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
-from hybridzero.tensor_source import TensorSource, check_range, resolve_name
+from hybridzero.tensor_source import FLOAT_EXPECTED, TensorSource, check_range, dtype_label, resolve_name
 
 __all__ = [
     "CheckpointFileError",
@@ -290,7 +290,9 @@ def check_against_model(
     allowed_extra: Sequence[str] = (),
     ignore_patterns: Sequence[str] = (),
 ) -> None:
-    """Raise ValueError unless ``source`` holds every parameter (under some alias) with the model's shape and no
+    """Raise ValueError unless ``source`` holds every parameter (under some alias) with the model's shape and a
+    floating-point dtype (an integer or bool tensor is never cast silently; float dtypes convert, as in
+    transformers), and no
     tensor that is neither a parameter alias, in ``allowed_extra`` (buffers) nor matched by ``ignore_patterns``
     (regexes, transformers' ``_keys_to_ignore_on_load_unexpected``), as transformers' loader rejects them.
 
@@ -305,6 +307,8 @@ def check_against_model(
             problems.append(f"missing '{first}'" + (f" (or {list(aliases[1:])})" if len(aliases) > 1 else ""))
         elif source.shape(hit) != torch.Size(shape):
             problems.append(f"'{hit}' has shape {list(source.shape(hit))}, the model expects {list(shape)}")
+        elif not source.dtype(hit).is_floating_point:
+            problems.append(f"'{hit}' has dtype {dtype_label(source.dtype(hit))}, the model expects {FLOAT_EXPECTED}")
     unexpected = sorted(n for n in stored - known if not any(re.search(p, n) for p in ignore_patterns))
     problems += [f"unexpected '{n}'" for n in unexpected[:10]]
     if problems:

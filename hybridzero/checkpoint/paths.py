@@ -3,7 +3,8 @@
 Invariants:
 * A tag is one path component: a non-empty string without separators, control characters or a ``.partial-``
   part, and not ``.``, ``..`` or ``latest``. ``latest`` is read as a tag and checked the same way, so nothing
-  read from disk or passed by a caller can name a path outside the save directory.
+  read from disk or passed by a caller can name a path outside the save directory; a tag directory, ``latest`` or
+  a file of a tag that is a symbolic link out of the save directory is refused (:func:`check_inside`).
 * A tag directory is *ours* (complete, ours to replace) only when it holds a ``manifest.json`` of this format.
   A directory that is not ours is never deleted or replaced.
 * Publication is atomic: a tag is built under ``TAG.partial-<nonce>`` and renamed into place; an older version of
@@ -52,11 +53,25 @@ def check_tag(tag: object, where: str = "tag") -> str:
     return tag
 
 
+def check_inside(path: Path, root: Path) -> Path:
+    """``path`` unless it is a symbolic link whose target lies outside ``root`` (both resolved), which raises
+    CheckpointError naming both: a checkpoint never makes the loader read a file outside its save directory."""
+    if path.is_symlink():
+        target, base = path.resolve(), root.resolve()
+        if not target.is_relative_to(base):
+            raise CheckpointError(
+                f"checkpoint path {path} is a symbolic link to {target}, outside the save directory {base}; "
+                "refusing to follow it (copy the files into the save directory instead)"
+            )
+    return path
+
+
 def read_latest(root: str | os.PathLike[str]) -> str | None:
     """The tag ``root/latest`` names (validated like any tag), or None if there is no ``latest`` file."""
     file = Path(root) / LATEST
-    if not file.exists():
+    if not file.exists() and not file.is_symlink():
         return None
+    check_inside(file, Path(root))
     if not file.is_file():
         raise CheckpointError(f"{file} is not a regular file")
     data = file.read_bytes()
@@ -146,7 +161,7 @@ def find_tag(root: str | os.PathLike[str], tag: str | None) -> Path | None:
             return None
     path = tag_path(base, tag)
     if path.exists() or path.is_symlink():
-        return path
+        return check_inside(path, base)
     # A re-save of ``tag`` killed between moving the old version aside and publishing the new one: the old
     # version is complete under its aside name (see :func:`publish`).
     aside = sorted(

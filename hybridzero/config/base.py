@@ -61,6 +61,11 @@ class Block(BaseModel):
         for name in data:
             if not isinstance(name, str):
                 raise BlockProblem("{0} has a non-string key; JSON keys are strings", (repr(name),), name)
+        for name, value in data.items():  # pydantic builds a nested block with ``cls(**value)``: check its keys here
+            bad = [k for k in value if not isinstance(k, str)] if isinstance(value, Mapping) else []
+            if bad:
+                shown = repr(bad[0]).replace("{", "{{").replace("}", "}}")
+                raise BlockProblem(f"{{0}} has a non-string key {shown}; JSON keys are strings", (name,), bad[0])
         out = cls._translate({k: v for k, v in data.items() if k not in cls._ignored})
         for field_name, field in cls.model_fields.items():
             info = key_info(field)

@@ -4,7 +4,8 @@ Any one or two of the three may be missing (``None``; ``"auto"`` in JSON) and is
 derived; with only ``train_micro_batch_size_per_gpu`` or only
 ``train_batch_size`` given, ``gradient_accumulation_steps`` is 1 (as DeepSpeed).
 Unlike DeepSpeed, a division that leaves a remainder is an error rather than a
-silent floor.
+silent floor, and every count (given or derived) must lie in ``[1, BATCH_LIMIT]``
+(absurd values are a ConfigError naming the key, not an OverflowError later).
 """
 
 from __future__ import annotations
@@ -13,11 +14,12 @@ from typing import Any
 
 from .errors import ConfigError, show
 
-__all__ = ["BATCH_KEYS", "resolve_batch_sizes"]
+__all__ = ["BATCH_KEYS", "BATCH_LIMIT", "resolve_batch_sizes"]
 
 TBS, MICRO, GAS = "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"
 BATCH_KEYS: tuple[str, str, str] = (TBS, MICRO, GAS)
 _TIP = f"set any two of {TBS}, {MICRO}, {GAS} (or all three, consistently)"
+BATCH_LIMIT = 2**31 - 1  # every batch count, given or derived, fits an int32 (samples counters stay int64)
 
 
 def _positive(value: Any, key: str) -> int | None:
@@ -25,9 +27,13 @@ def _positive(value: Any, key: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{key} = {show(value)} is invalid: expected an integer >= 1", key=key, value=value)
+        raise ConfigError(
+            f"{key} = {show(value)} is invalid: expected an integer >= 1 and <= {BATCH_LIMIT}", key=key, value=value
+        )
     if value < 1:
         raise ConfigError(f"{key} = {value} is invalid: it must be >= 1", key=key, value=value)
+    if value > BATCH_LIMIT:
+        raise ConfigError(f"{key} = {value} is invalid: it must be >= 1 and <= {BATCH_LIMIT}", key=key, value=value)
     return value
 
 
@@ -58,6 +64,19 @@ def _check_product(tbs: int, micro: int, gas: int, world: int) -> None:
         )
 
 
+def _derived_total(micro: int, gas: int, world: int) -> int:
+    """``micro * gas * world`` when it is at most BATCH_LIMIT; else a ConfigError naming the operands."""
+    total = micro * gas * world
+    if total > BATCH_LIMIT:
+        raise ConfigError(
+            f"{TBS} = {MICRO} ({micro}) * {GAS} ({gas}) * world_size ({world}) = {total} is invalid: "
+            f"it must be <= {BATCH_LIMIT}; lower {MICRO} or {GAS}",
+            key=GAS,
+            value=gas,
+        )
+    return total
+
+
 def resolve_batch_sizes(
     train_batch_size: int | None, micro: int | None, gas: int | None, world_size: int
 ) -> tuple[int, int, int]:
@@ -82,7 +101,7 @@ def resolve_batch_sizes(
         return tbs, _quotient(tbs, ((GAS, acc), ("world_size", world)), MICRO), acc
     if mbs is not None:
         acc = 1 if acc is None else acc
-        return mbs * acc * world, mbs, acc
+        return _derived_total(mbs, acc, world), mbs, acc
     if tbs is not None:
         return tbs, _quotient(tbs, (("world_size", world),), f"{MICRO} (with {GAS} = 1)"), 1
     given = f" (only {GAS} = {acc} was given)" if acc is not None else ""

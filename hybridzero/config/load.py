@@ -104,8 +104,10 @@ def read_json(path: str | os.PathLike[str]) -> Mapping[str, Any]:
         raise ConfigError(f"config file '{shown}' cannot be read: {exc}", value=shown) from None
     try:
         data = json.loads(text, object_pairs_hook=_reject_duplicates)
-    except ValueError as exc:  # json.JSONDecodeError is a ValueError, as is our duplicate-key error
-        raise ConfigError(f"config file '{shown}' is not valid JSON: {exc}", value=shown) from None
+    except (ValueError, RecursionError) as exc:  # JSONDecodeError and our duplicate-key error are ValueErrors
+        raise ConfigError(
+            f"config file '{shown}' is not valid JSON: {type(exc).__name__}: {exc}", value=shown
+        ) from None
     if not isinstance(data, dict):
         raise ConfigError(f"config file '{shown}' must hold a JSON object, not {type(data).__name__}", value=shown)
     return data
@@ -210,6 +212,9 @@ def load_config(config: Mapping[str, Any] | str | os.PathLike[str], world_size: 
         raise ConfigError(
             f"config must be a mapping or a path to a JSON file, not {type(config).__name__}", value=config
         )
+    bad = [k for k in raw if not isinstance(k, str)]
+    if bad:  # pydantic would build the Config with ``Config(**raw)``: a TypeError naming nothing
+        raise ConfigError(f"config has a non-string key {bad[0]!r}; JSON keys are strings", key=str(bad[0]))
     if "world_size" in raw:  # a field of Config, but not a JSON key: the caller gives it
         raise unknown_key_error("", "world_size", spellings(Config))
     try:

@@ -236,7 +236,7 @@ class FP16Config(Block):
 
     enabled: Annotated[bool, boolean] = key(False, "enabled")
     loss_scale: Annotated[float, number(0.0)] = key(0.0, "loss_scale")
-    initial_scale_power: Annotated[int, integer(0)] = key(16, "initial_scale_power")
+    initial_scale_power: Annotated[int, integer(0, 64)] = key(16, "initial_scale_power")
     loss_scale_window: Annotated[int, integer()] = key(1000, "loss_scale_window")
     hysteresis: Annotated[int, integer()] = key(2, "hysteresis")
     consecutive_hysteresis: Annotated[bool, boolean] = key(False, "consecutive_hysteresis")

@@ -138,6 +138,9 @@ def _validate(model: type[_Params], params: Any, prefix: str) -> dict[str, Any]:
         return {}
     if not isinstance(params, Mapping):
         raise ConfigError(f"{prefix} = {show(params)} is invalid: expected a JSON object", key=prefix, value=params)
+    bad = [k for k in params if not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"{prefix} has a non-string key {bad[0]!r}; JSON keys are strings", key=prefix, value=params)
     try:
         typed = model.model_validate(dict(params))
     except ValidationError as exc:

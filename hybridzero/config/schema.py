@@ -13,9 +13,9 @@ from typing import Annotated, Any, ClassVar
 import torch
 from pydantic import PrivateAttr, model_validator
 
-from .base import Block
+from .base import Block, spellings
 from .batch import BATCH_KEYS, resolve_batch_sizes
-from .errors import ConfigError, show
+from .errors import ConfigError, show, unknown_key_error
 from .models import BF16Config, FP16Config, HybridEngineConfig, ZeroConfig
 from .optim import OptimizerConfig, SchedulerConfig
 from .values import boolean, choice, freeze, integer, interval, is_auto, key, number, optional, thaw
@@ -146,6 +146,10 @@ class Config(Block):
                 del data[name]
         if isinstance(data.get("zero_optimization"), bool):  # DeepSpeed's deprecated form: true means stage 1
             data["zero_optimization"] = {"stage": int(data["zero_optimization"])}
+        known = spellings(cls)
+        unknown = [k for k in data if k not in known and k not in cls.model_fields]  # field names: direct use
+        if unknown:  # before the batch arithmetic: a misspelt batch key is named, not reported as missing
+            raise unknown_key_error("", unknown[0], known)
         world = _world_size(data.get("world_size", 1))
         tbs, micro, gas = (_batch_value(data.get(k)) for k in BATCH_KEYS)
         sizes = resolve_batch_sizes(tbs, micro, gas, world_size=world)

@@ -159,9 +159,14 @@ def integer(lo: int | None = None, hi: int | None = None) -> BeforeValidator:
             v = int(v)
         if isinstance(v, bool) or not isinstance(v, int) or not _in_bounds(v, lo, hi, False, False):
             return _BAD
-        return v
+        return v if hi is not None or v < INT64_LIMIT else _BAD
 
-    return BeforeValidator(_checked("an integer" + bounds_text(lo, hi), convert))
+    text = "an integer" + bounds_text(lo, hi) + (" below 2**63" if hi is None else "")
+    return BeforeValidator(_checked(text, convert))
+
+
+INT64_LIMIT = 2**63
+"""Integers without an explicit upper bound stay below this (every count fits an int64; no OverflowError later)."""
 
 
 NEVER = 2**62

@@ -23,6 +23,8 @@ natural split (save / verify-and-stage / apply) is noted in docs/architecture.md
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import random
@@ -50,6 +52,7 @@ from hybridzero.checkpoint.writer import write_rank_file, write_shared_files
 from hybridzero.comm.collectives import Comm
 from hybridzero.optim.loss_scaler import LossScaler
 from hybridzero.runtime import optim_state
+from hybridzero.runtime.load_checks import check_loss_scaler, check_rng, check_state
 from hybridzero.zero.fill import read_range
 from hybridzero.zero.groups import ShardedGroup
 from hybridzero.zero.partition import param_aliases
@@ -85,7 +88,11 @@ class Checkpointable(Protocol):
 
 def agree(comm: Comm, error: str | None, what: str) -> None:
     """Raise CheckpointError on every rank if any rank reports an error (one object all-gather)."""
-    errors = comm.all_gather_object(error, phase=_PHASE)
+    raise_failed(comm.all_gather_object(error, phase=_PHASE), what)
+
+
+def raise_failed(errors: list[str | None], what: str) -> None:
+    """CheckpointError naming every rank's error, if any rank has one (``errors``: one entry per rank)."""
     failed = [f"rank {r}: {e}" for r, e in enumerate(errors) if e is not None]
     if failed:
         raise CheckpointError(
@@ -219,6 +226,40 @@ def _finish(
         write_latest(root, tag, nonce)
 
 
+def _agree_arguments(
+    comm: Comm, tag: Any, root: Path, client_state: Any, save_latest: bool, exclude_frozen: bool
+) -> None:
+    """Every rank checks its arguments (tag, JSON client state), then all compare them in one all-gather: a bad
+    argument on any rank, or ranks passing different ones, raise the same CheckpointError on every rank before
+    anything is written (naming both values)."""
+    error, text = None, ""
+    try:
+        check_tag(tag)
+        check_plain_json({} if client_state is None else client_state)
+        text = json.dumps({} if client_state is None else client_state, sort_keys=True)
+    except (TypeError, ValueError) as exc:
+        error = describe(exc)
+    mine = {
+        "tag": tag,
+        "save directory": os.path.abspath(root),
+        "client_state": hashlib.sha256(text.encode()).hexdigest(),
+        "save_latest": bool(save_latest),
+        "exclude_frozen_parameters": bool(exclude_frozen),
+    }
+    shown = {**mine, "save directory": str(root), "client_state": text[:60] + ("..." if len(text) > 60 else "")}
+    gathered = comm.all_gather_object((error, mine, shown), phase=_PHASE)
+    first = gathered[0][2]
+    raise_failed([e for e, _, _ in gathered], f"save_checkpoint(tag={first['tag']!r}) in {first['save directory']}")
+    for r, (_, theirs, their_shown) in enumerate(gathered):
+        for key, value in theirs.items():
+            if value != gathered[0][1][key]:
+                raise CheckpointError(
+                    f"save_checkpoint: ranks passed different arguments, nothing was written: rank 0 {key} "
+                    f"{gathered[0][2][key]!r} vs rank {r} {key} {their_shown[key]!r} (every rank must pass the same "
+                    "tag, save directory, client_state, save_latest and exclude_frozen_parameters)"
+                )
+
+
 def save(
     engine: Checkpointable,
     save_dir: str | os.PathLike[str],
@@ -230,12 +271,12 @@ def save(
     """Write a checkpoint of ``engine`` (collective: every rank calls it with the same arguments); True on success."""
     engine.release_held()
     engine.assert_quiescent()
-    tag = check_tag(f"global_step{engine.global_steps}" if tag is None else tag)
+    tag = f"global_step{engine.global_steps}" if tag is None else tag
     root, comm = Path(save_dir), engine.comm
+    _agree_arguments(comm, tag, root, client_state, save_latest, exclude_frozen_parameters)
     error = None
     try:
         if comm.rank == 0:
-            check_plain_json({} if client_state is None else client_state)
             root.mkdir(parents=True, exist_ok=True)
             check_replaceable(root, tag)
     except (OSError, TypeError, CheckpointError) as exc:
@@ -319,17 +360,6 @@ def _missing_params(engine: Checkpointable, tag: SavedTag, strict: bool) -> set[
     return missing
 
 
-def _check_state_keys(what: str, saved: Any, current: dict[str, Any], where: Path) -> dict[str, Any]:
-    if saved is None:
-        raise ValueError(
-            f"{where}: no {what} state saved (load with load_lr_scheduler_states=False to keep the engine's)"
-        )
-    if not isinstance(saved, dict) or set(saved) != set(current):
-        got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
-        raise ValueError(f"{where}: {what} state has keys {got}, the engine's has {sorted(current)}")
-    return saved
-
-
 def _stage(
     engine: Checkpointable, path: Path, strict: bool, load_optimizer: bool, load_scheduler: bool, module_only: bool
 ) -> StagedLoad:
@@ -353,17 +383,16 @@ def _stage(
             engine.optimizer, engine.groups, engine.comm.rank, tag, state["optimizer"], aliases, missing
         )
     if load_scheduler and engine.lr_scheduler is not None:
-        staged.scheduler = _check_state_keys("scheduler", state["scheduler"], engine.lr_scheduler.state_dict(), where)
-    staged.loss_scaler = _check_state_keys("loss scaler", state["loss_scaler"], engine.loss_scaler.state_dict(), where)
-    probe = LossScaler(engine.loss_scaler.config)
-    probe.load_state_dict(staged.loss_scaler)  # its own invariant checks, on a throwaway scaler
+        staged.scheduler = check_state("scheduler", state["scheduler"], engine.lr_scheduler.state_dict(), str(where))
+    staged.loss_scaler = check_loss_scaler(state["loss_scaler"], engine.loss_scaler, str(where))
     m = tag.meta
     staged.counters = (m["global_steps"], m["micro_steps"], m["skipped_steps"])
     if m["world_size"] == engine.comm.world_size:
         rng, header = tag.rank_state(engine.comm.rank)
+        file = path / rank_file(engine.comm.rank)
         if "rng/torch" not in rng or not isinstance(header, dict) or "python_rng" not in header:
-            raise ValueError(f"{path / rank_file(engine.comm.rank)}: RNG state missing")
-        random.Random().setstate(header["python_rng"])  # validates the state's shape
+            raise ValueError(f"{file}: RNG state missing")
+        check_rng(rng, header["python_rng"], str(file))
         staged.rng = (rng, header["python_rng"])
     return staged
 

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from hybridzero.checkpoint.format import DTYPES, SavedSource, SavedTag, dtype_name
+from hybridzero.runtime.load_checks import check_hyperparameters, check_other_value
 from hybridzero.zero.fill import read_range
 from hybridzero.zero.groups import ShardedGroup
 
@@ -143,12 +144,8 @@ def stage_optimizer_state(
             f"{where}: {len(pgs) if isinstance(pgs, list) else '?'} param groups saved, the engine's "
             f"optimizer has {len(optimizer.param_groups)}"
         )
-    other = saved["state"]
-    if not isinstance(other, dict) or not all(
-        isinstance(v, dict) and all(isinstance(e, dict) and {"value", "on_param_device"} <= set(e) for e in v.values())
-        for v in other.values()
-    ):
-        raise ValueError(f"{where}: malformed per-group state")
+    pgs = check_hyperparameters(pgs, optimizer.param_groups, where)
+    other = _check_other(optimizer, groups, saved["state"], where)
     keys = _saved_keys(tag)
     by_alias = {a: info["group"] for info in tag.meta["params"].values() for a in info["aliases"]}
     new: dict[torch.Tensor, dict[str, Any]] = {}
@@ -164,8 +161,47 @@ def stage_optimizer_state(
                 v = v.clone().to(leaf.device if entry["on_param_device"] else "cpu")
             state[key] = v
         if state:
+            _check_keys(optimizer, k, leaf, state, where)
             new[leaf] = state
     return new, pgs
+
+
+def _check_other(
+    optimizer: torch.optim.Optimizer, groups: Sequence[ShardedGroup], other: Any, where: str
+) -> dict[str, dict[str, Any]]:
+    """The saved non-element state: one entry per existing optimizer group index, each value checked (see
+    :func:`~hybridzero.runtime.load_checks.check_other_value`) against the engine's current value if any."""
+    n = len(optimizer.param_groups)
+    if not isinstance(other, dict) or not set(other) <= {str(k) for k in range(n)}:
+        got = sorted(map(str, other)) if isinstance(other, dict) else type(other).__name__
+        raise ValueError(f"{where}: per-group state keys {got} must be group indices '0'..'{n - 1}'")
+    first: dict[str, dict[str, Any]] = {}
+    for k, leaf, _, _, _ in leaf_ranges(optimizer, groups):
+        first.setdefault(str(k), optimizer.state.get(leaf, {}))
+    for k, entries in other.items():
+        if not isinstance(entries, dict):
+            raise ValueError(f"{where}: group {k} state must be an object, got {type(entries).__name__}")
+        for key, entry in entries.items():
+            at = f"{where} group {k}"
+            if not isinstance(entry, dict) or set(entry) != {"value", "on_param_device"}:
+                raise ValueError(f"{at} '{key}' must be {{'value': ..., 'on_param_device': bool}}")
+            check_other_value(entry["value"], entry["on_param_device"], key, first.get(k, {}).get(key), at)
+    return other
+
+
+def _check_keys(
+    optimizer: torch.optim.Optimizer, k: int, leaf: torch.Tensor, state: Mapping[str, Any], where: str
+) -> None:
+    """A leaf's staged state keys are the ones its optimizer reads: the current state's when it has some, else
+    Adam/AdamW's own (``step``, ``exp_avg``, ``exp_avg_sq``, ``max_exp_avg_sq`` with amsgrad)."""
+    expected: set[str] | None = set(optimizer.state.get(leaf, {})) or None
+    if expected is None and type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
+        amsgrad = {"max_exp_avg_sq"} if optimizer.param_groups[k].get("amsgrad") else set()
+        expected = {"step", "exp_avg", "exp_avg_sq"} | amsgrad
+    if expected is not None and set(state) != expected:
+        raise ValueError(
+            f"{where}: param group {k} has state {sorted(state)}, {type(optimizer).__name__} needs {sorted(expected)}"
+        )
 
 
 def apply_optimizer_state(

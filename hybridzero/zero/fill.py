@@ -4,7 +4,8 @@ parameter.
 The one function through which any state indexed like a group's flat buffer (master weights, optimizer moments)
 is read from a checkpoint or a Hugging Face directory, whatever world size or grouping wrote it: positions come from
 the group's :class:`~hybridzero.zero.layout.ParamSpec` metadata, values from the source by parameter name (any
-alias). Alignment gaps and padding stay zero; specs listed in ``skip`` are left as ``out`` held them.
+alias). Alignment gaps and padding stay zero; specs listed in ``skip`` are left as ``out`` held them. A float buffer
+is never filled from an integer or bool tensor (ValueError naming it); float dtypes convert.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Collection, Mapping, Sequence
 
 import torch
 
-from hybridzero.tensor_source import TensorSource, resolve_name
+from hybridzero.tensor_source import TensorSource, check_float, resolve_name
 from hybridzero.zero.layout import ParamSpec, intersect
 
 
@@ -41,5 +42,7 @@ def read_range(
             continue
         key = resolve_name(source, aliases.get(spec.name, (spec.name,)))
         piece = source.read_flat(key, hit[0] - spec.offset, hit[1] - spec.offset)
+        if out.is_floating_point():
+            check_float(key, source, piece.dtype)
         out[hit[0] - lo : hit[1] - lo].copy_(piece)
     return out
