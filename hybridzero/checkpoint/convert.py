@@ -33,6 +33,7 @@ Invariants:
 
 from __future__ import annotations
 
+import builtins
 import json
 import os
 import random
@@ -96,7 +97,8 @@ def _refusal(exc: Exception) -> str:
     hit = re.search(r"\bGLOBAL ([\w.]+)", text, flags=re.IGNORECASE)  # torch's wording varies between versions
     if hit:
         name = hit.group(1)
-        alias = re.sub(r"^(posix|nt)\.", "os.", name)
+        alias = re.sub(r"^(posix|nt)\.", "os.", name) if "." in name else f"builtins.{name}"
+        alias = alias if "." in name or hasattr(builtins, name) else name
         shown = f"'{name}'" + (f" ({alias})" if alias != name else "")
         return f"it needs the blocked global {shown} to load, and only tensors and plain containers are read"
     boilerplate = ("weights only load failed", "check the documentation", "re-running", "in pytorch")

@@ -5,22 +5,19 @@ naming the offending file/key, with the engine bitwise unchanged (masters, compu
 hyperparameters, scheduler, RNG, loss scaler, counters) and the directory byte-for-byte unchanged. All load cases
 run on one trained engine per world-2 spawn (a refused load changes nothing), which then still trains and loads a
 good checkpoint. Saves: ranks disagreeing on their arguments raise on every rank before anything is written.
-``from_pretrained``: malformed model directories raise naming the file or tensor, the directory unchanged.
+Model directories, ``export`` arguments and format-1 conversion: ``test_hostile_model_dirs.py``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import save_file
 
-from tests.harness.models import tiny_llama
 from tests.harness.parity import RunSpec
 from tests.hostile.forge import (
     TAG,
@@ -36,7 +33,7 @@ from tests.hostile.forge import (
     state_edit,
 )
 from tests.workers.ckpt_trust import save_tag
-from tests.workers.hostile_ckpt import from_pretrained_cases, load_cases, save_cases
+from tests.workers.hostile_ckpt import load_cases, save_cases
 
 SPEC = RunSpec(model="opt", steps=3, optimizer="client", scheduler=True)
 
@@ -390,87 +387,3 @@ def test_save_with_bad_or_differing_arguments_writes_nothing(saves: dict[str, An
     root = result["root"]
     assert not list(root.parent.glob("*.partial-*")) and (root / "latest").read_text() == TAG
     assert not (Path(str(root) + "-other")).exists()
-
-
-# --- from_pretrained of hostile model directories -------------------------------------------------------------
-VICTIM = "model.layers.1.self_attn.o_proj.weight"
-
-
-def _retyped(dtype: torch.dtype) -> Any:
-    def make(d: Path, state: dict[str, torch.Tensor]) -> None:
-        state[VICTIM] = state[VICTIM].to(dtype)
-        save_file(state, str(d / "model.safetensors"), metadata={"format": "pt"})
-
-    return make
-
-
-def _indexed(weight_map: Any) -> Any:
-    def make(d: Path, state: dict[str, torch.Tensor]) -> None:
-        save_file(state, str(d / "part.safetensors"), metadata={"format": "pt"})
-        (d / "model.safetensors").unlink()
-        wm = {k: "part.safetensors" for k in state} if weight_map is None else weight_map
-        if isinstance(wm, dict):
-            wm = {**{k: "part.safetensors" for k in state}, **wm}
-        (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": wm}))
-
-    return make
-
-
-def _config(text: str | None) -> Any:
-    def make(d: Path, state: dict[str, torch.Tensor]) -> None:
-        if text is None:
-            (d / "config.json").unlink()
-        else:
-            (d / "config.json").write_text(text)
-
-    return make
-
-
-def _extra_tensor(d: Path, state: dict[str, torch.Tensor]) -> None:
-    save_file({**state, "evil.weight": torch.ones(3)}, str(d / "model.safetensors"), metadata={"format": "pt"})
-
-
-def _truncated(d: Path, state: dict[str, torch.Tensor]) -> None:
-    f = d / "model.safetensors"
-    f.write_bytes(f.read_bytes()[:300])
-
-
-PRETRAINED_CASES: dict[str, tuple[Any, str, tuple[str, ...]]] = {
-    "int32_tensor": (_retyped(torch.int32), "ValueError", (VICTIM, "int32", "floating-point")),
-    "bool_tensor": (_retyped(torch.bool), "ValueError", (VICTIM, "bool", "floating-point")),
-    "int64_tensor": (_retyped(torch.int64), "ValueError", (VICTIM, "int64", "floating-point")),
-    "index_dotdot": (_indexed({VICTIM: "../outside.safetensors"}), "CheckpointFileError", ("../outside", "leaves")),
-    "index_absolute": (_indexed({VICTIM: "/etc/passwd"}), "CheckpointFileError", ("/etc/passwd", "leaves")),
-    "index_missing_shard": (_indexed({VICTIM: "gone.safetensors"}), "FileNotFoundError", ("gone.safetensors",)),
-    "index_not_a_map": (_indexed([1, 2]), "CheckpointFileError", ("model.safetensors.index.json",)),
-    "config_malformed": (_config("{not json"), "OSError", ("config.json",)),
-    "config_missing": (_config(None), "ValueError", ("config.json",)),
-    "extra_tensor": (_extra_tensor, "ValueError", ("unexpected 'evil.weight'",)),
-    "truncated_weights": (_truncated, "CheckpointFileError", ("model.safetensors",)),
-}
-
-
-@pytest.fixture(scope="module")
-def pretrained(world, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    base = tmp_path_factory.mktemp("hostile_pretrained")
-    model = tiny_llama(seed=0)
-    state = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
-    names = sorted(PRETRAINED_CASES)
-    paths, before = [], {}
-    for name in names:
-        d = base / name
-        model.save_pretrained(d, safe_serialization=True)
-        PRETRAINED_CASES[name][0](d, dict(state))
-        before[name] = digest(d)
-        paths.append(str(d))
-    out = world(1).run(from_pretrained_cases, paths, timeout=600)[0]
-    return {n: (out[i], digest(base / n) == before[n]) for i, n in enumerate(names)}
-
-
-@pytest.mark.parametrize("name", sorted(PRETRAINED_CASES))
-def test_hostile_model_directory_is_refused(pretrained: dict[str, Any], name: str) -> None:
-    error, unchanged = pretrained[name]
-    _, kind, needles = PRETRAINED_CASES[name]
-    assert error.split(":")[0] == kind, error
-    assert all(n in error for n in needles), (needles, error)
-    assert unchanged and not os.path.exists(Path(os.sep) / "outside.safetensors")
