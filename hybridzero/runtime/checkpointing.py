@@ -17,7 +17,8 @@ Invariants:
   written and checksummed and the tag is published. Inside a gradient-accumulation window the consistent state
   is saved (parameters, optimizer state, counters as of the window's start); the partial gradients are not.
 
-Kept in one file for now (~430 lines): save and the two load phases share the seam and the staged-state types; the
+Kept in one file for now (~460 lines): save and the two load phases share the seam and the staged-state types (the
+value checks of the verification phase are in :mod:`hybridzero.runtime.load_checks`); the
 natural split (save / verify-and-stage / apply) is noted in docs/architecture.md as next work.
 """
 
