@@ -221,8 +221,8 @@ def settings_from_args(model: type[BaseModel], args: argparse.Namespace) -> Base
     if getattr(args, "config", None):
         path = Path(args.config)
         try:
-            values = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"--config {path}: cannot read a JSON object ({exc})") from None
         if not isinstance(values, dict):
             raise ValueError(f"--config {path}: expected a JSON object of settings, got {type(values).__name__}")
