@@ -182,7 +182,8 @@ def _prepare(steps: Sequence[Step], rep_fd: int) -> bool:
         try:
             step()
         except BaseException as exc:  # noqa: BLE001 -- reported to the parent, never propagated
-            _send(rep_fd, {"error": one_line(str(exc) or f"{label}: raised {type(exc).__name__}")})
+            text = str(exc) if str(exc).startswith("--reward_funcs") else f"{label} raised {type(exc).__name__}: {exc}"
+            _send(rep_fd, {"error": one_line(text)})
             return False
     _send(rep_fd, {"ready": True})
     return True
@@ -242,11 +243,12 @@ def _exited(pid: int) -> bool:
         return True
 
 
-def _read_frame(fd: int, pid: int, deadline: float) -> bytes | None:
+def _read_frame(fd: int, pid: int, deadline: float, buf: bytearray | None = None) -> bytes | None:
     """One length-prefixed frame from ``fd``; ``None`` on EOF or once ``pid`` has exited (a descendant that kept
-    the pipe open cannot hide the death); ``TimeoutError`` when ``deadline`` passes first."""
-    buf = bytearray()
-    need = _HEAD.size
+    the pipe open cannot hide the death); ``TimeoutError`` when ``deadline`` passes first. ``buf`` holds bytes read
+    past the frame (the start of the next one) between calls."""
+    buf = bytearray() if buf is None else buf
+    need = _HEAD.size + (_HEAD.unpack_from(buf)[0] if len(buf) >= _HEAD.size else 0)
     while len(buf) < need:
         left = deadline - time.monotonic()
         ready, _, _ = select.select([fd], [], [], min(max(left, 0.0), _DEATH_POLL_S))
@@ -262,7 +264,9 @@ def _read_frame(fd: int, pid: int, deadline: float) -> bytes | None:
         buf += chunk
         if need == _HEAD.size and len(buf) >= _HEAD.size:
             need += _HEAD.unpack_from(buf)[0]
-    return bytes(buf[_HEAD.size : need])
+    frame = bytes(buf[_HEAD.size : need])
+    del buf[:need]
+    return frame
 
 
 class _Exchange:
@@ -271,7 +275,7 @@ class _Exchange:
 
     def __init__(self, box: Containment, req_fd: int, rep_fd: int) -> None:
         self.box, self.req_fd, self.rep_fd = box, req_fd, rep_fd
-        self.pid, self.status = box.pid, 0
+        self.pid, self.status, self.pending = box.pid, 0, bytearray()
         os.set_blocking(req_fd, False)
 
     def ready(self, deadline: float, timeout: float) -> str | None:
@@ -279,7 +283,7 @@ class _Exchange:
         label = "starting"
         while True:
             try:
-                body = _read_frame(self.rep_fd, self.pid, deadline)
+                body = _read_frame(self.rep_fd, self.pid, deadline, self.pending)
             except TimeoutError:
                 return f"{label} did not finish within --reward_timeout {timeout:g} s (killed)"
             if body is None:
@@ -304,7 +308,7 @@ class _Exchange:
                 view = view[os.write(self.req_fd, view) :]
             except BrokenPipeError:
                 return None
-        return _read_frame(self.rep_fd, self.pid, deadline)
+        return _read_frame(self.rep_fd, self.pid, deadline, self.pending)
 
     def stop(self) -> int:
         """Close the pipes, kill the worker and everything it started (:meth:`Containment.kill`), reap it;
