@@ -26,8 +26,9 @@ memory it leaks, or a crash. At most one call is in flight per worker. The worke
 ``atexit``/``finally`` code (it leaves with ``os._exit``), ignores SIGINT (Ctrl-C stops the trainer, which closes
 it), and never outlives the parent: it exits on EOF of its request pipe and, checked every
 ``PARENT_POLL_S`` by a watchdog thread even while a function runs, when its parent process is gone.
-:meth:`RewardWorker.close` (idempotent; also the context manager's exit) sends SIGTERM, then SIGKILL after a short
-grace, and reaps it.
+:meth:`RewardWorker.close` (idempotent; also the context manager's exit) kills it with everything it started
+(:mod:`hybridzero.rlhf.reward_containment`: own session, child subreaper, cgroup v2 sub-group when writable) and
+reaps it; so do a timeout and a death.
 
 **Fork per call** (:func:`call_forked`): a child forked for one call, answering the same JSON over a pipe, then
 ``os._exit``-ing. The worker falls back to it for a call whose kwargs are not plain JSON (:func:`is_plain`: a
