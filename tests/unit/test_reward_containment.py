@@ -120,3 +120,28 @@ def test_the_cgroup_sub_group_is_removed(tmp_path: Path) -> None:
         assert str(worker.pid) in (group / "cgroup.procs").read_text().split()
     worker.close()
     assert group is None or not group.exists()
+
+
+class _LostPeerComm:
+    """A comm whose collectives fail as gloo does when the peer process is gone."""
+
+    rank, world_size = 0, 2
+
+    def all_reduce(self, t: object, **kw: object) -> None:
+        raise RuntimeError("[gloo/transport/tcp/pair.cc:598] Connection closed by peer [127.0.0.1]:41423\nmore")
+
+
+def test_a_peer_lost_during_the_agreement_is_a_reward_error_naming_functions_and_rank() -> None:
+    """A reward function that kills its trainer ends that rank; the survivor's agreement collective fails with a
+    transport error, which becomes one line naming the functions just called and the lost rank."""
+    from types import SimpleNamespace
+
+    from hybridzero.rlhf.reward_set import RewardSet
+    from hybridzero.rlhf.rewards import RewardError
+
+    engine = SimpleNamespace(comm=_LostPeerComm(), device="cpu")
+    with pytest.raises(RewardError) as info:
+        RewardSet._agree(engine, None, ["kills_trainer", "reward_model"])  # type: ignore[arg-type]
+    message = str(info.value)
+    assert message.startswith("rank 0: rank 1 left during the reward agreement") and "\n" not in message
+    assert "['kills_trainer', 'reward_model']" in message and "Connection closed by peer" in message
