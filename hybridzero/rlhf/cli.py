@@ -38,7 +38,7 @@ from hybridzero.rlhf.demo.run import demo_monitor, run_demo
 from hybridzero.rlhf.models import check_loadable
 from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
 from hybridzero.rlhf.reward import train_reward
-from hybridzero.rlhf.rewards import load_reward_function
+from hybridzero.rlhf.rewards import check_reward_specs
 from hybridzero.rlhf.settings import (
     GRPO_ALIASES,
     GRPOSettings,
@@ -221,8 +221,8 @@ def settings_from_args(model: type[BaseModel], args: argparse.Namespace) -> Base
     if getattr(args, "config", None):
         path = Path(args.config)
         try:
-            values = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            values = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise ValueError(f"--config {path}: cannot read a JSON object ({exc})") from None
         if not isinstance(values, dict):
             raise ValueError(f"--config {path}: expected a JSON object of settings, got {type(values).__name__}")
@@ -314,8 +314,8 @@ def _check_models(settings: BaseModel) -> None:
         check_loadable(settings.actor_model_name_or_path, "--actor_model_name_or_path")
         if not isinstance(settings, GRPOSettings) or settings.uses_reward_model():
             check_loadable(settings.critic_model_name_or_path, "--critic_model_name_or_path")
-        for spec in getattr(settings, "reward_funcs", []):  # a bad spec fails before any process group exists
-            load_reward_function(spec)
+        if isinstance(settings, GRPOSettings):  # a bad spec fails before any process group exists
+            check_reward_specs(settings.reward_funcs, settings.reward_timeout)
     elif isinstance(settings, SupervisedSettings):
         check_loadable(settings.model_name_or_path, "--model_name_or_path")
 

@@ -26,8 +26,9 @@ memory it leaks, or a crash. At most one call is in flight per worker. The worke
 ``atexit``/``finally`` code (it leaves with ``os._exit``), ignores SIGINT (Ctrl-C stops the trainer, which closes
 it), and never outlives the parent: it exits on EOF of its request pipe and, checked every
 ``PARENT_POLL_S`` by a watchdog thread even while a function runs, when its parent process is gone.
-:meth:`RewardWorker.close` (idempotent; also the context manager's exit) sends SIGTERM, then SIGKILL after a short
-grace, and reaps it.
+:meth:`RewardWorker.close` (idempotent; also the context manager's exit) kills it with everything it started
+(:mod:`hybridzero.rlhf.reward_containment`: own session, child subreaper, cgroup v2 sub-group when writable) and
+reaps it; so do a timeout and a death.
 
 **Fork per call** (:func:`call_forked`): a child forked for one call, answering the same JSON over a pipe, then
 ``os._exit``-ing. The worker falls back to it for a call whose kwargs are not plain JSON (:func:`is_plain`: a
@@ -54,58 +55,19 @@ from typing import Any
 
 import torch
 
+from hybridzero.rlhf.reward_containment import Containment, enter_containment, wait_for_go
+from hybridzero.rlhf.reward_values import RewardCallError, as_values, is_plain, one_line
+
 __all__ = ["PARENT_POLL_S", "RewardCallError", "RewardWorker", "as_values", "call_forked", "is_plain"]
 
 RewardFunction = Callable[..., Sequence[float | None]]
+Step = tuple[str, Callable[[], object]]  # a worker's start-up step: its label in messages, and what to run
 PARENT_POLL_S = 1.0  # how often a worker checks that its parent is still alive
+DEFAULT_START_S = 60.0  # start-up deadline when none is given
 _READ_CHUNK = 1 << 16
 _HEAD = struct.Struct("!Q")  # frame = 8-byte big-endian length, then that many bytes of UTF-8 JSON
-_CLOSE_GRACE_S = 2.0
+_DEATH_POLL_S = 0.1  # while waiting for a frame, how often to check that the sender is still alive
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
-_SCALARS = frozenset({str, int, float, bool, type(None)})
-_CONTAINERS = _SCALARS | {list, dict}
-
-
-class RewardCallError(Exception):
-    """One call failed; ``samples`` are the indices it concerns (``None``: the whole call)."""
-
-    def __init__(self, message: str, samples: list[int] | None = None) -> None:
-        super().__init__(message)
-        self.samples = samples
-
-
-def as_values(result: Any, n: int) -> list[float | None]:
-    """``result`` as ``n`` floats or ``None``s (NaN/inf kept: the caller reports them by index)."""
-    if isinstance(result, torch.Tensor):
-        result = result.detach().cpu().tolist()
-    if isinstance(result, (str, bytes)) or not hasattr(result, "__len__"):
-        raise RewardCallError(f"returned a {type(result).__name__}; expected a list of {n} floats or None")
-    if len(result) != n:
-        raise RewardCallError(f"returned {len(result)} values for {n} completions")
-    values: list[float | None] = []
-    for i, v in enumerate(result):
-        if v is None:
-            values.append(None)
-        elif isinstance(v, (int, float)) and not isinstance(v, bool):
-            values.append(float(v))
-        else:
-            raise RewardCallError(f"value {i} is a {type(v).__name__} ({v!r}); expected a float or None", [i])
-    return values
-
-
-def is_plain(obj: Any) -> bool:
-    """True when JSON carries ``obj`` unchanged: exactly ``None``/``bool``/``int``/``float``/``str``, and lists
-    and string-keyed dicts of those (a tuple would come back a list, a subclass as its base, an int key a str).
-    Lists are checked a level at a time by their set of element types (C speed for the long lists of ids)."""
-    kind = type(obj)
-    if kind in _SCALARS:
-        return True
-    if kind is list:
-        kinds = set(map(type, obj))
-        return kinds <= _SCALARS or (kinds <= _CONTAINERS and all(is_plain(v) for v in obj))
-    if kind is dict:
-        return set(map(type, obj)) <= {str} and is_plain(list(obj.values()))
-    return False
 
 
 def _payload(fn: RewardFunction, kwargs: Mapping[str, Any], n: int) -> dict[str, Any]:
@@ -115,7 +77,7 @@ def _payload(fn: RewardFunction, kwargs: Mapping[str, Any], n: int) -> dict[str,
     except RewardCallError as exc:
         return {"error": str(exc), "samples": exc.samples}
     except BaseException as exc:  # noqa: BLE001 -- anything the function does is reported, never propagated
-        return {"error": f"raised {type(exc).__name__}: {exc}"}
+        return {"error": one_line(f"raised {type(exc).__name__}: {exc}")}
 
 
 def _values_of(payload: Mapping[str, Any]) -> list[float | None]:
@@ -145,51 +107,45 @@ def _write_all(fd: int, data: bytes) -> None:
 # ---- fork per call ---------------------------------------------------------------------------------------------
 
 
-def _child(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, fd: int) -> None:
-    """The forked child: call, convert, send JSON, exit without running the parent's atexit/finally code."""
+def _child(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, fd: int, go: int) -> None:
+    """The forked child: contained (own session, subreaper), waits to be adopted, calls, converts, sends one JSON
+    frame, exits without running the parent's atexit/finally code."""
     try:
-        _write_all(fd, json.dumps(_payload(fn, kwargs, n)).encode())
+        enter_containment()
+        wait_for_go(go)
+        data = json.dumps(_payload(fn, kwargs, n)).encode()
+        _write_all(fd, _HEAD.pack(len(data)) + data)
         _flush()
-        os.close(fd)  # EOF for the parent now, before this process's (slow) teardown
+        os.close(fd)
     finally:
         os._exit(0)
 
 
-def _read_until(fd: int, pid: int, timeout: float) -> bytes:
-    """Everything the child writes until EOF; SIGKILLs it and raises when ``timeout`` passes first."""
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    while True:
-        ready, _, _ = select.select([fd], [], [], max(deadline - time.monotonic(), 0.0))
-        if not ready:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            raise RewardCallError(f"did not return within --reward_timeout {timeout:g} s (killed)")
-        chunk = os.read(fd, _READ_CHUNK)
-        if not chunk:
-            return b"".join(chunks)
-        chunks.append(chunk)
-
-
 def call_forked(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, timeout: float) -> list[float | None]:
-    """``fn(**kwargs)`` in a child forked for this call, killed after ``timeout`` s (module docstring)."""
+    """``fn(**kwargs)`` in a contained child forked for this call, killed with all it started after ``timeout`` s
+    or once it has answered (module docstring)."""
     _flush()
     read_fd, write_fd = os.pipe()
+    go_r, go_w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(read_fd)
-        _child(fn, kwargs, n, write_fd)
+        os.close(go_w)
+        _child(fn, kwargs, n, write_fd, go_r)
     os.close(write_fd)
+    os.close(go_r)
+    box = Containment.adopt(pid, go_w)
     try:
-        data = _read_until(read_fd, pid, timeout)
+        reply = _read_frame(read_fd, pid, time.monotonic() + timeout)
+    except TimeoutError:
+        box.kill()
+        raise RewardCallError(f"did not return within --reward_timeout {timeout:g} s (killed)") from None
     finally:
         os.close(read_fd)
-    if not data:
-        _, status = os.waitpid(pid, 0)
+    status = box.kill()  # answered or dead: what it started goes with it
+    if reply is None:
         raise RewardCallError(f"died ({_exit_text(status)}) without returning")
-    # the answer is in: reap the exiting child off the critical path (its teardown takes longer than the fork)
-    threading.Thread(target=os.waitpid, args=(pid, 0), name=f"reap-reward-{pid}", daemon=True).start()
-    return _values_of(json.loads(data))
+    return _values_of(json.loads(reply))
 
 
 # ---- persistent worker -----------------------------------------------------------------------------------------
@@ -214,6 +170,26 @@ def _watch_parent(parent: int) -> None:
             os._exit(0)
 
 
+def _send(fd: int, payload: Mapping[str, Any]) -> None:
+    data = json.dumps(payload).encode()
+    _write_all(fd, _HEAD.pack(len(data)) + data)
+    _flush()  # the function's prints show up call by call
+
+
+def _prepare(steps: Sequence[Step], rep_fd: int) -> bool:
+    """Run the start-up steps (importing reward modules), announcing each; ``False`` after reporting a failure."""
+    for label, step in steps:
+        _send(rep_fd, {"loading": label})
+        try:
+            step()
+        except BaseException as exc:  # noqa: BLE001 -- reported to the parent, never propagated
+            text = str(exc) if str(exc).startswith("--reward_funcs") else f"{label} raised {type(exc).__name__}: {exc}"
+            _send(rep_fd, {"error": one_line(text)})
+            return False
+    _send(rep_fd, {"ready": True})
+    return True
+
+
 def _serve(fns: Sequence[RewardFunction], req_fd: int, rep_fd: int) -> None:
     """The worker's loop: one request frame in, one reply frame out, until EOF on the request pipe."""
     while True:
@@ -224,10 +200,7 @@ def _serve(fns: Sequence[RewardFunction], req_fd: int, rep_fd: int) -> None:
         if body is None:
             return
         request = json.loads(body)
-        payload = _payload(fns[request["index"]], request["kwargs"], request["n"])
-        data = json.dumps(payload).encode()
-        _write_all(rep_fd, _HEAD.pack(len(data)) + data)
-        _flush()  # the function's prints show up call by call
+        _send(rep_fd, _payload(fns[request["index"]], request["kwargs"], request["n"]))
 
 
 def _die_with_parent() -> None:
@@ -240,18 +213,22 @@ def _die_with_parent() -> None:
             pass
 
 
-def _worker_main(fns: Sequence[RewardFunction], req_fd: int, rep_fd: int, parent: int) -> None:
+def _worker_main(worker: RewardWorker, fds: tuple[int, int, int], parent: int) -> None:
     """Entry of the forked worker; never returns (``os._exit``: no parent atexit/finally code runs here)."""
+    req_fd, rep_fd, go_fd = fds
     code = 0
     try:
         _die_with_parent()
         if os.getppid() != parent:  # the parent died before the request above took effect
             os._exit(0)
+        enter_containment()
+        wait_for_go(go_fd)
         torch.set_num_threads(1)  # a function using torch must not wait on the parent's OpenMP pool (fork-unsafe)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         threading.Thread(target=_watch_parent, args=(parent,), name="reward-worker-watchdog", daemon=True).start()
-        _serve(fns, req_fd, rep_fd)
+        if _prepare(worker.steps, rep_fd):
+            _serve(worker.fns, req_fd, rep_fd)
     except BaseException:  # noqa: BLE001 -- a broken pipe (parent gone) or a bug: leave quietly with status 1
         code = 1
     finally:
@@ -259,17 +236,70 @@ def _worker_main(fns: Sequence[RewardFunction], req_fd: int, rep_fd: int, parent
         os._exit(code)
 
 
-class _Exchange:
-    """The parent's side of one live worker: its pid, the request pipe's write end (non-blocking, so a send can
-    honour the deadline) and the reply pipe's read end."""
+def _exited(pid: int) -> bool:
+    """Whether child ``pid`` has exited, without reaping it (its containment's kill reaps it)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True
 
-    def __init__(self, pid: int, req_fd: int, rep_fd: int) -> None:
-        self.pid, self.req_fd, self.rep_fd = pid, req_fd, rep_fd
+
+def _read_frame(fd: int, pid: int, deadline: float, buf: bytearray | None = None) -> bytes | None:
+    """One length-prefixed frame from ``fd``; ``None`` on EOF or once ``pid`` has exited (a descendant that kept
+    the pipe open cannot hide the death); ``TimeoutError`` when ``deadline`` passes first. ``buf`` holds bytes read
+    past the frame (the start of the next one) between calls."""
+    buf = bytearray() if buf is None else buf
+    need = _HEAD.size + (_HEAD.unpack_from(buf)[0] if len(buf) >= _HEAD.size else 0)
+    while len(buf) < need:
+        left = deadline - time.monotonic()
+        ready, _, _ = select.select([fd], [], [], min(max(left, 0.0), _DEATH_POLL_S))
+        if not ready:
+            if _exited(pid):
+                return None
+            if left <= 0:
+                raise TimeoutError
+            continue
+        chunk = os.read(fd, _READ_CHUNK)
+        if not chunk:
+            return None
+        buf += chunk
+        if need == _HEAD.size and len(buf) >= _HEAD.size:
+            need += _HEAD.unpack_from(buf)[0]
+    frame = bytes(buf[_HEAD.size : need])
+    del buf[:need]
+    return frame
+
+
+class _Exchange:
+    """The parent's side of one live worker: its containment (pid, sub-cgroup), the request pipe's write end
+    (non-blocking, so a send can honour the deadline) and the reply pipe's read end."""
+
+    def __init__(self, box: Containment, req_fd: int, rep_fd: int) -> None:
+        self.box, self.req_fd, self.rep_fd = box, req_fd, rep_fd
+        self.pid, self.status, self.pending = box.pid, 0, bytearray()
         os.set_blocking(req_fd, False)
 
+    def ready(self, deadline: float, timeout: float) -> str | None:
+        """Wait for the worker's start-up steps; ``None`` when ready, else the failure's one-line message."""
+        label = "starting"
+        while True:
+            try:
+                body = _read_frame(self.rep_fd, self.pid, deadline, self.pending)
+            except TimeoutError:
+                return f"{label} did not finish within --reward_timeout {timeout:g} s (killed)"
+            if body is None:
+                return f"{label}: the worker died ({_exit_text(self.stop())})"
+            frame = json.loads(body)
+            if "loading" in frame:
+                label = frame["loading"]
+            elif "error" in frame:
+                return str(frame["error"])
+            else:
+                return None
+
     def round_trip(self, request: bytes, deadline: float) -> bytes | None:
-        """Send ``request``, return the reply frame's body; ``None`` when the worker is gone (broken pipe or EOF);
-        raises ``TimeoutError`` when ``deadline`` passes first."""
+        """Send ``request``, return the reply frame's body; ``None`` when the worker is gone (broken pipe, EOF or
+        exited); raises ``TimeoutError`` when ``deadline`` passes first."""
         view = memoryview(request)
         while view:
             _, ready, _ = select.select([], [self.req_fd], [], max(deadline - time.monotonic(), 0.0))
@@ -279,55 +309,34 @@ class _Exchange:
                 view = view[os.write(self.req_fd, view) :]
             except BrokenPipeError:
                 return None
-        buf = bytearray()
-        need = _HEAD.size
-        while len(buf) < need:
-            ready, _, _ = select.select([self.rep_fd], [], [], max(deadline - time.monotonic(), 0.0))
-            if not ready:
-                raise TimeoutError
-            chunk = os.read(self.rep_fd, _READ_CHUNK)
-            if not chunk:
-                return None
-            buf += chunk
-            if need == _HEAD.size and len(buf) >= _HEAD.size:
-                need += _HEAD.unpack_from(buf)[0]
-        return bytes(buf[_HEAD.size : need])
+        return _read_frame(self.rep_fd, self.pid, deadline, self.pending)
 
-    def stop(self, grace: float) -> int:
-        """Close the pipes, end the worker (SIGTERM, then SIGKILL after ``grace`` s; at once when 0) and reap it;
-        returns its wait status."""
-        for fd in (self.req_fd, self.rep_fd):
-            os.close(fd)
-        if grace > 0:
-            _signal(self.pid, signal.SIGTERM)
-            end = time.monotonic() + grace
-            while time.monotonic() < end:
-                done, status = os.waitpid(self.pid, os.WNOHANG)
-                if done:
-                    return status
-                time.sleep(0.01)
-        _signal(self.pid, signal.SIGKILL)
-        return os.waitpid(self.pid, 0)[1]
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:  # already reaped elsewhere: nothing to signal
-        pass
+    def stop(self) -> int:
+        """Close the pipes, kill the worker and everything it started (:meth:`Containment.kill`), reap it;
+        returns its wait status. Idempotent."""
+        if self.req_fd >= 0:
+            for fd in (self.req_fd, self.rep_fd):
+                os.close(fd)
+            self.req_fd = self.rep_fd = -1
+            self.status = self.box.kill()
+        return self.status
 
 
 class RewardWorker:
-    """A persistent forked process calling ``fns[i](**kwargs)`` with a deadline (module docstring).
+    """A persistent forked, contained process calling ``fns[i](**kwargs)`` with a deadline (module docstring).
+
+    ``steps`` (label, callable) run first in each fresh worker, under the deadline of the :meth:`start` or
+    :meth:`call` that forks it (importing the reward modules: :class:`~hybridzero.rlhf.rewards.SpecFunction`).
 
     Invariants: at most one live worker process at a time, forked at :meth:`start` or the first :meth:`call` after
-    construction or after the previous one was killed, died or was closed; after :meth:`close` no child of this
-    object is left (a later :meth:`call` would fork a fresh one); a call left by any exception but the function's
-    own (Ctrl-C in the parent) ends the worker: a half-done exchange is never resumed, so a reply always answers
-    its own request. Not thread-safe: one caller at a time."""
+    construction or after the previous one was killed, died or was closed; after :meth:`close` no process of this
+    object is left, nor anything its functions started (a later :meth:`call` would fork a fresh one); a call left
+    by any exception but the function's own (Ctrl-C in the parent) ends the worker: a half-done exchange is never
+    resumed, so a reply always answers its own request. Not thread-safe: one caller at a time."""
 
-    def __init__(self, fns: Sequence[RewardFunction]) -> None:
+    def __init__(self, fns: Sequence[RewardFunction], steps: Sequence[Step] = ()) -> None:
         self.fns: tuple[RewardFunction, ...] = tuple(fns)
+        self.steps: tuple[Step, ...] = tuple(steps)
         self._live: _Exchange | None = None
 
     @property
@@ -342,26 +351,37 @@ class RewardWorker:
                 return i
         raise ValueError(f"reward function {fn!r} is not one of this worker's {len(self.fns)} functions")
 
-    def start(self) -> None:
-        """Fork the worker now unless one is live (otherwise the next :meth:`call` does)."""
-        self._exchange()
+    def start(self, timeout: float = DEFAULT_START_S) -> None:
+        """Fork the worker now unless one is live (otherwise the next :meth:`call` does) and wait up to ``timeout``
+        s for its start-up steps; :class:`RewardCallError` (the worker killed) when one fails or hangs."""
+        self._exchange(timeout)
 
-    def _exchange(self) -> _Exchange:
+    def _exchange(self, timeout: float) -> _Exchange:
         if self._live is not None:
             return self._live
         _flush()
         req_r, req_w = os.pipe()
         rep_r, rep_w = os.pipe()
+        go_r, go_w = os.pipe()
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:
-            os.close(req_w)
-            os.close(rep_r)
-            _worker_main(self.fns, req_r, rep_w, parent)
-        os.close(req_r)
-        os.close(rep_w)
-        self._live = _Exchange(pid, req_w, rep_r)
-        return self._live
+            for fd in (req_w, rep_r, go_w):
+                os.close(fd)
+            _worker_main(self, (req_r, rep_w, go_r), parent)
+        for fd in (req_r, rep_w, go_r):
+            os.close(fd)
+        live = _Exchange(Containment.adopt(pid, go_w), req_w, rep_r)
+        try:
+            failure = live.ready(time.monotonic() + timeout, timeout)
+        except BaseException:
+            live.stop()
+            raise
+        if failure is not None:
+            live.stop()
+            raise RewardCallError(failure)
+        self._live = live
+        return live
 
     def call(self, index: int, kwargs: Mapping[str, Any], n: int, timeout: float) -> list[float | None]:
         """``fns[index](**kwargs)`` as ``n`` values, within ``timeout`` seconds; raises :class:`RewardCallError`
@@ -374,27 +394,27 @@ class RewardWorker:
         if not plain:
             return call_forked(self.fns[index], kwargs, n, timeout)
         data = json.dumps({"index": index, "n": n, "kwargs": kwargs}).encode()
-        live = self._exchange()
+        live = self._exchange(timeout)
         try:
             reply = live.round_trip(_HEAD.pack(len(data)) + data, time.monotonic() + timeout)
         except TimeoutError:
-            self._end(grace=0.0)
+            self._end()
             raise RewardCallError(f"did not return within --reward_timeout {timeout:g} s (killed)") from None
         except BaseException:  # e.g. Ctrl-C mid-call: a half-done exchange cannot be resumed, so end this worker
-            self._end(grace=0.0)
+            self._end()
             raise
         if reply is None:
-            status = self._end(grace=0.0)
+            status = self._end()
             raise RewardCallError(f"died ({_exit_text(status)}) without returning")
         return _values_of(json.loads(reply))
 
-    def _end(self, grace: float) -> int:
+    def _end(self) -> int:
         live, self._live = self._live, None
-        return live.stop(grace) if live is not None else 0
+        return live.stop() if live is not None else 0
 
-    def close(self, grace: float = _CLOSE_GRACE_S) -> None:
-        """End the live worker, if any (SIGTERM, SIGKILL after ``grace`` s, reaped). Idempotent."""
-        self._end(grace)
+    def close(self) -> None:
+        """Kill the live worker, if any, with everything it started, and reap it. Idempotent."""
+        self._end()
 
     def __enter__(self) -> RewardWorker:
         return self

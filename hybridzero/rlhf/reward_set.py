@@ -36,17 +36,20 @@ import os
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import torch
 
-from hybridzero.comm.collectives import DEFAULT_TIMEOUT_S
+from hybridzero.comm.collectives import DEFAULT_TIMEOUT_S, Comm
 from hybridzero.rlhf.engines import global_sum
+from hybridzero.rlhf.reward_values import one_line
 from hybridzero.rlhf.rewards import (
+    RewardCallError,
     RewardError,
     RewardFunction,
     RewardSource,
     RewardWorker,
+    SpecFunction,
     combine_rewards,
     reward_sources,
 )
@@ -55,6 +58,10 @@ from hybridzero.rlhf.settings import GRPOSettings
 from hybridzero.runtime.engine import Engine
 
 __all__ = ["RewardSet", "Scored"]
+
+
+def _lazy(fn: object) -> TypeGuard[SpecFunction]:
+    return isinstance(fn, SpecFunction)
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,7 @@ class RewardSet:
     timeout: float
     policy: str
     worker: RewardWorker | None = field(default=None, compare=False, repr=False)
+    backstop: float = 0.0
 
     @classmethod
     def build(cls, s: GRPOSettings, api_funcs: Sequence[str | RewardFunction] = ()) -> RewardSet:
@@ -89,7 +97,8 @@ class RewardSet:
             )
         funcs: Sequence[str | RewardFunction] = list(api_funcs) or list(s.reward_funcs)
         with_model = s.uses_reward_model(len(api_funcs))
-        sources, model_weight = reward_sources(funcs, s.reward_weights, with_model)
+        isolated = s.reward_timeout > 0 and bool(funcs) and hasattr(os, "fork")
+        sources, model_weight = reward_sources(funcs, s.reward_weights, with_model, lazy=isolated)
         collective_s = float(os.environ.get("HYBRIDZERO_TIMEOUT_S", DEFAULT_TIMEOUT_S))
         if sources and len(sources) * s.reward_timeout >= 0.9 * collective_s:
             warnings.warn(
@@ -100,15 +109,28 @@ class RewardSet:
                 f"or raise HYBRIDZERO_TIMEOUT_S",
                 stacklevel=2,
             )
-        isolated = s.reward_timeout > 0 and bool(sources) and hasattr(os, "fork")
-        worker = RewardWorker([src.fn for src in sources]) if isolated else None
-        return cls(tuple(sources), with_model, model_weight, s.reward_timeout, s.reward_error_policy, worker)
+        steps = [(f"importing --reward_funcs {f.spec!r}", f.load) for f in (x.fn for x in sources) if _lazy(f)]
+        worker = RewardWorker([src.fn for src in sources], steps) if isolated else None
+        backstop = 0.0 if isolated or not sources else 0.5 * collective_s / len(sources)
+        return cls(tuple(sources), with_model, model_weight, s.reward_timeout, s.reward_error_policy, worker, backstop)
 
-    def start(self) -> None:
-        """Fork the worker now (no-op without one, or when it runs). Cheap while this process is small: a worker
-        forked after the engines exist keeps, copy-on-write, every page the trainer later rewrites."""
+    def start(self, comm: Comm | None = None) -> None:
+        """Fork the worker now, importing the reward modules in it under the deadline (no-op without a worker, or
+        when it runs), and agree on the outcome over ``comm``: a module that raises or hangs at import is the same
+        one-line :class:`RewardError` on every rank (the lowest failing rank's). Cheap while this process is
+        small: a worker forked after the engines exist keeps, copy-on-write, every page the trainer rewrites."""
+        error: str | None = None
         if self.worker is not None:
-            self.worker.start()
+            try:
+                self.worker.start(self.timeout)
+            except (RewardCallError, OSError) as exc:
+                error = str(exc) if isinstance(exc, RewardCallError) else f"could not start the reward worker: {exc}"
+        messages = [error] if comm is None else comm.all_gather_object(error, phase="rewards")
+        failed = [(r, m) for r, m in enumerate(messages) if m is not None]
+        if failed:
+            self.close()
+            rank, first = failed[0]
+            raise RewardError(f"rank {rank if comm is not None else 0}: {first}")
 
     def close(self) -> None:
         """End the worker process, if any (idempotent; a later :meth:`score` would fork a fresh one)."""
@@ -137,7 +159,14 @@ class RewardSet:
     ) -> Scored:
         """Score a batch (module docstring); raises the same :class:`RewardError` on every rank under ``raise``."""
         funcs = _score(
-            self.sources, prompts, completions, completion_ids, columns, timeout=self.timeout, worker=self.worker
+            self.sources,
+            prompts,
+            completions,
+            completion_ids,
+            columns,
+            timeout=self.timeout,
+            worker=self.worker,
+            backstop=self.backstop,
         )
         parts = [funcs.values]
         weights = [src.weight for src in self.sources]
@@ -152,18 +181,29 @@ class RewardSet:
             i = int(unscored.nonzero()[0])
             error = f"no reward source scored sample {i} of {len(prompts)} (prompt {prompts[i][:80]!r}): all None"
         if self.policy == "raise":
-            self._agree(engine, error)
+            self._agree(engine, error, self.names)
         skipped = funcs.failed | torch.isnan(total)
         rewards = torch.where(skipped, torch.zeros_like(total), total).float()
         return Scored(rewards, skipped, values)
 
     @staticmethod
-    def _agree(engine: Engine, error: str | None) -> None:
+    def _agree(engine: Engine, error: str | None, names: list[str]) -> None:
         """Raise the lowest failing rank's message on every rank when any rank has one (one all-reduce when none
-        does; an all-gather of the messages when one does)."""
-        (failing,) = global_sum(engine, [0.0 if error is None else 1.0])
-        if failing == 0:
-            return
-        messages = engine.comm.all_gather_object(error, phase="rewards")
+        does; an all-gather of the messages when one does). A peer that never reaches the agreement (its process
+        killed, e.g. by a reward function killing its trainer) makes the collective fail here: that becomes a
+        one-line :class:`RewardError` naming the functions just called, this rank and, at world 2, the peer."""
+        try:
+            (failing,) = global_sum(engine, [0.0 if error is None else 1.0])
+            if failing == 0:
+                return
+            messages = engine.comm.all_gather_object(error, phase="rewards")
+        except Exception as exc:  # noqa: BLE001 -- a transport error naming no function becomes one that does
+            rank, world = engine.comm.rank, engine.comm.world_size
+            peer = f"rank {1 - rank}" if world == 2 else "a peer rank"
+            raise RewardError(
+                f"rank {rank}: {peer} left during the reward agreement after calling reward functions {names} "
+                f"(its process died or was killed, e.g. by a reward function killing its trainer; "
+                f"{error or 'no function failed here'}): {one_line(str(exc), 200)}"
+            ) from exc
         rank, first = next((r, m) for r, m in enumerate(messages) if m is not None)
         raise RewardError(f"rank {rank}: {first} (reward_error_policy=raise; 'skip' would skip such samples)")

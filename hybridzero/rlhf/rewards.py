@@ -42,7 +42,11 @@ import importlib
 import importlib.util
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+import signal
+import threading
+import traceback
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +54,7 @@ from typing import Any
 import torch
 
 from hybridzero.rlhf.reward_isolation import RewardCallError, RewardWorker, as_values, call_forked
+from hybridzero.rlhf.reward_values import one_line
 
 __all__ = [
     "RESERVED_KEYWORDS",
@@ -58,7 +63,9 @@ __all__ = [
     "RewardFunction",
     "RewardSource",
     "RewardWorker",
+    "SpecFunction",
     "call_reward_function",
+    "check_reward_specs",
     "FunctionScores",
     "combine_rewards",
     "load_reward_function",
@@ -85,24 +92,43 @@ class RewardSource:
     weight: float
 
 
+def _import_error(spec: str, where: str, exc: BaseException, path: Path | None) -> ImportError:
+    """One line naming the spec, the module or file, the exception and, when known, the line that raised."""
+    line = getattr(exc, "lineno", None) if isinstance(exc, SyntaxError) else None
+    if line is None and path is not None:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if Path(f.filename) == path]
+        line = frames[-1].lineno if frames else None
+    at = f" (line {line})" if line else ""
+    return ImportError(one_line(f"--reward_funcs {spec!r}: importing {where} raised {type(exc).__name__}{at}: {exc}"))
+
+
 def load_reward_function(spec: str) -> RewardFunction:
     """The callable named by ``module:function`` or ``path/to/file.py:function`` (``function`` may be dotted:
-    ``Class.method``). Raises ``ValueError`` naming the spec and what is wrong, ``FileNotFoundError`` /
-    ``ImportError`` when the module cannot be found."""
+    ``Class.method``). Raises ``ValueError`` naming the spec and what is wrong, ``FileNotFoundError`` when the file
+    is missing, ``ImportError`` (one line, naming the spec and the line) when the module cannot be found or raises
+    while it is imported. Runs the module's code in this process: :class:`SpecFunction` defers that to the worker."""
     where, sep, attr = spec.rpartition(":")
     if not sep or not where or not attr:
         raise ValueError(f"--reward_funcs {spec!r}: expected module:function or path/to/file.py:function")
-    if where.endswith(".py") or "/" in where or os.sep in where:
-        path = Path(where)
-        if not path.is_file():
-            raise FileNotFoundError(f"--reward_funcs {spec!r}: no file {path}")
-        found = importlib.util.spec_from_file_location(f"hybridzero_reward_{path.stem}", path)
-        if found is None or found.loader is None:
-            raise ImportError(f"--reward_funcs {spec!r}: cannot load {path} as a Python module")
-        module: Any = importlib.util.module_from_spec(found)
-        found.loader.exec_module(module)
-    else:
-        module = importlib.import_module(where)
+    path: Path | None = None
+    try:
+        if where.endswith(".py") or "/" in where or os.sep in where:
+            path = Path(where).resolve()
+            if not path.is_file():
+                raise FileNotFoundError(f"--reward_funcs {spec!r}: no file {where}")
+            found = importlib.util.spec_from_file_location(f"hybridzero_reward_{path.stem}", path)
+            if found is None or found.loader is None:
+                raise ImportError(f"--reward_funcs {spec!r}: cannot load {where} as a Python module")
+            module: Any = importlib.util.module_from_spec(found)
+            found.loader.exec_module(module)
+        else:
+            module = importlib.import_module(where)
+    except (FileNotFoundError, ImportError) as exc:
+        if str(exc).startswith("--reward_funcs"):
+            raise
+        raise _import_error(spec, where, exc, path) from exc
+    except Exception as exc:  # the module's own code raised (SyntaxError, ZeroDivisionError, SystemExit aside)
+        raise _import_error(spec, where, exc, path) from exc
     target: Any = module
     for part in attr.split("."):
         if not hasattr(target, part):
@@ -114,10 +140,56 @@ def load_reward_function(spec: str) -> RewardFunction:
     return target
 
 
+class SpecFunction:
+    """A reward function named by its spec, imported on first use *in the process that calls it* (module
+    docstring): with ``reward_timeout > 0`` that is the reward worker (its start-up step, under the deadline), so
+    the module's code never runs in the trainer. Its ``__name__`` is the spec's last attribute."""
+
+    def __init__(self, spec: str) -> None:
+        where, sep, attr = spec.rpartition(":")
+        if not sep or not where or not attr:
+            raise ValueError(f"--reward_funcs {spec!r}: expected module:function or path/to/file.py:function")
+        self.spec, self.__name__ = spec, attr.rsplit(".", 1)[-1]
+        self.__module__ = where
+        self.__qualname__ = attr
+        self._fn: RewardFunction | None = None
+
+    def load(self) -> RewardFunction:
+        """Import the module (once per process) and return the function."""
+        if self._fn is None:
+            self._fn = load_reward_function(self.spec)
+        return self._fn
+
+    def __call__(self, **kwargs: Any) -> Sequence[float | None]:
+        return self.load()(**kwargs)
+
+
+def check_reward_specs(specs: Sequence[str], timeout: float) -> None:
+    """Fail early, in one line, on a spec that cannot be loaded: with ``timeout > 0`` each module is imported in a
+    contained child under the deadline (a module that hangs or raises at import, or starts processes, never holds
+    up or reaches this process); with ``timeout = 0`` in-process. Raises :class:`RewardError` (or the loader's
+    ``ValueError``/``ImportError`` in-process)."""
+    if not specs:
+        return
+    if timeout <= 0 or not hasattr(os, "fork"):
+        for spec in specs:
+            load_reward_function(spec)
+        return
+    fns = [SpecFunction(spec) for spec in specs]
+    probe = RewardWorker(fns, [(f"importing --reward_funcs {f.spec!r}", f.load) for f in fns])
+    try:
+        probe.start(timeout)
+    except RewardCallError as exc:
+        raise RewardError(str(exc)) from None
+    finally:
+        probe.close()
+
+
 def reward_sources(
-    funcs: Sequence[str | RewardFunction], weights: Sequence[float] | None, with_model: bool
+    funcs: Sequence[str | RewardFunction], weights: Sequence[float] | None, with_model: bool, lazy: bool = False
 ) -> tuple[list[RewardSource], float]:
-    """The reward functions (specs loaded, callables as given) with their weights, and the reward model's weight.
+    """The reward functions (specs loaded, or with ``lazy`` wrapped in :class:`SpecFunction` for the worker to
+    import; callables as given) with their weights, and the reward model's weight.
 
     ``weights`` has one entry per function, then one for the reward model when ``with_model``; ``None``: all 1.
     Display names are the functions' ``__name__`` (made unique with ``_2``, ``_3``...)."""
@@ -133,7 +205,7 @@ def reward_sources(
     out: list[RewardSource] = []
     seen: dict[str, int] = {}
     for f, w in zip(funcs, ws):
-        fn = load_reward_function(f) if isinstance(f, str) else f
+        fn = (SpecFunction(f) if lazy else load_reward_function(f)) if isinstance(f, str) else f
         if not callable(fn):
             raise ValueError(f"reward function {f!r} is not callable")
         base = str(getattr(fn, "__name__", type(fn).__name__))
@@ -153,10 +225,12 @@ def call_reward_function(
     *,
     timeout: float,
     worker: RewardWorker | None = None,
+    backstop: float = 0.0,
 ) -> list[float | None]:
     """One call of ``fn`` on a batch; returns ``n`` values (``None`` = not scored). With ``timeout > 0`` it runs in
     ``worker`` (which must hold ``fn``) or, without one, in a child forked for it, under the deadline (module
-    docstring); with ``timeout = 0`` in-process. Raises :class:`RewardCallError` when it raises, hangs, dies,
+    docstring); with ``timeout = 0`` in-process, interrupted after ``backstop`` s when that is > 0
+    (:func:`_backstop`). Raises :class:`RewardCallError` when it raises, hangs, dies,
     returns a wrong length or type, or NaN/inf (``samples`` then lists the offending indices)."""
     n = len(completions)
     clash = [k for k in columns if k in RESERVED_KEYWORDS]
@@ -174,15 +248,49 @@ def call_reward_function(
             raise RewardCallError(f"could not be called in isolation ({type(exc).__name__}: {exc})") from exc
     else:
         try:
-            values = as_values(fn(**kwargs), n)
+            with _backstop(backstop):
+                values = as_values(fn(**kwargs), n)
         except RewardCallError:
             raise
         except Exception as exc:
-            raise RewardCallError(f"raised {type(exc).__name__}: {exc}") from exc
+            raise RewardCallError(one_line(f"raised {type(exc).__name__}: {exc}")) from exc
     bad = [i for i, v in enumerate(values) if v is not None and not math.isfinite(v)]
     if bad:
         raise RewardCallError(f"returned {values[bad[0]]} for {len(bad)} sample(s)", bad)
     return values
+
+
+class _Interrupted(BaseException):
+    """The backstop's alarm (a ``BaseException``: a function's ``except Exception`` cannot swallow it)."""
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise _Interrupted
+
+
+@contextmanager
+def _backstop(seconds: float) -> Iterator[None]:
+    """In-process calls (``reward_timeout 0``): when ``seconds > 0`` and this is the main thread of a POSIX
+    process, a ``SIGALRM`` after ``seconds`` interrupts the call (Python code, ``sleep``, waits on children; not C
+    code that never checks for signals) with :class:`RewardCallError`. The previous handler and timer are restored.
+    Why: with no deadline of its own, a hang on one rank would otherwise keep its peers waiting until the
+    collective timeout, which ends as a transport error naming no function."""
+    usable = seconds > 0 and hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread()
+    if not usable:
+        yield
+        return
+    previous = signal.signal(signal.SIGALRM, _interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except _Interrupted:
+        raise RewardCallError(
+            f"did not return within {seconds:g} s in-process (reward_timeout 0 has no deadline; the run's backstop "
+            "is half the collective timeout)"
+        ) from None
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 def combine_rewards(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -212,6 +320,7 @@ def score_with_functions(
     *,
     timeout: float,
     worker: RewardWorker | None = None,
+    backstop: float = 0.0,
 ) -> FunctionScores:
     """Call every function once on the batch (in ``worker``, which holds them all, when given); a failure marks its
     samples (all of them unless it named some) as failed and is described by function, spec, sample index and
@@ -223,7 +332,14 @@ def score_with_functions(
     for f, src in enumerate(sources):
         try:
             got = call_reward_function(
-                src.fn, prompts, completions, completion_ids, columns, timeout=timeout, worker=worker
+                src.fn,
+                prompts,
+                completions,
+                completion_ids,
+                columns,
+                timeout=timeout,
+                worker=worker,
+                backstop=backstop,
             )
         except RewardCallError as exc:
             samples = exc.samples if exc.samples else list(range(n))

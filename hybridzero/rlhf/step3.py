@@ -102,7 +102,7 @@ class Step3:
         self.rewarder = RewardSet.build(s, reward_funcs or []) if isinstance(s, GRPOSettings) else None
         try:
             if self.rewarder is not None:
-                self.rewarder.start()
+                self.rewarder.start(comm)  # imports the reward modules in the worker; every rank agrees
             with_model = self.rewarder.with_model if self.rewarder is not None else True
             self.roles: Roles = build_roles(s, self.world, self.plan.schedule_iterations, with_model)
             self.pad_id = pad_token_id(self.tok, pad_to_eos=True)

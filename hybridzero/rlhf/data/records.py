@@ -25,7 +25,7 @@ from hybridzero.rlhf.data.sources import (
     read_hf_directory,
     read_hub_dataset,
     read_json_file,
-    read_jsonl_file,
+    read_jsonl_lines,
 )
 from hybridzero.rlhf.demo.task import demo_data_dir
 
@@ -42,23 +42,30 @@ def _schema_for(columns: set[str]) -> tuple[str, ...]:
 
 
 def _validate_rows(
-    rows: list[Any], source: str, columns: tuple[str, ...] | None, keep_extra: bool = False
+    rows: list[Any],
+    source: str,
+    columns: tuple[str, ...] | None,
+    keep_extra: bool = False,
+    lines: list[int] | None = None,
 ) -> list[dict[str, str]]:
     """Check every row is an object with string values in the needed columns; keep only those columns (every
-    column with ``keep_extra``: the extra ones, of any JSON type, go to reward functions)."""
+    column with ``keep_extra``: the extra ones, of any JSON type, go to reward functions). Messages name the
+    record, and its line when ``lines`` (a JSONL file's line numbers) are given."""
     out: list[dict[str, str]] = []
     for index, row in enumerate(rows):
+        source_here = f"{source}:{lines[index]}" if lines is not None else source
         if not isinstance(row, dict):
-            raise ValueError(f"{source}: record {index} is {type(row).__name__}, expected an object")  # noqa: TRY004
+            raise ValueError(f"{source_here}: record {index} is {type(row).__name__}, expected an object")  # noqa: TRY004
         needed = columns if columns is not None else _schema_for(set(row))
         missing = [name for name in needed if name not in row]
         if missing:
             raise ValueError(
-                f"{source}: record {index} is missing column(s) {missing}; needed {list(needed)}, it has {sorted(row)}"
+                f"{source_here}: record {index} is missing column(s) {missing}; needed {list(needed)}, "
+                f"it has {sorted(row)}"
             )
         bad = [name for name in needed if not isinstance(row[name], str)]
         if bad:
-            raise ValueError(f"{source}: record {index} column(s) {bad} are not strings")
+            raise ValueError(f"{source_here}: record {index} column(s) {bad} are not strings")
         out.append(dict(row) if keep_extra else {name: row[name] for name in needed})
     return out
 
@@ -79,6 +86,7 @@ def load_records(
     columns and the columns present).
     """
     source = Path(path)
+    lines: list[int] | None = None
     if not source.exists():
         if source.suffix in (".json", ".jsonl") or source.is_absolute() or str(path).startswith("."):
             raise FileNotFoundError(f"no dataset at {source}")
@@ -87,14 +95,15 @@ def load_records(
         rows = read_hf_directory(source, split)
         label = f"{source} (split {split!r})"
     elif source.suffix == ".jsonl":
-        rows, label = read_jsonl_file(source), str(source)
+        numbered = read_jsonl_lines(source)
+        rows, label, lines = [row for _, row in numbered], str(source), [n for n, _ in numbered]
     elif source.suffix == ".json":
         rows, label = read_json_file(source), str(source)
     else:
         raise ValueError(f"{source}: unsupported file type {source.suffix!r}; use .json, .jsonl or a directory")
     if not rows:
         raise ValueError(f"{label}: dataset is empty (no records)")
-    return _validate_rows(rows, label, tuple(columns) if columns is not None else None, keep_extra)
+    return _validate_rows(rows, label, tuple(columns) if columns is not None else None, keep_extra, lines)
 
 
 # ----------------------------------------------------------------------------------------------- splits

@@ -9,31 +9,61 @@ import json
 from pathlib import Path
 from typing import Any
 
-__all__ = ["read_hf_directory", "read_hf_split", "read_hub_dataset", "read_json_file", "read_jsonl_file"]
+__all__ = [
+    "read_hf_directory",
+    "read_hf_split",
+    "read_hub_dataset",
+    "read_json_file",
+    "read_jsonl_file",
+    "read_jsonl_lines",
+]
+
+
+def _text(path: Path) -> str:
+    """The file as UTF-8 text (a leading byte-order mark dropped); a ``ValueError`` naming the file, the line and
+    the byte offset of the first byte that is not UTF-8."""
+    data = path.read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise ValueError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+            f"data files must be UTF-8"
+        ) from None
 
 
 def read_json_file(path: Path) -> list[Any]:
     """Parse a ``.json`` file that must hold a list of objects."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_text(path))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: invalid JSON ({exc})") from exc
+        raise ValueError(f"{path}:{exc.lineno}: invalid JSON ({exc})") from None
+    except RecursionError:
+        raise ValueError(f"{path}: invalid JSON (nested too deeply)") from None
     if not isinstance(data, list):
         raise ValueError(f"{path}: expected a JSON list of objects, got {type(data).__name__}")  # noqa: TRY004
     return data
 
 
-def read_jsonl_file(path: Path) -> list[Any]:
-    """Parse a ``.jsonl`` file, one JSON value per non-blank line."""
-    rows: list[Any] = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+def read_jsonl_lines(path: Path) -> list[tuple[int, Any]]:
+    """Parse a ``.jsonl`` file, one JSON value per non-blank line: ``(line number, value)`` pairs."""
+    rows: list[tuple[int, Any]] = []
+    for lineno, line in enumerate(_text(path).split("\n"), start=1):
         if not line.strip():
             continue
         try:
-            rows.append(json.loads(line))
+            rows.append((lineno, json.loads(line)))
         except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{lineno}: invalid JSON line ({exc})") from exc
+            raise ValueError(f"{path}:{lineno}: invalid JSON line ({exc})") from None
+        except RecursionError:
+            raise ValueError(f"{path}:{lineno}: invalid JSON line (nested too deeply)") from None
     return rows
+
+
+def read_jsonl_file(path: Path) -> list[Any]:
+    """Parse a ``.jsonl`` file, one JSON value per non-blank line."""
+    return [row for _, row in read_jsonl_lines(path)]
 
 
 def read_hf_directory(path: Path, split: str) -> list[Any]:
