@@ -35,6 +35,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from hybridzero.checkpoint.ds_files import refuse_deepspeed_dir
 from hybridzero.checkpoint.format import FORMAT, META, STATE_JSON, SavedSource, SavedTag, open_tag, rank_file
 from hybridzero.checkpoint.jsontree import check_plain_json
 from hybridzero.checkpoint.paths import (
@@ -359,7 +360,7 @@ def _stage(
     probe.load_state_dict(staged.loss_scaler)  # its own invariant checks, on a throwaway scaler
     m = tag.meta
     staged.counters = (m["global_steps"], m["micro_steps"], m["skipped_steps"])
-    if m["world_size"] == engine.comm.world_size:
+    if m["world_size"] == engine.comm.world_size and m.get("rng", True):  # converted DeepSpeed tags have none
         rng, header = tag.rank_state(engine.comm.rank)
         if "rng/torch" not in rng or not isinstance(header, dict) or "python_rng" not in header:
             raise ValueError(f"{path / rank_file(engine.comm.rank)}: RNG state missing")
@@ -383,6 +384,7 @@ def prepare_load(
     engine.assert_quiescent()
     staged, error = None, None
     try:
+        refuse_deepspeed_dir(Path(load_dir), tag)
         path = find_tag(load_dir, tag)
         if path is not None:
             staged = _stage(
