@@ -51,3 +51,31 @@ def resume(case_dir: str, converted: str, stage: int | None) -> dict[str, Any]:
         lrs.append(engine.get_lr()[0])
     params = engine.full_parameters()
     return {"carried": carried, "losses": losses, "lr": lrs, "params": params if rank == 0 else None}
+
+
+def train_with_csv_monitor(case_dir: str, out: str) -> list[float]:
+    """Two steps of the fixture's model and DeepSpeed JSON plus a ``csv_monitor`` block writing to ``out``; this
+    rank's losses."""
+    import transformers
+
+    import hybridzero
+
+    hybridzero.init_distributed()
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    record = json.loads((Path(case_dir) / "record.json").read_text())
+    config = copy.deepcopy(record["config"])
+    config["train_micro_batch_size_per_gpu"] = 4 // world
+    config["csv_monitor"] = {"enabled": True, "output_path": out, "job_name": "job"}
+    torch.manual_seed(0)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**record["hf_config"], attn_implementation="eager"))
+    engine, *_ = hybridzero.initialize(model=model, config=config)
+    losses = []
+    for s in range(2):
+        ids = torch.tensor([sample for per_rank in record["token_ids"][s] for sample in per_rank])
+        mine = ids[rank * (4 // world) : (rank + 1) * (4 // world)]
+        loss = engine(input_ids=mine, labels=mine).loss
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss.detach()))
+    engine.destroy()
+    return losses
