@@ -103,3 +103,17 @@ def test_train_events_and_meter(tmp_path: Path) -> None:
     meter.step_done(0.25, None, 0, 4)
     assert (tmp_path / "j" / "Train_Samples_train_loss.csv").read_text().splitlines()[1] == "4,4.0"
     assert (tmp_path / "j" / "Train_Samples_lr.csv").read_text().splitlines()[1] == "4,0.25"
+
+
+def test_tensorboard_writes_event_files(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard", reason="the tensorboard extra is installed by scripts/bootstrap.sh")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    monitor = build_monitor({"tensorboard": {"enabled": True, "output_path": str(tmp_path), "job_name": "tb"}}, 0)
+    monitor.write_events(EVENTS)
+    monitor.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    for name, value, step in EVENTS:
+        (scalar,) = events.Scalars(name)
+        assert (scalar.step, scalar.value) == (step, pytest.approx(value))
