@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import importlib.util
 import json
+import time
 import zipfile
 from pathlib import Path
 
@@ -69,6 +70,11 @@ def test_wandb_offline_run_holds_the_events(monkeypatch, tmp_path: Path) -> None
     monitor.close()
     (run,) = glob.glob(str(tmp_path / "wandb" / "offline-run-*" / "run-*.wandb"))
     data = Path(run).read_bytes()
+    for _ in range(120):  # wandb's service process may still be writing the file when finish() returns
+        if all(name.encode() in data for name, _, _ in EVENTS):
+            break
+        time.sleep(0.5)
+        data = Path(run).read_bytes()
     for name, value, _ in EVENTS:  # history records: key, then the value as JSON text
         at = data.find(name.encode())
         assert at >= 0 and json.dumps(value).encode() in data[at : at + 64], name
