@@ -123,3 +123,14 @@ def test_tensorboard_writes_event_files(tmp_path: Path) -> None:
     for name, value, step in EVENTS:
         (scalar,) = events.Scalars(name)
         assert (scalar.step, scalar.value) == (step, pytest.approx(value))
+
+
+def test_rlhf_runlog_metrics_go_to_the_monitor(tmp_path: Path) -> None:
+    from hybridzero.rlhf.runlog import RunLog
+
+    block = {"csv_monitor": {"enabled": True, "output_path": str(tmp_path / "csv"), "job_name": "rl"}}
+    with RunLog(tmp_path / "run", 0, tensorboard=False, echo=lambda _: None, monitor=build_monitor(block, 0)) as log:
+        log.log(3, {"actor_loss": 1.5, "reward": -0.25}, phase="ppo")
+    assert (tmp_path / "csv" / "rl" / "ppo_actor_loss.csv").read_text().splitlines() == ["step,actor_loss", "3,1.5"]
+    assert (tmp_path / "csv" / "rl" / "ppo_reward.csv").read_text().splitlines() == ["step,reward", "3,-0.25"]
+    assert (tmp_path / "run" / "metrics.jsonl").exists()
