@@ -15,9 +15,10 @@ merged into the weights (``--lora base``: left out) and ``--adapters DIR`` also 
 (:mod:`hybridzero.checkpoint.lora_export`); errors (unknown tag, non-empty destination, no HF config, no adapters)
 print one line to stderr and exit 1.
 
-``convert-checkpoint OLD_DIR NEW_DIR [--tag TAG]`` converts a checkpoint of the old pickle-based format 1 into
-format 2 without running code stored in it (:func:`hybridzero.checkpoint.convert_v1`); a refused file prints one
-line naming it and exits 1.
+``convert-checkpoint OLD_DIR NEW_DIR [--tag TAG] [--from format1|deepspeed]`` converts a checkpoint of the old
+pickle-based format 1 (:func:`hybridzero.checkpoint.convert_v1`) or a DeepSpeed ZeRO save directory
+(:func:`hybridzero.checkpoint.from_deepspeed.convert_deepspeed`) into format 2 without running code stored in it; a
+refused file prints one line naming it and exits 1.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from hybridzero.checkpoint.convert import convert_v1
 from hybridzero.checkpoint.export import export_hf
+from hybridzero.checkpoint.from_deepspeed import convert_deepspeed
 from hybridzero.checkpoint.lora_export import export_adapters
 from hybridzero.launch import launch_main
 from hybridzero.plan.cli import add_plan_command
@@ -83,6 +85,14 @@ def _add_convert(subparsers: Any) -> None:
     p.add_argument("old_dir", metavar="OLD_DIR", help="format-1 checkpoint directory (holds 'latest' and tags)")
     p.add_argument("new_dir", metavar="NEW_DIR", help="destination checkpoint directory")
     p.add_argument("--tag", default=None, help="tag to convert (default: the one OLD_DIR/latest names)")
+    p.add_argument(
+        "--from",
+        dest="source",
+        choices=("format1", "deepspeed"),
+        default="format1",
+        help="what OLD_DIR holds: hybridzero's format 1 (default) or a DeepSpeed 0.19.x ZeRO-1/2/3 save directory "
+        "(fp32 masters, Adam state, scheduler, loss scale and counters are carried; resumes at any world size)",
+    )
     p.set_defaults(func=_convert)
 
 
@@ -163,7 +173,8 @@ def _export(args: argparse.Namespace) -> int:
 def _convert(args: argparse.Namespace) -> int:
     """Run :func:`hybridzero.checkpoint.convert_v1`; one error line and status 1 on a refused checkpoint."""
     try:
-        out = convert_v1(args.old_dir, args.new_dir, args.tag)
+        convert = convert_deepspeed if args.source == "deepspeed" else convert_v1
+        out = convert(args.old_dir, args.new_dir, args.tag)
     except (ValueError, OSError) as exc:  # CheckpointError is a ValueError
         print(f"convert-checkpoint: error: {exc}", file=sys.stderr)
         return 1

@@ -12,5 +12,5 @@ fi
 if ! .venv/bin/python -c 'import torch, sys; sys.exit(0 if torch.__version__.startswith("2.13.0") else 1)' 2>/dev/null; then
   .venv/bin/python -m pip install -q "torch==2.13.0"
 fi
-.venv/bin/python -m pip install -q -e '.[test,plots,tensorboard,lint,data,lora,hf]'
+.venv/bin/python -m pip install -q -e '.[test,plots,tensorboard,lint,data,lora,hf,wandb,comet]'
 .venv/bin/python -c 'import torch, transformers, hybridzero; print(f"hybridzero {hybridzero.__version__}: torch {torch.__version__}, transformers {transformers.__version__}")'

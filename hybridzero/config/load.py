@@ -42,9 +42,15 @@ class AcceptedKey:
     canonical: str = ""  # the dotted canonical spelling (== path for canonical keys)
 
 
+# top-level blocks that act through hybridzero.monitor (which reads and checks them), not through the config tree
+MONITOR_BLOCKS = frozenset({"tensorboard", "wandb", "csv_monitor", "comet"})
+
+
 def _block_keys(cls: type[Block], prefix: str, types: tuple[str, ...] = ()) -> list[AcceptedKey]:
     out = [
-        AcceptedKey(join_key(prefix, name), False, "canonical", types, join_key(prefix, name))
+        AcceptedKey(
+            join_key(prefix, name), prefix == "" and name in MONITOR_BLOCKS, "canonical", types, join_key(prefix, name)
+        )
         for name in sorted(cls._ignored)
     ]
     out += [AcceptedKey(join_key(prefix, name), True, "legacy", types, join_key(prefix, name)) for name in cls._legacy]
@@ -118,6 +124,8 @@ def _block_notes(block: Mapping[str, Any], cls: type[Block], prefix: str, out: d
     names = spellings(cls)
     for name, value in block.items():
         dotted = join_key(prefix, name)
+        if prefix == "" and name in MONITOR_BLOCKS:  # read and checked by hybridzero.monitor, not by this tree
+            continue
         if name in cls._ignored or (name in names and not _acts(cls, names[name])):
             out.setdefault(
                 dotted, f"config key '{dotted}' is accepted for DeepSpeed compatibility but has no effect in hybridzero"

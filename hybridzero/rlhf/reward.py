@@ -128,7 +128,7 @@ def train_reward(s: RewardSettings) -> dict[str, Any]:
     ]
     pairs: list[Pair] = [(e.chosen_ids, e.rejected_ids) for e in encode]
     train_pairs, eval_pairs = pairs[: len(train_recs)], pairs[len(train_recs) :]
-    log = open_runlog(s.output_dir, engine.comm.rank, s.enable_tensorboard, s.progress)
+    log = open_runlog(s.output_dir, engine.comm.rank, s.enable_tensorboard, s.progress, engine.monitor)
     cut = sum(e.n_truncated > 0 for e in encode)
     log.print(
         f"reward: {len(train_pairs)} train / {len(eval_pairs)} eval pairs ({cut} truncated to "

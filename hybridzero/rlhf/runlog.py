@@ -7,6 +7,8 @@ Layout of a run directory::
 
 ``metrics.jsonl`` is the always-on record. TensorBoard needs the optional ``tensorboard`` package (the
 ``hybridzero[tensorboard]`` extra); without it the events are skipped with one warning and training goes on.
+The same metrics also go to the engine's config monitors (``wandb``, ``csv_monitor``, ``comet``, ``tensorboard``
+blocks: :mod:`hybridzero.monitor`) as ``<phase>/<metric>`` at the step, when the step passes its engine's monitor.
 
 Non-finite metric values are written as the strings ``"nan"``, ``"inf"`` and ``"-inf"`` so every line is
 strict JSON; :func:`read_metrics` turns them back into floats.
@@ -28,6 +30,8 @@ from tqdm import tqdm
 if TYPE_CHECKING:
     from torch.utils.tensorboard import SummaryWriter
     from typing_extensions import Self
+
+    from hybridzero.monitor import Monitor
 
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
@@ -93,10 +97,12 @@ class RunLog:
         *,
         tensorboard: bool = True,
         echo: Callable[[str], None] = print,
+        monitor: Monitor | None = None,
     ) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self.rank = rank
         self._echo = echo
+        self.monitor = monitor  # the engine's config monitors (wandb, csv_monitor, comet, tensorboard): not closed here
         self.active = rank == 0 and self.run_dir is not None
         self._file: IO[str] | None = None
         self._events: SummaryWriter | None = None
@@ -117,6 +123,8 @@ class RunLog:
 
     def log(self, step: int, metrics: Mapping[str, float], phase: str) -> None:
         """Append one line for ``(phase, step)`` and the same scalars as TensorBoard tags ``phase/key``."""
+        if self.monitor is not None and self.active:
+            self.monitor.write_events([(f"{phase}/{key}", float(value), int(step)) for key, value in metrics.items()])
         if self._file is None:
             return
         now = time.time()
@@ -204,6 +212,9 @@ def echo_fn(progress: bool) -> Callable[[str], None]:
     return lambda line: print(line, flush=True)
 
 
-def open_runlog(output_dir: str, rank: int, tensorboard: bool, progress: bool) -> RunLog:
-    """The step's :class:`RunLog` in ``output_dir`` (rank 0 writes, others no-op)."""
-    return RunLog(Path(output_dir), rank, tensorboard=tensorboard, echo=echo_fn(progress))
+def open_runlog(
+    output_dir: str, rank: int, tensorboard: bool, progress: bool, monitor: Monitor | None = None
+) -> RunLog:
+    """The step's :class:`RunLog` in ``output_dir`` (rank 0 writes, others no-op); its metrics also go to
+    ``monitor`` (an engine's config monitors, :mod:`hybridzero.monitor`) as ``<phase>/<metric>`` at the step."""
+    return RunLog(Path(output_dir), rank, tensorboard=tensorboard, echo=echo_fn(progress), monitor=monitor)

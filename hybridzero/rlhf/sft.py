@@ -105,7 +105,7 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
     total_per_epoch = len(train_recs) // global_batch
     train_ex, cut = _tokenize(train_recs, tok, s.max_seq_len)
     eval_ex, _ = _tokenize(eval_recs, tok, s.max_seq_len)
-    log = open_runlog(s.output_dir, engine.comm.rank, s.enable_tensorboard, s.progress)
+    log = open_runlog(s.output_dir, engine.comm.rank, s.enable_tensorboard, s.progress, engine.monitor)
     log.print(
         f"SFT: {len(train_ex)} train / {len(eval_ex)} eval examples ({cut} truncated to {s.max_seq_len} "
         f"tokens), {total} steps of {global_batch} sequences at world {engine.comm.world_size}"

@@ -74,7 +74,7 @@ def _loop(
 ) -> tuple[list[dict[str, float]], dict[str, str], int]:
     """Resume, iterate, report, save, write the final models; returns ``(history, models, start)``."""
     s = run.s
-    log = open_runlog(s.output_dir, run.rank, s.enable_tensorboard, s.progress)
+    log = open_runlog(s.output_dir, run.rank, s.enable_tensorboard, s.progress, run.roles.actor.monitor)
     reporter = Reporter(log, name, *_shapes(run), timing_template(run), s.print_every)
     total = run.plan.total_iterations
     log.print(

@@ -38,6 +38,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from hybridzero.checkpoint.ds_files import refuse_deepspeed_dir
 from hybridzero.checkpoint.format import FORMAT, META, STATE_JSON, SavedSource, SavedTag, open_tag, rank_file
 from hybridzero.checkpoint.jsontree import check_plain_json
 from hybridzero.checkpoint.paths import (
@@ -388,7 +389,7 @@ def _stage(
     staged.loss_scaler = check_loss_scaler(state["loss_scaler"], engine.loss_scaler, str(where))
     m = tag.meta
     staged.counters = (m["global_steps"], m["micro_steps"], m["skipped_steps"])
-    if m["world_size"] == engine.comm.world_size:
+    if m["world_size"] == engine.comm.world_size and m.get("rng", True):  # converted DeepSpeed tags have none
         rng, header = tag.rank_state(engine.comm.rank)
         file = path / rank_file(engine.comm.rank)
         if "rng/torch" not in rng or not isinstance(header, dict) or "python_rng" not in header:
@@ -413,6 +414,7 @@ def prepare_load(
     engine.assert_quiescent()
     staged, error = None, None
     try:
+        refuse_deepspeed_dir(Path(load_dir), tag)
         path = find_tag(load_dir, tag)
         if path is not None:
             staged = _stage(

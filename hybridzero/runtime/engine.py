@@ -26,6 +26,7 @@ from hybridzero.comm import topology
 from hybridzero.comm.collectives import Comm
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config
+from hybridzero.monitor import TrainMeter, build_monitor
 from hybridzero.optim import sharded
 from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
 from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig, overflow_flag
@@ -89,6 +90,8 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.boundary_override: bool | None = None  # set_gradient_accumulation_boundary (Accelerate drives it)
         self.tput_timer = ThroughputTimer()  # DeepSpeed's engine.tput_timer (epoch count only)
         self.events: list[tuple[str, str, str]] | None = [] if record_events else None
+        self.monitor = build_monitor(config.raw, comm.rank)  # tensorboard/csv_monitor/wandb/comet blocks (rank 0)
+        self.train_meter = TrainMeter(self.monitor)
         self.last_grad_norm: float | None = None
         f16 = config.fp16
         self.loss_scaler = LossScaler(
@@ -274,6 +277,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         callers that divided already, as HF Trainer does); gradients land reduced in the fp32 shards."""
         with failure_guard(self.comm):
             gas = self.gradient_accumulation_steps if scale_wrt_gas else 1
+            self.train_meter.observe_loss(loss)
             if self.config.fp16.enabled:
                 loss = loss.float() * self.loss_scaler.scale
             try:
@@ -296,7 +300,12 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
             self.micro_steps += ahead
 
     def _report_progress(self) -> None:
-        """DeepSpeed's progress line every ``steps_per_print`` optimizer steps (rank 0, ``logging`` INFO)."""
+        """DeepSpeed's progress line every ``steps_per_print`` optimizer steps (rank 0, ``logging`` INFO) and the
+        monitor's events of the step (:mod:`hybridzero.monitor`)."""
+        samples = self.global_samples
+        scale = self.loss_scaler.scale if self.config.fp16.enabled else None
+        lrs = self.get_lr()
+        self.train_meter.step_done(lrs[0] if lrs else None, scale, samples - self.train_batch_size(), samples)
         if self.comm.rank == 0 and self.global_steps % self.config.steps_per_print == 0:
             _LOG.info("step=%d, skipped=%d, lr=%s", self.global_steps, self.skipped_steps, self.get_lr())
 
@@ -454,6 +463,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
     def destroy(self) -> None:
         """DeepSpeed's ``destroy`` (:class:`DeepSpeedEngineAPI`), and the NVMe swap directory removed."""
         super().destroy()
+        self.monitor.close()
         if self.synced_generation is not None:
             self.synced_generation.remove()
         if self.swapper is not None:

@@ -28,6 +28,7 @@ from hybridzero.config import (
     load_config,
     resolve_batch_sizes,
 )
+from hybridzero.config.load import MONITOR_BLOCKS
 
 TBS, MICRO, GAS = "train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"
 
@@ -379,6 +380,8 @@ def _ignored_keys(block: dict[str, Any], prefix: str = "") -> list[str]:
     keys = []
     for name, value in block.items():
         key = f"{prefix}.{name}" if prefix else name
+        if prefix == "" and name in MONITOR_BLOCKS:  # they act (hybridzero.monitor): no "no effect" warning
+            continue
         if name in {"zero_optimization", "fp16", "bf16", "optimizer", "offload_optimizer"}:
             keys += _ignored_keys({k: v for k, v in value.items() if k not in {"type", "device"}}, key)
         else:

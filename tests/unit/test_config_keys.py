@@ -40,6 +40,10 @@ _PROGRESS = "distributed/test_reduction_options.py::test_steps_per_print_logs_pr
 
 # canonical key -> the test that shows its effect (a group shares one)
 ACTS: dict[str, str] = {
+    "tensorboard": "unit/test_monitor.py::test_tensorboard_writes_event_files",
+    "csv_monitor": "unit/test_monitor.py::test_csv_monitor_writes_one_file_per_event",
+    "wandb": "unit/test_monitor.py::test_wandb_offline_run_holds_the_events",
+    "comet": "unit/test_monitor.py::test_comet_offline_experiment_holds_the_events",
     "train_batch_size": _BATCH,
     "train_micro_batch_size_per_gpu": _BATCH,
     "gradient_accumulation_steps": _PARITY,
