@@ -23,6 +23,7 @@ from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config
 from hybridzero.runtime.engine import Engine
 from hybridzero.runtime.failures import failure_guard
+from hybridzero.runtime.sequence_parallel import check_model
 from hybridzero.tensor_source import TensorSource
 
 _LOG = logging.getLogger("hybridzero")
@@ -35,8 +36,9 @@ def agree(comm: Comm, error: BaseException | None, what: str) -> None:
 
 
 def _dataloader(data: Dataset, cfg: Config, comm: Comm, collate_fn: Callable[..., Any] | None) -> DataLoader:
+    sp = cfg.sequence_parallel_size  # the ranks of one sequence-parallel group read the same samples
     sampler: DistributedSampler[Any] = DistributedSampler(
-        data, num_replicas=comm.world_size, rank=comm.rank, shuffle=True, seed=cfg.seed or 0, drop_last=True
+        data, num_replicas=comm.world_size // sp, rank=comm.rank // sp, shuffle=True, seed=cfg.seed or 0, drop_last=True
     )
     return DataLoader(
         data, batch_size=cfg.train_micro_batch_size_per_gpu, sampler=sampler, collate_fn=collate_fn, drop_last=True
@@ -121,6 +123,7 @@ def initialize(
     client_optimizer: torch.optim.Optimizer | None = None
     try:
         cfg = load_config(_config_source(args, config, config_params), comm.world_size)
+        check_model(getattr(model, "config", None), cfg.sequence_parallel_size)  # heads / attention splittable
         if isinstance(optimizer, torch.optim.Optimizer) or optimizer is None:
             client_optimizer = optimizer
         else:  # DeepSpeed accepts a callable that builds the optimizer over the parameters
