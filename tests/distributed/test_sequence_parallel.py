@@ -67,3 +67,37 @@ def test_sp_errors_name_value_and_fix(world) -> None:
         assert "'sdpa', 'eager'" in got["impl"]
         assert got["short"].startswith("sequence length 1 is shorter than sequence_parallel_size = 2"), got
         assert "pad on the right" in got["left_pad"], got
+
+
+def _example_run(seq_len: int, budget_mib: float) -> dict[str, object]:
+    """examples/long_sequence_sp.py's training on this worker's world (3 SGD steps, memory measured)."""
+    from long_sequence_sp import train
+
+    try:
+        return train(seq_len, 3, budget_mib, measure=True)
+    except ValueError as exc:
+        return {"error": str(exc)}
+
+
+def test_long_sequence_example_trains_at_s2_with_the_s1_loss(world) -> None:
+    """A sequence whose planned activations exceed the budget at s = 1 (the run refuses) fits at s = 2 and trains
+    with the losses of the s = 1 run without a budget (1e-5 relative: three SGD steps whose gradients differ by the
+    summation reorders bounded above). Each rank saves at most 0.55 of the s = 1 activation bytes: every saved tensor
+    holds L / 2 positions or H / 2 heads over L (64 positions: no padding); 0.05 covers rotary tables and the like."""
+    from long_sequence_sp import tiny_llama
+
+    from hybridzero.plan.memory import activation_bytes
+
+    seq = 64
+    hf = tiny_llama(seq).config
+    one, two = (activation_bytes(hf, 1, seq, 4, False, s) for s in (1, 2))
+    budget_mib = (one + two) / 2 / 2**20
+    refused = world(1).run(_example_run, seq, budget_mib, timeout=300)[0]
+    assert refused["error"].startswith(f"--seq_len {seq} needs ~"), refused
+    assert "sequence_parallel_size = 1, over --budget_mib" in refused["error"]
+    reference = world(1).run(_example_run, seq, 0.0, timeout=300)[0]
+    for r in world(2).run(_example_run, seq, budget_mib, timeout=300):
+        assert r["fits_at_s1"] is False and r["world"] == 2
+        for got, want in zip(r["losses"], reference["losses"], strict=True):
+            assert abs(got - want) <= 1e-5 * abs(want), (r["losses"], reference["losses"])
+        assert 0 < r["saved_activation_bytes"] <= 0.55 * reference["saved_activation_bytes"], (r, reference)

@@ -85,3 +85,32 @@ def test_exchange_layout_and_mask_at_world_1() -> None:
     assert allowed.tolist() == [[True, False, False], [True, True, False], [True, True, True]]
     additive = causal_mask(3, torch.float32, torch.device("cpu"), additive=True)[0, 0]
     assert additive[0, 1] == torch.finfo(torch.float32).min and additive[1, 0] == 0
+
+
+def test_plan_models_sequence_parallel() -> None:
+    """Llama-7B (32 heads, head_dim 128, 32 layers), fp16, seq 2048 at world 8: activations halve at s = 2 (every
+    term holds half the positions or half the heads), and each layer's two all-to-alls in forward move the packed
+    q|k|v plus the output of the 1024 local positions: (32 + 2 * 32 + 32) * 128 * 1024 * 2 bytes."""
+    from hybridzero.plan.model import load_hf_config, meta_model
+    from hybridzero.plan.planner import Cluster, Workload, plan_model
+    from hybridzero.plan.profiles import device_profile, links_for
+
+    hf = load_hf_config("llama-7b")
+    model = meta_model(hf)
+    raw = {
+        "train_micro_batch_size_per_gpu": 1,
+        "zero_optimization": {"stage": 3},
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-5}},
+        "fp16": {"enabled": True},
+    }
+    cluster = Cluster(1, 8, device_profile("a100-80gb"), links_for("a100-80gb"))
+    one = plan_model(model, hf, raw, cluster, Workload(2048))
+    two = plan_model(model, hf, {**raw, "sequence_parallel_size": 2}, cluster, Workload(2048))
+    a1, a2 = one["memory"]["activations"], two["memory"]["activations"]
+    for key in ("no_checkpointing", "checkpointing"):
+        assert abs(a2[key] * 2 - a1[key]) <= 2, key  # int() of each estimate: at most 1 byte off each
+    sp = two["sequence_parallel"]
+    assert "sequence_parallel" not in one
+    assert sp["all_to_all_bytes_per_layer_forward"] == (32 + 64 + 32) * 128 * 1024 * 2
+    assert sp["all_to_alls_per_micro_step"] == 4 * 32 and sp["data_parallel_size"] == 4
+    assert sp["all_to_all_bytes_per_step"] == sp["all_to_all_bytes_per_layer_forward"] * 32 * 2
