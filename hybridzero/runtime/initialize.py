@@ -99,7 +99,8 @@ def initialize(
     alias; with neither, ``args.deepspeed_config``). ``optimizer`` may be a client optimizer built over
     ``model.parameters()`` (rebuilt over the shards with the same class and hyperparameters) or a callable taking
     the parameters. ``distributed_port`` is the rendezvous port when no launcher set one; ``dist_init_required=False``
-    requires an initialized process group. ``mpu`` and ``mesh_param`` (model / sequence parallelism) are not supported.
+    requires an initialized process group. ``mpu`` and ``mesh_param`` (model / sequence parallelism) are not
+    supported (Ulysses sequence parallelism: the config's ``sequence_parallel_size``).
     hybridzero's own keyword-only arguments: ``blocks`` overrides the automatic choice of gather groups;
     ``record_events`` records gather/release events; a model built on the meta device is materialized group by
     group, from ``checkpoint_source`` (each rank reads only its shard) or else by the model's own init.
@@ -109,7 +110,8 @@ def initialize(
     for name, value in (("mpu", mpu), ("mesh_param", mesh_param)):
         if value is not None:
             raise ValueError(
-                f"initialize({name}=...) is not supported: hybridzero is data-parallel only (ZeRO); pass {name}=None"
+                f"initialize({name}=...) is not supported: hybridzero is data-parallel (ZeRO) with Ulysses sequence "
+                f'parallelism from the config ("sequence_parallel_size"); pass {name}=None'
             )
     if dist_init_required is False and not comm_api.is_initialized():
         raise RuntimeError(
