@@ -17,8 +17,8 @@ Invariants:
   to the group (Hugging Face models hold one) keeps gloo's sockets open.
 * At world size 1 without a process group the collectives are local copies, still recorded.
 
-Kept in one file (just over 400 lines after formatting): every collective, its ledger entry and its failure check
-belong together; splitting them would put the one wrapper in two places.
+Kept in one file (about 450 lines after formatting, with Ulysses' all-to-all): every collective, its ledger entry
+and its failure check belong together; splitting them would put the one wrapper in two places.
 """
 
 from __future__ import annotations
