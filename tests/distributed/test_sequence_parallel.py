@@ -67,6 +67,7 @@ def test_sp_errors_name_value_and_fix(world) -> None:
         assert "'sdpa', 'eager'" in got["impl"]
         assert got["short"].startswith("sequence length 1 is shorter than sequence_parallel_size = 2"), got
         assert "pad on the right" in got["left_pad"], got
+        assert got["generate"].startswith("engine.generate is not supported with sequence_parallel_size = 2"), got
 
 
 def _example_run(seq_len: int, budget_mib: float) -> dict[str, object]:

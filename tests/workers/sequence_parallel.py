@@ -127,5 +127,9 @@ def sp_errors() -> dict[str, str]:
         engine.sequence_parallel.shard_batch(torch.ones(1, 4, dtype=torch.long), attention_mask=mask)
     except ValueError as exc:
         got["left_pad"] = str(exc)
+    try:
+        engine.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=1)
+    except ValueError as exc:
+        got["generate"] = str(exc)
     engine.destroy()
     return got
