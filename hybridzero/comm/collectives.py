@@ -17,8 +17,8 @@ Invariants:
   to the group (Hugging Face models hold one) keeps gloo's sockets open.
 * At world size 1 without a process group the collectives are local copies, still recorded.
 
-Kept in one file (just over 400 lines after formatting): every collective, its ledger entry and its failure check
-belong together; splitting them would put the one wrapper in two places.
+Kept in one file (about 450 lines after formatting, with Ulysses' all-to-all): every collective, its ledger entry
+and its failure check belong together; splitting them would put the one wrapper in two places.
 """
 
 from __future__ import annotations
@@ -216,6 +216,26 @@ class Comm:
             self._check_usable()
             work = dist.all_to_all_single(recv, inp, group=self.group, async_op=True)
             return self._finish(work, async_op, "reduce_scatter")
+
+    def all_to_all(
+        self, out: torch.Tensor, inp: torch.Tensor, *, phase: str, label: str = "all_to_all"
+    ) -> PendingCollective:
+        """Exchange equal chunks: ``inp`` and ``out`` are rank-major ``[W * C]`` (first dimension split in ``W``);
+        afterwards chunk ``i`` of ``out`` is chunk ``self.rank`` of rank ``i``'s ``inp`` (exact: values are moved,
+        never combined). Synchronous; ``label`` names the use in the ledger (e.g. "sp_all_to_all")."""
+        if not (out.is_contiguous() and inp.is_contiguous()):
+            raise ValueError("all_to_all needs contiguous buffers (the chunks are read and written rank-major)")
+        w = self.world_size
+        nbytes = inp.numel() * inp.element_size()
+        self.ledger.record(label, self.name, phase, nbytes, nbytes * (w - 1) // w)
+        with self.ledger.timer.region(f"comm.{label}"):
+            if w == 1:
+                if out is not inp:
+                    out.copy_(inp)
+                return PendingCollective(self, None)
+            self._check_usable()
+            work = dist.all_to_all_single(out, inp, group=self.group, async_op=True)
+            return self._finish(work, False, label)
 
     def all_reduce(self, t: torch.Tensor, *, phase: str, op: str = "sum", async_op: bool = False) -> PendingCollective:
         """In-place all-reduce of ``t`` with ``op`` in {"sum", "max", "min"}."""

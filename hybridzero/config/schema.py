@@ -100,7 +100,8 @@ def _batch_value(value: Any) -> Any:
 class Config(Block):
     """The whole config.
 
-    Invariants: ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size``
+    Invariants: ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size /
+    sequence_parallel_size``
     with all four >= 1; fp16 and bf16 are not both enabled; ``zero.hpz_partition_size`` and
     ``hybrid_engine.inference_tp_size`` divide ``world_size``;
     ``raw`` is a deep read-only copy of the JSON
@@ -136,7 +137,11 @@ class Config(Block):
     seed: Annotated[int | None, optional(integer(0))] = key(None, "seed", note="initialize")
     # hybridzero extension: a step whose gradients hold inf/nan on any rank is skipped on every rank, in any dtype
     skip_nonfinite_steps: Annotated[bool, boolean] = key(False, "skip_nonfinite_steps", note="engine.step")
-    world_size: int = 1  # not a JSON key: the data-parallel world size batch sizes are resolved against
+    # Ulysses sequence parallelism (runtime.sequence_parallel): groups of s consecutive ranks share each sample
+    sequence_parallel_size: Annotated[int, integer(1)] = key(
+        1, "sequence_parallel_size", note="runtime.sequence_parallel"
+    )
+    world_size: int = 1  # not a JSON key: the world size (batch sizes are resolved against world_size / s)
     _raw: dict[str, Any] = PrivateAttr(default_factory=dict)
 
     @classmethod
@@ -152,7 +157,7 @@ class Config(Block):
             raise unknown_key_error("", unknown[0], known)
         world = _world_size(data.get("world_size", 1))
         tbs, micro, gas = (_batch_value(data.get(k)) for k in BATCH_KEYS)
-        sizes = resolve_batch_sizes(tbs, micro, gas, world_size=world)
+        sizes = resolve_batch_sizes(tbs, micro, gas, world_size=world // _sp_size(data, world))
         data.update(zip(BATCH_KEYS, sizes))
         return data
 
@@ -189,8 +194,9 @@ class Config(Block):
 
     @property
     def dp_world_size(self) -> int:
-        """Data-parallel world size the batch sizes were resolved against."""
-        return self.world_size
+        """Data-parallel world size the batch sizes were resolved against (``world_size / sequence_parallel_size``:
+        the ranks of one sequence-parallel group read the same samples)."""
+        return self.world_size // self.sequence_parallel_size
 
     @property
     def raw(self) -> Mapping[str, Any]:
@@ -213,6 +219,18 @@ class Config(Block):
             raise TypeError("Config.raw is set once, by load_config")
         self._raw = thaw(raw)
         return self
+
+
+def _sp_size(data: dict[str, Any], world: int) -> int:
+    """``sequence_parallel_size`` of the raw config once it is a valid divisor of ``world`` (else 1: the field's own
+    validation reports a bad type or value; a non-divisor is reported here, before the batch arithmetic uses it)."""
+    size = data.get("sequence_parallel_size", 1)
+    if isinstance(size, float) and size.is_integer():
+        size = int(size)
+    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        return 1
+    _must_divide(world, size, "sequence_parallel_size", f" (groups of {size} consecutive ranks share each sequence)")
+    return size
 
 
 def _must_divide(world_size: int, size: int, key: str, why: str) -> None:

@@ -31,7 +31,14 @@ from hybridzero.plan.layout import GroupShape
 from hybridzero.zero.groups import ShardMode
 from hybridzero.zero.offload import Placement
 
-__all__ = ["activation_bytes", "gathered_model_bytes", "kv_cache_bytes", "model_states", "states_per_element"]
+__all__ = [
+    "activation_bytes",
+    "gathered_model_bytes",
+    "kv_cache_bytes",
+    "model_states",
+    "states_per_element",
+    "ulysses_all_to_all_bytes",
+]
 
 _CATEGORIES = ("parameters", "master_weights", "gradients", "optimizer_state")
 
@@ -108,22 +115,41 @@ def gathered_model_bytes(groups: Sequence[GroupShape], itemsize: int) -> int:
     return sum(g.layout.padded_numel * itemsize for g in groups if not g.always_full)
 
 
-def activation_bytes(hf: Any, micro_batch: int, seq_len: int, itemsize: int, checkpointing: bool) -> int:
+def activation_bytes(
+    hf: Any, micro_batch: int, seq_len: int, itemsize: int, checkpointing: bool, sequence_parallel: int = 1
+) -> int:
     """Estimated activation bytes of one micro-batch's forward kept for backward (one rank).
 
     Per layer ``s b h (34 + 5 a s / h)`` bytes for 16-bit activations (Korthikanti et al., eq. 2; x2 in fp32),
     plus logits ``s b V`` in the compute dtype and fp32 for the loss. With full activation checkpointing only each
-    layer's input ``2 s b h`` (x2 in fp32) is kept, plus one layer's activations during its recomputation."""
+    layer's input ``2 s b h`` (x2 in fp32) is kept, plus one layer's activations during its recomputation.
+    Ulysses over ``sequence_parallel`` = p ranks divides every term by p: the ``34`` terms and the logits hold
+    ``s / p`` positions, the attention term ``5 a s^2 b`` holds ``a / p`` heads over all ``s`` positions."""
     s, b = seq_len, micro_batch
     h = int(hf.hidden_size)
     a = int(hf.num_attention_heads)
     layers = int(hf.num_hidden_layers)
-    scale = itemsize / 2
+    scale = itemsize / 2 / sequence_parallel
     per_layer = s * b * h * (34 + 5 * a * s / h) * scale
-    logits = s * b * int(hf.vocab_size) * (itemsize + 4)
+    logits = s * b * int(hf.vocab_size) * (itemsize + 4) / sequence_parallel
     if checkpointing:
         return int(layers * 2 * s * b * h * scale + per_layer + logits)
     return int(layers * per_layer + logits)
+
+
+def ulysses_all_to_all_bytes(hf: Any, micro_batch: int, seq_len: int, itemsize: int, sequence_parallel: int) -> int:
+    """Whole-buffer bytes of one layer's two Ulysses all-to-alls in one forward on one rank (the backward moves the
+    same again): the packed q|k|v of the local ``ceil(s / p)`` positions (kv heads repeated to the query heads when
+    ``p`` does not divide them, as :mod:`hybridzero.runtime.ulysses` does) plus the output. 0 without SP."""
+    p = sequence_parallel
+    if p <= 1:
+        return 0
+    heads = int(hf.num_attention_heads)
+    kv = int(getattr(hf, "num_key_value_heads", None) or heads)
+    head_dim = int(getattr(hf, "head_dim", None) or hf.hidden_size // heads)
+    kv_sent = kv if kv % p == 0 else heads
+    local = -(-seq_len // p)
+    return (heads + 2 * kv_sent + heads) * head_dim * local * micro_batch * itemsize
 
 
 def kv_cache_bytes(hf: Any, batch: int, tokens: int, itemsize: int) -> int:

@@ -19,7 +19,13 @@ from torch import nn
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config
 from hybridzero.plan.layout import GroupShape, group_shapes
-from hybridzero.plan.memory import activation_bytes, gathered_model_bytes, kv_cache_bytes, model_states
+from hybridzero.plan.memory import (
+    activation_bytes,
+    gathered_model_bytes,
+    kv_cache_bytes,
+    model_states,
+    ulysses_all_to_all_bytes,
+)
 from hybridzero.plan.profiles import DeviceProfile, Links
 from hybridzero.plan.roofline import Flops, StepWork, link_class, step_time, transformer_flops
 from hybridzero.plan.steps import StepSimulator, Topology, generation_ledger
@@ -140,6 +146,7 @@ def _summary(cfg: Config, work: Workload) -> dict[str, Any]:
         "offload_param": z.offload_param.device,
         "checkpointing": work.checkpointing,
         "seq_len": work.seq_len,
+        "sequence_parallel": cfg.sequence_parallel_size,
     }
 
 
@@ -169,7 +176,8 @@ def plan_model(
     item, micro = cfg.compute_dtype.itemsize, cfg.train_micro_batch_size_per_gpu
     states = model_states(shapes, cfg, 0)
     # an inference forward keeps one layer's activations at a time, as the checkpointed forward does
-    acts = {ckpt: activation_bytes(hf, micro, work.seq_len, item, ckpt or not work.train) for ckpt in (False, True)}
+    sp = cfg.sequence_parallel_size  # Ulysses: activations / sp, two all-to-alls per layer each way
+    acts = {ckpt: activation_bytes(hf, micro, work.seq_len, item, ckpt or not work.train, sp) for ckpt in (False, True)}
     stepped = sum(g.optimizer_numel(0) for g in shapes) if work.train and cfg.optimizer is not None else 0
     work_done = StepWork(
         flops=_flops(model, hf, micro, work),
@@ -204,9 +212,28 @@ def plan_model(
             "comm_s": t.comm,
         },
     }
+    if sp > 1:
+        plan["sequence_parallel"] = _sequence_parallel(hf, cfg, work, item)
     if work.generate is not None:
         plan["generation"] = _generation(shapes, cfg, topo, hf, cluster, work.generate, micro)
     return plan
+
+
+def _sequence_parallel(hf: transformers.PretrainedConfig, cfg: Config, work: Workload, item: int) -> dict[str, Any]:
+    """Ulysses's part of the plan: its size, the data-parallel size, and the all-to-all bytes per rank (not in the
+    step-time model: the simulated ledger holds the ZeRO collectives only)."""
+    sp, micro = cfg.sequence_parallel_size, cfg.train_micro_batch_size_per_gpu
+    per_layer = ulysses_all_to_all_bytes(hf, micro, work.seq_len, item, sp)
+    layers = int(hf.num_hidden_layers)
+    passes = 2 if work.train else 1  # forward, and the backward's same exchanges
+    return {
+        "size": sp,
+        "data_parallel_size": cfg.dp_world_size,
+        "local_seq_len": -(-work.seq_len // sp),
+        "all_to_alls_per_micro_step": 2 * layers * passes,
+        "all_to_all_bytes_per_layer_forward": per_layer,
+        "all_to_all_bytes_per_step": per_layer * layers * passes * cfg.gradient_accumulation_steps,
+    }
 
 
 def _generation(

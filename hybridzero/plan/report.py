@@ -17,6 +17,7 @@ def gib(n: float) -> str:
 def _config_line(c: dict[str, Any]) -> str:
     extras = [f"hpZ {c['hpz']}" if c["hpz"] > 1 else "", "qwZ" if c["qwz"] else "", "qgZ" if c["qgz"] else ""]
     extras += [f"offload {c['offload']}" if c["offload"] != "none" else "", "ckpt" if c["checkpointing"] else ""]
+    extras.append(f"Ulysses SP {c['sequence_parallel']}" if c.get("sequence_parallel", 1) > 1 else "")
     tail = ", ".join(e for e in extras if e)
     return (
         f"stage {c['stage']}, {c['dtype']}, micro {c['micro_batch']} x gas {c['gradient_accumulation']}, "

@@ -35,6 +35,7 @@ from hybridzero.optim.swap import build_swapper
 from hybridzero.runtime import zero_param
 from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI, ThroughputTimer
 from hybridzero.runtime.failures import failure_guard
+from hybridzero.runtime.sequence_parallel import SequenceParallel
 from hybridzero.runtime.services import EngineServices
 from hybridzero.runtime.synced_generation import SyncedGenerationGuard, guard_fits
 from hybridzero.runtime.tp_generate import TensorParallelGenerator
@@ -113,6 +114,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.skip_nonfinite_steps = bool(getattr(config, "skip_nonfinite_steps", False))
         self.nonfinite_skipped_steps = 0
         self.hpz = self._hpz_comm()
+        self.sequence_parallel = self._sequence_parallel()  # Ulysses: SP groups formed now, by every rank together
         he = config.hybrid_engine  # tensor-parallel generation: its group is formed now, by every rank together
         self.tp_generator = (
             TensorParallelGenerator(comm, he.inference_tp_size, he.tp_gather_partition_size)
@@ -211,6 +213,15 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         world = self.comm.world_size
         groups = topology.hpz_groups(world, h, topology.local_world_size(world_size=world))
         return self.comm.split(groups, name="hpz")
+
+    def _sequence_parallel(self) -> SequenceParallel | None:
+        """``sequence_parallel_size`` > 1: the SP/DP layout, and the model switched to Ulysses attention."""
+        size = self.config.sequence_parallel_size
+        if size <= 1:
+            return None
+        sp = SequenceParallel(self.comm, size)
+        sp.attach(self.module)
+        return sp
 
     def _qgz(self) -> HierarchicalQuantizedReduce | None:
         """qgZ over the node layout (``LOCAL_WORLD_SIZE``): node groups and cross-node groups of equal local rank."""
@@ -464,6 +475,8 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         """DeepSpeed's ``destroy`` (:class:`DeepSpeedEngineAPI`), and the NVMe swap directory removed."""
         super().destroy()
         self.monitor.close()
+        if self.sequence_parallel is not None:
+            self.sequence_parallel.detach()
         if self.synced_generation is not None:
             self.synced_generation.remove()
         if self.swapper is not None:

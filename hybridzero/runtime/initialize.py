@@ -23,6 +23,7 @@ from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config
 from hybridzero.runtime.engine import Engine
 from hybridzero.runtime.failures import failure_guard
+from hybridzero.runtime.sequence_parallel import check_model
 from hybridzero.tensor_source import TensorSource
 
 _LOG = logging.getLogger("hybridzero")
@@ -35,8 +36,9 @@ def agree(comm: Comm, error: BaseException | None, what: str) -> None:
 
 
 def _dataloader(data: Dataset, cfg: Config, comm: Comm, collate_fn: Callable[..., Any] | None) -> DataLoader:
+    sp = cfg.sequence_parallel_size  # the ranks of one sequence-parallel group read the same samples
     sampler: DistributedSampler[Any] = DistributedSampler(
-        data, num_replicas=comm.world_size, rank=comm.rank, shuffle=True, seed=cfg.seed or 0, drop_last=True
+        data, num_replicas=comm.world_size // sp, rank=comm.rank // sp, shuffle=True, seed=cfg.seed or 0, drop_last=True
     )
     return DataLoader(
         data, batch_size=cfg.train_micro_batch_size_per_gpu, sampler=sampler, collate_fn=collate_fn, drop_last=True
@@ -97,7 +99,8 @@ def initialize(
     alias; with neither, ``args.deepspeed_config``). ``optimizer`` may be a client optimizer built over
     ``model.parameters()`` (rebuilt over the shards with the same class and hyperparameters) or a callable taking
     the parameters. ``distributed_port`` is the rendezvous port when no launcher set one; ``dist_init_required=False``
-    requires an initialized process group. ``mpu`` and ``mesh_param`` (model / sequence parallelism) are not supported.
+    requires an initialized process group. ``mpu`` and ``mesh_param`` (model / sequence parallelism) are not
+    supported (Ulysses sequence parallelism: the config's ``sequence_parallel_size``).
     hybridzero's own keyword-only arguments: ``blocks`` overrides the automatic choice of gather groups;
     ``record_events`` records gather/release events; a model built on the meta device is materialized group by
     group, from ``checkpoint_source`` (each rank reads only its shard) or else by the model's own init.
@@ -107,7 +110,8 @@ def initialize(
     for name, value in (("mpu", mpu), ("mesh_param", mesh_param)):
         if value is not None:
             raise ValueError(
-                f"initialize({name}=...) is not supported: hybridzero is data-parallel only (ZeRO); pass {name}=None"
+                f"initialize({name}=...) is not supported: hybridzero is data-parallel (ZeRO) with Ulysses sequence "
+                f'parallelism from the config ("sequence_parallel_size"); pass {name}=None'
             )
     if dist_init_required is False and not comm_api.is_initialized():
         raise RuntimeError(
@@ -121,6 +125,7 @@ def initialize(
     client_optimizer: torch.optim.Optimizer | None = None
     try:
         cfg = load_config(_config_source(args, config, config_params), comm.world_size)
+        check_model(getattr(model, "config", None), cfg.sequence_parallel_size)  # heads / attention splittable
         if isinstance(optimizer, torch.optim.Optimizer) or optimizer is None:
             client_optimizer = optimizer
         else:  # DeepSpeed accepts a callable that builds the optimizer over the parameters

@@ -57,6 +57,12 @@ class EngineServices:
         # local: it reaches the caller unchanged and the engine stays usable. Bucketed mode (the same test as
         # generation_mode's) is HF's synced generation over the ZeRO-3 hooks: peers wait in collectives this rank
         # left, so an exception there is fatal to the group and reaches every peer as PeerFailure.
+        sp = self.config.sequence_parallel_size  # the same on every rank: refused before any collective
+        if sp > 1:
+            raise ValueError(
+                f"engine.generate is not supported with sequence_parallel_size = {sp} (the model runs Ulysses "
+                "attention over split sequences); generate with an engine built with sequence_parallel_size = 1"
+            )
         limit = self.config.hybrid_engine.max_out_tokens
         check_out_tokens(limit, args, kwargs)  # before the guard: a too-long request is not a group failure
         if self.tp_generator is not None:  # tensor-parallel: the group decodes one joint batch

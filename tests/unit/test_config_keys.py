@@ -52,6 +52,7 @@ ACTS: dict[str, str] = {
     "seed": _MAPPING,  # runtime.initialize seeds torch with it
     "steps_per_print": _PROGRESS,
     "skip_nonfinite_steps": _MAPPING,  # typed field; the engine's step implements it (another slice)
+    "sequence_parallel_size": _MAPPING,  # typed field; runtime.sequence_parallel, distributed/test_sequence_parallel
     "prescale_gradients": _REDUCE,
     "gradient_predivide_factor": _REDUCE,
     "gradient_allreduce_op": _REDUCE,
