@@ -23,6 +23,7 @@ import time
 
 import torch
 
+from hybridzero.packing import packed_slots
 from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.experience import Experience
 from hybridzero.rlhf.grpo_math import aggregate_loss, batch_std, clipped_policy_loss, group_advantages
@@ -61,6 +62,11 @@ def trim_experience(exp: Experience) -> Experience:
     )
 
 
+def _slots(attention_mask: torch.Tensor, packed: bool) -> int:
+    """Forward slots of a training mini-batch: its trimmed ``[b, t]`` or, packed, its packed rows."""
+    return packed_slots(attention_mask) if packed else attention_mask.numel()
+
+
 def grpo_update(
     run: Step3, exp: Experience, adv: torch.Tensor, trains: torch.Tensor, counted: torch.Tensor
 ) -> UpdateStats:
@@ -72,7 +78,7 @@ def grpo_update(
     n_seqs, n_tokens = global_sum(actor, [float(counted.sum()), float(mask.sum())])
     if n_tokens == 0:
         return UpdateStats(0.0, 0.0, 0.0, 0.0, True)
-    logp = sequence_logprobs(actor, exp.sequences, exp.attention_mask)
+    logp = sequence_logprobs(actor, exp.sequences, exp.attention_mask, s.packing_samples)
     out = clipped_policy_loss(
         logp,
         exp.logprobs,
@@ -143,7 +149,7 @@ def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
                 padding = [
                     padding[0] + float(full.attention_mask.sum()),
                     padding[1] + float(full.attention_mask.numel()),
-                    padding[2] + float(mb.attention_mask.numel()),
+                    padding[2] + float(_slots(mb.attention_mask, s.packing_samples)),
                 ]
                 stats.append(grpo_update(run, mb, adv[lo:hi], gb.trains[lo:hi], ~gb.skipped[lo:hi]))
                 if run.ptx is not None:

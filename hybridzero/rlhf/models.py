@@ -125,6 +125,9 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+_mask_positions = position_ids  # ValueHeadModel.forward's own ``position_ids`` argument shadows the function
+
+
 def last_token_index(attention_mask: torch.Tensor) -> torch.Tensor:
     """``[B]`` int64: the index of each row's last real token (``attention_mask`` 1); 0 for an all-pad row."""
     positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device).expand_as(attention_mask)
@@ -149,11 +152,18 @@ class ValueHeadModel(nn.Module):
             generator = torch.Generator().manual_seed(head_seed)
             self.v_head = nn.Parameter(torch.randn(width, generator=generator) * width**-0.5)
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        """Values ``[B, T]`` in fp32 at every position (positions from the mask, no KV cache)."""
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Values ``[B, T]`` in fp32 at every position (no KV cache). Positions come from a ``[B, T]`` mask unless
+        ``position_ids`` is given (packed rows: a 4D block-causal mask and per-sequence positions)."""
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
+        positions = position_ids if position_ids is not None else _mask_positions(mask)
         hidden = self.transformer(
-            input_ids=input_ids, attention_mask=mask, position_ids=position_ids(mask), use_cache=False
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False
         ).last_hidden_state
         return (hidden.float() * self.v_head.float()).sum(-1)
 

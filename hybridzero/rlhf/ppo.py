@@ -23,7 +23,7 @@ import torch
 from hybridzero.rlhf.engines import Roles, global_sum
 from hybridzero.rlhf.experience import Experience
 from hybridzero.rlhf.math import clipped_value_loss, gae, kl_penalized_rewards, ppo_policy_loss
-from hybridzero.rlhf.rollout import sequence_logprobs
+from hybridzero.rlhf.rollout import critic_values, sequence_logprobs
 from hybridzero.rlhf.step3 import (
     Step3,
     UpdateStats,
@@ -48,17 +48,25 @@ def compute_targets(
 
 
 def ppo_update(
-    roles: Roles, exp: Experience, advantages: torch.Tensor, returns: torch.Tensor, *, clip: float, clip_value: float
+    roles: Roles,
+    exp: Experience,
+    advantages: torch.Tensor,
+    returns: torch.Tensor,
+    *,
+    clip: float,
+    clip_value: float,
+    packed: bool = False,
 ) -> UpdateStats:
-    """One PPO training step of the actor and the critic on one mini-batch of experience."""
+    """One PPO training step of the actor and the critic on one mini-batch of experience (``packed``: both
+    forwards on packed rows)."""
     assert roles.critic is not None, "PPO needs a critic engine"
     mask = exp.action_mask
     n_tokens = float(mask.sum())
-    logp = sequence_logprobs(roles.actor, exp.sequences, exp.attention_mask)
+    logp = sequence_logprobs(roles.actor, exp.sequences, exp.attention_mask, packed)
     actor_loss, stats = ppo_policy_loss(logp, exp.logprobs, advantages, mask, clip=clip)
     scale = global_scale(roles.actor, n_tokens)
     roles.actor.backward(actor_loss * scale)
-    values = roles.critic(input_ids=exp.sequences, attention_mask=exp.attention_mask)[:, :-1]
+    values = critic_values(roles.critic, exp.sequences, exp.attention_mask, packed)
     critic_loss = clipped_value_loss(values, exp.values, returns, mask, clip=clip_value)
     roles.critic.backward(critic_loss * scale)
     skipped = step_both(roles.actor, roles.critic)
@@ -102,6 +110,7 @@ def ppo_iteration(run: Step3, it: int) -> dict[str, float]:
                         returns[lo:hi],
                         clip=s.cliprange,
                         clip_value=s.cliprange_value,
+                        packed=s.packing_samples,
                     )
                 )
                 if run.ptx is not None:

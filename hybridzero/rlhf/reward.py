@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from hybridzero.comm.collectives import init_distributed
+from hybridzero.packed_forward import check_packable, packed_last_values
 from hybridzero.rlhf.data.records import PAIRWISE_COLUMNS, phase_train_eval
 from hybridzero.rlhf.data.tokens import pad_sequences, pad_token_id, pairwise_example
 from hybridzero.rlhf.demo.task import demo_model_config
@@ -61,11 +62,15 @@ def pair_stats(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tens
     return losses.mean(), sums
 
 
-def _scores(engine: Engine, pairs: list[Pair], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(chosen, rejected)`` ``[n]`` scores: values at each row's last real token, one forward for both."""
+def _scores(engine: Engine, pairs: list[Pair], pad_id: int, packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(chosen, rejected)`` ``[n]`` scores: values at each row's last real token, one forward for both
+    (``packed``: on packed rows, :func:`~hybridzero.packed_forward.packed_last_values`)."""
     ids, mask = (t.to(engine.device) for t in pair_batch(pairs, pad_id))
-    values = engine(input_ids=ids, attention_mask=mask)
-    scores = values.gather(1, last_token_index(mask)[:, None]).squeeze(1)
+    if packed:
+        scores = packed_last_values(engine, ids, mask)
+    else:
+        values = engine(input_ids=ids, attention_mask=mask)
+        scores = values.gather(1, last_token_index(mask)[:, None]).squeeze(1)
     return scores[: len(pairs)], scores[len(pairs) :]
 
 
@@ -135,8 +140,11 @@ def train_reward(s: RewardSettings) -> dict[str, Any]:
         f"{s.max_seq_len} tokens), {total} steps of {global_batch} pairs at world {engine.comm.world_size}"
     )
 
+    if s.packing_samples:
+        check_packable(model.config)
+
     def micro_step(indices: list[int]) -> dict[str, float]:
-        chosen, rejected = _scores(engine, [train_pairs[i] for i in indices], pad_id)
+        chosen, rejected = _scores(engine, [train_pairs[i] for i in indices], pad_id, s.packing_samples)
         loss, sums = pair_stats(chosen, rejected)
         engine.backward(loss)
         engine.step()

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
+from hybridzero.packed_forward import packed_last_values, packed_logprobs, packed_values
 from hybridzero.rlhf.engines import Roles
 from hybridzero.rlhf.experience import Experience
 from hybridzero.rlhf.math import gather_logprobs
@@ -38,6 +39,7 @@ __all__ = [
     "SampleNoise",
     "answer_masks",
     "causal_kwargs",
+    "critic_values",
     "make_experience",
     "rollout",
     "rollout_stats",
@@ -182,10 +184,24 @@ def causal_kwargs(sequences: torch.Tensor, attention_mask: torch.Tensor) -> dict
     }
 
 
-def sequence_logprobs(engine: Engine, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``[B, T-1]`` fp32 log-probabilities of each next token under ``engine``'s causal LM."""
+def sequence_logprobs(
+    engine: Engine, sequences: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False
+) -> torch.Tensor:
+    """``[B, T-1]`` fp32 log-probabilities of each next token under ``engine``'s causal LM (``packed``: on packed
+    rows, 0 where the next token is padding; :mod:`hybridzero.packed_forward`)."""
+    if packed:
+        return packed_logprobs(engine, sequences, attention_mask)
     logits = engine(**causal_kwargs(sequences, attention_mask)).logits
     return gather_logprobs(logits[:, :-1], sequences[:, 1:])
+
+
+def critic_values(
+    engine: Engine, sequences: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False
+) -> torch.Tensor:
+    """``[B, T-1]`` fp32 values of a value-head engine at positions ``0 .. T-2`` (``packed``: on packed rows)."""
+    if packed:
+        return packed_values(engine, sequences, attention_mask)[:, :-1]
+    return engine(input_ids=sequences, attention_mask=attention_mask)[:, :-1]
 
 
 def used_columns(attention_mask: torch.Tensor) -> tuple[int, int]:
@@ -205,13 +221,14 @@ def _widen(part: torch.Tensor, lo: int, width: int) -> torch.Tensor:
     return out
 
 
-def make_experience(roles: Roles, ro: Rollout, *, with_ref: bool = True) -> Experience:
+def make_experience(roles: Roles, ro: Rollout, *, with_ref: bool = True, packed: bool = False) -> Experience:
     """Score a rollout with the old policy, the reference (``with_ref``; else its log-probs are the old policy's:
     a zero KL), the critic (zeros for GRPO) and the reward model (zeros without one).
 
     Every forward runs on the batch's used columns only (:func:`used_columns`): positions come from the attention
     mask, so cutting all-padding columns changes nothing but the work; the per-token results are put back at
-    the fixed layout (zeros on the cut columns, which no mask selects)."""
+    the fixed layout (zeros on the cut columns, which no mask selects). ``packed``: every forward on packed rows
+    (:mod:`hybridzero.packed_forward`); the per-sample tensors are the same."""
     lo, hi = used_columns(ro.attention_mask)
     seq, mask = ro.sequences[:, lo:hi], ro.attention_mask[:, lo:hi]
     width = ro.sequences.shape[1] - 1
@@ -219,14 +236,14 @@ def make_experience(roles: Roles, ro: Rollout, *, with_ref: bool = True) -> Expe
         for engine in (roles.actor, roles.ref, roles.reward, roles.critic):
             if engine is not None:
                 engine.eval()
-        logprobs = sequence_logprobs(roles.actor, seq, mask)
-        ref_logprobs = sequence_logprobs(roles.ref, seq, mask) if with_ref else logprobs.clone()
+        logprobs = sequence_logprobs(roles.actor, seq, mask, packed)
+        ref_logprobs = sequence_logprobs(roles.ref, seq, mask, packed) if with_ref else logprobs.clone()
         values = (
-            roles.critic(input_ids=seq, attention_mask=mask)[:, :-1]
-            if roles.critic is not None
-            else torch.zeros_like(logprobs)
+            critic_values(roles.critic, seq, mask, packed) if roles.critic is not None else torch.zeros_like(logprobs)
         )
-        if roles.reward is not None:
+        if roles.reward is not None and packed:
+            rewards = packed_last_values(roles.reward, seq, mask)
+        elif roles.reward is not None:
             scores = roles.reward(input_ids=seq, attention_mask=mask)
             rewards = scores.gather(1, last_token_index(mask)[:, None]).squeeze(1)
         else:

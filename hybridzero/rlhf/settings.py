@@ -80,6 +80,11 @@ class StepSettings(BaseModel):
     max_steps: int | None = Field(None, ge=1, description="stop after this many optimizer steps (all epochs)")
     gradient_accumulation_steps: int = Field(1, ge=1)
     progress: bool = True
+    packing_samples: bool = Field(
+        False,
+        description="training forwards on packed rows (sequences concatenated, block-causal attention, positions "
+        "restarting per sequence): no padding, same per-sample results (README 'Sample packing')",
+    )
 
 
 # --- DeepSpeed-Chat's LoRA flags (hybridzero.rlhf.lora reads them; defaults are DS-Chat's main.py) --------------

@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedTokenizerBase
 
 from hybridzero.comm.collectives import init_distributed
+from hybridzero.packed_forward import check_packable, packed_lm_loss
 from hybridzero.rlhf.data.records import phase_train_eval, train_eval_split, whole_records
 from hybridzero.rlhf.data.tokens import IGNORE_INDEX, pad_sequences, pad_token_id, sft_example
 from hybridzero.rlhf.engines import global_sum
@@ -85,6 +86,12 @@ def _evaluate(engine: Engine, examples: list[tuple[list[int], list[int]]], pad_i
     return {"eval_loss": mean, "perplexity": math.exp(min(mean, 50.0))}
 
 
+def _reduce(engine: Engine, sums: dict[str, float]) -> dict[str, float]:
+    """Global step metrics: the mean micro-batch loss and ``pad_fraction`` (padding share of the forward slots)."""
+    loss, real, slots = global_sum(engine, [sums["loss"], sums["real"], sums["slots"]])
+    return {"loss": loss / engine.comm.world_size, "pad_fraction": 1.0 - real / max(slots, 1.0)}
+
+
 def train_sft(s: SFTSettings) -> dict[str, Any]:
     """Run step 1; returns the final metrics (on every rank) and writes ``s.output_dir``."""
     init_distributed()
@@ -111,9 +118,16 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
         f"tokens), {total} steps of {global_batch} sequences at world {engine.comm.world_size}"
     )
 
+    if s.packing_samples:
+        check_packable(hf_config)
+
     def micro_step(indices: list[int]) -> dict[str, float]:
-        b = {n: v.to(engine.device) for n, v in sft_batch([train_ex[i] for i in indices], pad_id).items()}
-        loss = engine(**b).loss
+        examples = [train_ex[i] for i in indices]
+        if s.packing_samples:  # same sequences, same token-mean loss, no padding (hybridzero.packed_forward)
+            loss, real, slots = packed_lm_loss(engine, examples, pad_id)
+        else:
+            b = {n: v.to(engine.device) for n, v in sft_batch(examples, pad_id).items()}
+            loss, real, slots = engine(**b).loss, int(b["attention_mask"].sum()), b["input_ids"].numel()
         if s.print_loss:
             print(
                 f"Epoch: {engine.global_steps // max(total_per_epoch, 1)}, Step: {engine.global_steps}, "
@@ -122,7 +136,7 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
             )
         engine.backward(loss)
         engine.step()
-        return {"loss": float(loss.detach()) / s.gradient_accumulation_steps}
+        return {"loss": float(loss.detach()) / s.gradient_accumulation_steps, "real": real, "slots": slots}
 
     spec = LoopSpec.from_settings(
         s,
@@ -130,7 +144,7 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
         n_items=len(train_ex),
         total_steps=total,
         micro_step=micro_step,
-        reduce=lambda sums: {"loss": global_sum(engine, [sums["loss"]])[0] / engine.comm.world_size},
+        reduce=lambda sums: _reduce(engine, sums),
         evaluate=lambda: _evaluate(engine, eval_ex, pad_id, s.per_device_eval_batch_size),
         step_line=lambda step, n, epoch, m: f"sft step {step}/{n} epoch {epoch} loss {m['loss']:.4f} lr {m['lr']:.2e}",
         eval_line=lambda epoch, ev: (

@@ -22,6 +22,7 @@ import torch
 import transformers
 from transformers import PretrainedConfig
 
+from hybridzero.packed_forward import check_packable
 from hybridzero.rlhf.data.dealing import Plan, epoch_order, make_plan, rank_prompts
 from hybridzero.rlhf.data.ptx import PtxStream
 from hybridzero.rlhf.data.tokens import load_prompt_rows, pad_token_id, prompt_tensors
@@ -105,6 +106,10 @@ class Step3:
                 self.rewarder.start(comm)  # imports the reward modules in the worker; every rank agrees
             with_model = self.rewarder.with_model if self.rewarder is not None else True
             self.roles: Roles = build_roles(s, self.world, self.plan.schedule_iterations, with_model)
+            if s.packing_samples:
+                for engine in (self.roles.actor, self.roles.ref, self.roles.reward, self.roles.critic):
+                    if engine is not None:
+                        check_packable(getattr(engine.module, "config", None))
             self.pad_id = pad_token_id(self.tok, pad_to_eos=True)
             self.eos_id = self.tok.eos_token_id
             self.ptx = PtxStream(s, self.tok, self.pad_id, self.rank, self.world) if s.ptx_enabled else None
@@ -157,7 +162,8 @@ class Step3:
             stop=(self.tok, s.stop_strings) if isinstance(s, GRPOSettings) and s.stop_strings else None,
         )
         with_ref = not isinstance(s, GRPOSettings) or s.grpo_kl_coef > 0  # GRPO without a KL term: no reference pass
-        return RolloutBatch(make_experience(self.roles, ro, with_ref=with_ref), prompt_ids, ro.finished, sample_ids)
+        exp = make_experience(self.roles, ro, with_ref=with_ref, packed=s.packing_samples)
+        return RolloutBatch(exp, prompt_ids, ro.finished, sample_ids)
 
     def minibatches(self, exp: Experience) -> Iterator[tuple[int, int]]:
         """``(lo, hi)`` row ranges of the training mini-batches of one generation batch."""
