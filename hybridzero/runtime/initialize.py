@@ -23,6 +23,7 @@ from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config
 from hybridzero.runtime.engine import Engine
 from hybridzero.runtime.failures import failure_guard
+from hybridzero.runtime.zero_errors import check_forced_cpu_optimizer
 from hybridzero.tensor_source import TensorSource
 
 _LOG = logging.getLogger("hybridzero")
@@ -125,6 +126,7 @@ def initialize(
             client_optimizer = optimizer
         else:  # DeepSpeed accepts a callable that builds the optimizer over the parameters
             client_optimizer = optimizer(model_parameters if model_parameters is not None else model.parameters())
+        check_forced_cpu_optimizer(cfg, client_optimizer)
     except Exception as exc:  # noqa: BLE001 - agreed on below, then re-raised on every rank
         error = exc
     agree(comm, error, "initialize")
