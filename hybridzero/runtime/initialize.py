@@ -7,10 +7,11 @@ fails the process group on every rank (see :func:`hybridzero.runtime.failures.fa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -25,8 +26,21 @@ from hybridzero.runtime.engine import Engine
 from hybridzero.runtime.failures import failure_guard
 from hybridzero.runtime.zero_errors import check_forced_cpu_optimizer
 from hybridzero.tensor_source import TensorSource
+from hybridzero.zero.init_source import init_store_of
 
 _LOG = logging.getLogger("hybridzero")
+
+
+@contextlib.contextmanager
+def paused_init_contexts(model: nn.Module) -> Iterator[None]:
+    """Suspend every still-entered ``zero.Init`` context holding parameters of ``model`` for the block (every rank
+    calls ``initialize`` together, so the pauses line up)."""
+    stores = {id(s): s for s in (init_store_of(p) for p in model.parameters()) if s is not None and s.active}
+    with contextlib.ExitStack() as stack:
+        for store in stores.values():
+            if store.pause is not None:
+                stack.enter_context(store.pause())
+        yield
 
 
 def agree(comm: Comm, error: BaseException | None, what: str) -> None:
@@ -135,17 +149,18 @@ def initialize(
     with failure_guard(comm):
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed)
-        engine = Engine(
-            model,
-            cfg,
-            comm,
-            optimizer=client_optimizer,
-            model_parameters=model_parameters,
-            lr_scheduler=lr_scheduler,
-            blocks=blocks,
-            record_events=record_events,
-            source=checkpoint_source,
-        )
+        with paused_init_contexts(model):  # initialize inside the zero.Init block that built the model
+            engine = Engine(
+                model,
+                cfg,
+                comm,
+                optimizer=client_optimizer,
+                model_parameters=model_parameters,
+                lr_scheduler=lr_scheduler,
+                blocks=blocks,
+                record_events=record_events,
+                source=checkpoint_source,
+            )
     if training_data is not None:
         engine.training_dataloader = _dataloader(training_data, cfg, comm, collate_fn)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.harness.parity import RunSpec
-from tests.workers.ds_names import fp32_and_grad_setters, leaf_module_groups
+from tests.workers.ds_names import fp32_and_grad_setters, initialize_inside_init, leaf_module_groups
 
 TIMEOUT = 300
 
@@ -34,3 +34,15 @@ def test_leaf_module_is_one_gather_group_and_trains_the_same(world) -> None:
         assert p["losses"] == q["losses"]
     for name, t in plain[0]["params"].items():
         assert torch.equal(t, leafy[0]["params"][name]), name
+
+
+def test_initialize_inside_the_init_block_that_built_the_model(world) -> None:
+    """DeepSpeed accepts ``initialize`` inside the ``zero.Init`` block: the context is paused for it, and training
+    is bitwise that of ``initialize`` after the block."""
+    pool = world(2)
+    after = pool.run(initialize_inside_init, False, timeout=TIMEOUT)
+    inside = pool.run(initialize_inside_init, True, timeout=TIMEOUT)
+    for a, b in zip(after, inside):
+        assert a["losses"] == b["losses"]
+        for name, t in a["params"].items():
+            assert torch.equal(t, b["params"][name]), name

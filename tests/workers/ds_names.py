@@ -74,3 +74,31 @@ def leaf_module_groups(spec: RunSpec, leaf_suffix: str) -> dict[str, Any]:
     params = engine.full_parameters()
     engine.destroy()
     return {"owners": owners, "losses": losses, "params": params if rank == 0 else None}
+
+
+def initialize_inside_init(inside: bool) -> dict[str, Any]:
+    """Build a small model under ``zero.Init`` and call ``initialize`` inside the block (DeepSpeed accepts it) or
+    after it; train two steps; return the losses and the full parameters."""
+    import hybridzero
+
+    hybridzero.init_distributed()
+    rank = torch.distributed.get_rank()
+    cfg = {"train_batch_size": 4, "zero_optimization": {"stage": 3, "stage3_param_persistence_threshold": 0}}
+    cfg["optimizer"] = {"type": "Adam", "params": {"lr": 1e-2}}
+    torch.manual_seed(0)
+    with hybridzero.zero.Init(config_dict_or_path=cfg):
+        model = torch.nn.Sequential(torch.nn.Linear(7, 11), torch.nn.ReLU(), torch.nn.Linear(11, 5))
+        if inside:
+            engine, *_ = hybridzero.initialize(model=model, config=cfg)
+    if not inside:
+        engine, *_ = hybridzero.initialize(model=model, config=cfg)
+    x = torch.randn(2, 4, 7, generator=torch.Generator().manual_seed(rank))
+    losses = []
+    for step in range(2):
+        loss = engine(x[step]).square().mean()
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    params = engine.full_parameters()
+    engine.destroy()
+    return {"losses": losses, "params": params}
