@@ -18,6 +18,8 @@ writes its value (DeepSpeed silently ignores that write).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from hybridzero.runtime.fragments import TensorFragments
@@ -31,9 +33,12 @@ __all__ = [
     "safe_get_local_grad",
     "safe_get_local_optimizer_state",
     "safe_set_full_fp32_param",
+    "safe_set_full_grad",
     "safe_set_full_optimizer_state",
     "safe_set_local_fp32_param",
+    "safe_set_local_grad",
     "safe_set_local_optimizer_state",
+    "safe_update_full_grad_vectorized",
 ]
 
 
@@ -114,3 +119,36 @@ def safe_set_local_optimizer_state(param: torch.Tensor, value: torch.Tensor, opt
     frag = _fragments(param, "safe_set_local_optimizer_state", required=True)
     assert frag is not None
     frag.set_local_optimizer_state(param, value, optim_state_key)
+
+
+def safe_set_full_grad(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Replace ``param``'s reduced gradient with the whole ``value`` (every rank, the same value; read back by
+    :func:`safe_get_full_grad`); the next ``step`` uses it. A parameter no engine owns: its ``.grad`` is written."""
+    frag = _fragments(param, "safe_set_full_grad", required=False)
+    if frag is None:
+        if param.grad is None:
+            raise ValueError("safe_set_full_grad: the parameter belongs to no engine and has no .grad to write")
+        with torch.no_grad():
+            param.grad.copy_(value)
+        return
+    frag.set_full_grad(param, value)
+
+
+def safe_set_local_grad(param: torch.Tensor, value: torch.Tensor) -> None:
+    """Replace this rank's part of ``param``'s reduced gradient (shaped as :func:`safe_get_local_grad` gives it)."""
+    frag = _fragments(param, "safe_set_local_grad", required=True)
+    assert frag is not None
+    frag.set_local_grad(param, value)
+
+
+def safe_update_full_grad_vectorized(
+    param_list: list[torch.nn.Parameter], update_func: Callable[[torch.Tensor, torch.nn.Parameter], torch.Tensor]
+) -> None:
+    """For each trainable parameter: its gradient becomes ``update_func(full_grad, param)`` (every rank calls it with
+    the same list; frozen parameters are skipped, as in DeepSpeed)."""
+    for p in param_list:
+        if not p.requires_grad:
+            continue
+        grad = safe_get_full_grad(p)
+        if grad is not None:
+            safe_set_full_grad(p, update_func(grad, p))

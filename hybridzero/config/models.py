@@ -3,8 +3,8 @@
 
 Every accepted key is either a typed field (``acts=False`` on the ones hybridzero does not act on) or listed in the
 block's ``_ignored`` set; both kinds without effect warn once by name (:mod:`.load`). Defaults are DeepSpeed's
-effective defaults; the deliberate differences (bucket sizes must be >= 1; ``offload_param`` needs stage 3 and an
-offloaded optimizer, ``nvme`` an ``nvme`` one) are noted where they occur.
+effective defaults; the deliberate differences (bucket sizes must be >= 1; ``offload_param`` needs stage 3, its
+``nvme`` an ``nvme`` optimizer) are noted where they occur.
 """
 
 from __future__ import annotations
@@ -17,9 +17,18 @@ from pydantic import model_validator
 
 from .base import Block
 from .errors import show
-from .values import BlockProblem, boolean, choice, integer, key, number, optional, text
+from .values import BlockProblem, boolean, choice, integer, key, number, optional, text, texts
 
-__all__ = ["BF16Config", "FP16Config", "HybridEngineConfig", "OffloadConfig", "ParamOffloadConfig", "ZeroConfig"]
+__all__ = [
+    "DEFAULT_LEAF_MODULE_CLASSES",
+    "BF16Config",
+    "FP16Config",
+    "HybridEngineConfig",
+    "LeafModuleConfig",
+    "OffloadConfig",
+    "ParamOffloadConfig",
+    "ZeroConfig",
+]
 
 _SIZE = Annotated[int, integer(0)]  # element counts may be 0
 _BUCKET = Annotated[int, integer(1)]  # a 0-element bucket never fills
@@ -85,15 +94,36 @@ class ParamOffloadConfig(OffloadConfig):
     )
 
 
+DEFAULT_LEAF_MODULE_CLASSES: tuple[str, ...] = (
+    "transformers.models.mixtral.modeling_mixtral.MixtralSparseMoeBlock",
+    "transformers.models.qwen2_moe.modeling_qwen2_moe.Qwen2MoeSparseMoeBlock",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeSparseMoeBlock",
+)
+"""DeepSpeed's default ZeRO-3 leaf classes: the sparse MoE blocks of Mixtral, Qwen2-MoE and Qwen3-MoE."""
+
+
+class LeafModuleConfig(Block):
+    """``zero_optimization.leaf_module``: modules made ZeRO-3 leaves at ``initialize`` (gathered as one unit around
+    their forward, :mod:`hybridzero.zero.leaf`), chosen by class (short or fully qualified name), by qualified
+    module name, or by name suffix. A lone string means a one-element list; repeats are dropped. Lists, as
+    DeepSpeed's model has them (compared with lists by DeepSpeed users)."""
+
+    _prefix: ClassVar[str] = "leaf_module"
+
+    classes: Annotated[list[str], texts()] = key(list(DEFAULT_LEAF_MODULE_CLASSES), "classes", note="zero.leaf")
+    names: Annotated[list[str], texts()] = key([], "names", note="zero.leaf")
+    name_suffixes: Annotated[list[str], texts()] = key([], "name_suffixes", note="zero.leaf")
+
+
 class ZeroConfig(Block):
     """The ``zero_optimization`` block.
 
     Invariants: ``0 <= stage <= 3``; sizes/thresholds are ints >= 0 and bucket sizes ints >= 1 (elements, not
     bytes); ``hpz_partition_size >= 1``; ``overlap_comm`` is a bool -- omitted or ``null`` gives DeepSpeed's
     effective default, ``stage == 3``. The deprecated booleans ``cpu_offload`` / ``cpu_offload_param`` mean an
-    offload block with device ``cpu``. ``offload_param`` acts only at stage 3 with an offloaded optimizer (the compute
-    shard is cast from the fp32 master, so the master must live off the device too); its ``nvme`` needs the
-    optimizer's ``nvme`` (the compute shards go to files with the masters they are cast from).
+    offload block with device ``cpu``. ``offload_param`` acts only at stage 3; with the optimizer on the device its
+    ``cpu`` keeps each compute-dtype shard on the host (re-cast from the master after every write); its ``nvme``
+    needs the optimizer's ``nvme`` (the compute shards go to files with the masters they are cast from).
     """
 
     _prefix: ClassVar[str] = "zero_optimization"
@@ -124,7 +154,6 @@ class ZeroConfig(Block):
             "log_trace_cache_warnings",
             "enable_sanity_checks",
             "save_muon_momentum_buffer_in_memory",
-            "leaf_module",
             "zenflow",
             "compute_grad_norm",
             "parameter_alignment",
@@ -153,6 +182,7 @@ class ZeroConfig(Block):
     quantized_gradients_bits: Annotated[int, integer(4, 8)] = key(8, "zero_quantized_gradients_bits")
     offload_optimizer: OffloadConfig = key(OffloadConfig(), "offload_optimizer")
     offload_param: ParamOffloadConfig = key(ParamOffloadConfig(), "offload_param")
+    leaf_module: LeafModuleConfig = key(LeafModuleConfig(), "leaf_module")
     # acts through engine.save_16bit_model (consolidated 16-bit weights on save)
     gather_16bit_weights_on_model_save: Annotated[bool, boolean] = key(
         False,
@@ -211,13 +241,6 @@ class ZeroConfig(Block):
             raise BlockProblem(
                 f"{{0}}.device = 'nvme' needs {{1}}.device 'nvme' in hybridzero (got {opt.device!r}): the compute "
                 f"shards go to files together with the fp32 master they are cast from",
-                ("offload_param", "offload_optimizer"),
-                param.device,
-            )
-        if param.enabled and not opt.enabled:
-            raise BlockProblem(
-                "{0}.device = 'cpu' needs {1}.device 'cpu' or 'nvme' in hybridzero: compute shards "
-                "are cast from the fp32 master, so the master must be off the device as well",
                 ("offload_param", "offload_optimizer"),
                 param.device,
             )

@@ -26,7 +26,6 @@ TOP_IGNORED: frozenset[str] = frozenset(
     {
         # optimizer plumbing
         "zero_allow_untested_optimizer",
-        "zero_force_ds_cpu_optimizer",
         # monitoring / logging / profiling
         "activation_checkpointing",
         "flops_profiler",
@@ -135,6 +134,11 @@ class Config(Block):
         "mean", "gradient_allreduce_op", note="zero.reduce"
     )
     seed: Annotated[int | None, optional(integer(0))] = key(None, "seed", note="initialize")
+    # DeepSpeed's default is true; hybridzero refuses a client optimizer under optimizer offload only when it is set
+    # explicitly (its DeepSpeedCPUAdam is torch's Adam, so a client optimizer costs nothing extra here)
+    zero_force_ds_cpu_optimizer: Annotated[bool | None, optional(boolean)] = key(
+        None, "zero_force_ds_cpu_optimizer", note="initialize (ZeRORuntimeException)"
+    )
     # hybridzero extension: a step whose gradients hold inf/nan on any rank is skipped on every rank, in any dtype
     skip_nonfinite_steps: Annotated[bool, boolean] = key(False, "skip_nonfinite_steps", note="engine.step")
     # Ulysses sequence parallelism (runtime.sequence_parallel): groups of s consecutive ranks share each sample

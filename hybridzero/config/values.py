@@ -35,6 +35,7 @@ __all__ = [
     "optional",
     "pair",
     "text",
+    "texts",
     "thaw",
 ]
 
@@ -249,6 +250,19 @@ def floats(lo: float, *, nullable: bool = False) -> BeforeValidator:
     expected = "a number or a list of numbers (one per param group)" + bounds_text(lo, None)
     expected += " or null" if nullable else ""
     return BeforeValidator(_checked(expected, convert))
+
+
+def texts() -> BeforeValidator:
+    """A string or a list of strings, as a list of strings without repeats (first occurrence kept): DeepSpeed's
+    coercion of a lone string to a one-element list."""
+
+    def convert(v: Any) -> Any:
+        items = [v] if isinstance(v, str) else v
+        if not isinstance(items, (list, tuple)) or not all(isinstance(m, str) for m in items):
+            return _BAD
+        return list(dict.fromkeys(items))
+
+    return BeforeValidator(_checked("a string or a list of strings", convert))
 
 
 def optional(validator: BeforeValidator) -> BeforeValidator:

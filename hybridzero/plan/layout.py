@@ -17,6 +17,7 @@ from hybridzero.config import Config
 from hybridzero.optim import sharded
 from hybridzero.zero.groups import ShardMode, stage_mode
 from hybridzero.zero.layout import FlatLayout, build_layout, intersect
+from hybridzero.zero.leaf import leaf_module_names
 from hybridzero.zero.partition import plan_groups
 
 __all__ = ["GroupShape", "group_shapes"]
@@ -91,7 +92,8 @@ def group_shapes(module: nn.Module, cfg: Config, world_size: int) -> list[GroupS
     mode = stage_mode(stage)
     index_of, _ = sharded.optimizer_groups(module, None, None)
     out: list[GroupShape] = []
-    for i, plan in enumerate(plan_groups(module, threshold)):
+    leaves = leaf_module_names(module) if cfg.zero.stage == 3 else []
+    for i, plan in enumerate(plan_groups(module, threshold, leaves=leaves)):
         params = [(n, module.get_parameter(n)) for n in plan.param_names]
         named = sharded.order_for_optimizer(params, index_of)
         group_mode = ShardMode.PERSISTENT if plan.replicated else mode

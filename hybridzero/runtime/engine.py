@@ -40,7 +40,7 @@ from hybridzero.runtime.services import EngineServices
 from hybridzero.runtime.synced_generation import SyncedGenerationGuard, guard_fits
 from hybridzero.runtime.tp_generate import TensorParallelGenerator
 from hybridzero.tensor_source import TensorSource
-from hybridzero.zero import materialize
+from hybridzero.zero import leaf, materialize
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.gathered import ZeroParamOwner
 from hybridzero.zero.groups import ShardedGroup, ShardMode, stage_mode
@@ -127,6 +127,9 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         )
         index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
         self.groups = self._build_groups(blocks, index_of, source)
+        if self.placement.params_on_host_only:  # offload_param cpu, optimizer on the device: shards on the CPU
+            for group in self.groups:
+                group.keep_compute_on_host()
         self._cast_buffers()
         z = config.zero
         self.coordinator = self._build_coordinator()
@@ -159,8 +162,13 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         init_fn = materialize.default_init_fn(self.module)
         if meta:
             materialize.materialize_buffers(self.module, self.device, init_fn)
+        leaves: list[str] = []
+        if stage == 3:  # zero_optimization.leaf_module marks modules; every marked one is gathered as a unit
+            cfg = self.config.zero.leaf_module
+            leaf.apply_leaf_config(self.module, cfg.classes, cfg.names, cfg.name_suffixes)
+            leaves = leaf.leaf_module_names(self.module)
         groups = []
-        for i, plan in enumerate(plan_groups(self.module, threshold, blocks)):
+        for i, plan in enumerate(plan_groups(self.module, threshold, blocks, leaves)):
             if meta:
                 params = materialize.materialize_group(
                     self.module,

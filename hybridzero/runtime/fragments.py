@@ -207,6 +207,18 @@ class TensorFragments:
                     with torch.no_grad():
                         state[hit[0] - leaf_lo : hit[1] - leaf_lo].copy_(values[hit[0] - lo : hit[1] - lo])
 
+    def set_full_grad(self, param: torch.Tensor, value: torch.Tensor) -> None:
+        """Every rank passes the same whole fp32 ``value`` (as :meth:`full_grad` reads it: unscaled); each writes its
+        part of the reduced gradient shard, which the next ``step`` (clipping included) uses. No collective."""
+        group, slot = self.zero.locate(param)
+        if not slot.trainable:
+            raise ValueError(f"safe_set_full_grad: {slot.spec.name!r} is frozen and has no gradient")
+        flat = self._check_value(slot, value, "safe_set_full_grad")
+        part = param_part(grad_range(group), slot)
+        if part is not None:
+            with torch.no_grad():
+                group.grad_shard[part[0] : part[1]].copy_(flat[part[2] : part[3]] * self.host.loss_scale)
+
     # --- this rank's part (no collective but write_shard's) ------------------------------------------------------
     def local_fp32(self, param: torch.Tensor) -> torch.Tensor | None:
         """This rank's part of the parameter's fp32 master, flattened (possibly empty; None for a frozen one)."""
@@ -267,3 +279,19 @@ class TensorFragments:
         self._check_key(key, "safe_set_local_optimizer_state")
         if part is not None:
             self._write_state(group, key, part[0], flat)
+
+    def set_local_grad(self, param: torch.Tensor, value: torch.Tensor) -> None:
+        """Write this rank's part of the reduced gradient (shaped as :meth:`local_grad` returns it, unscaled)."""
+        group, slot = self.zero.locate(param)
+        if not slot.trainable:
+            raise ValueError(f"safe_set_local_grad: {slot.spec.name!r} is frozen and has no gradient")
+        part = param_part(grad_range(group), slot)
+        expected = 0 if part is None else part[1] - part[0]
+        if value.numel() != expected:
+            raise ValueError(
+                f"safe_set_local_grad: value has {value.numel()} elements, this rank's part of {slot.spec.name!r} "
+                f"has {expected} (see safe_get_local_grad)"
+            )
+        if part is not None:
+            with torch.no_grad():
+                group.grad_shard[part[0] : part[1]].copy_(value.detach().reshape(-1) * self.host.loss_scale)

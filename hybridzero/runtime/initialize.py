@@ -7,10 +7,11 @@ fails the process group on every rank (see :func:`hybridzero.runtime.failures.fa
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
@@ -24,9 +25,23 @@ from hybridzero.config import Config, load_config
 from hybridzero.runtime.engine import Engine
 from hybridzero.runtime.failures import failure_guard
 from hybridzero.runtime.sequence_parallel import check_model
+from hybridzero.runtime.zero_errors import check_forced_cpu_optimizer
 from hybridzero.tensor_source import TensorSource
+from hybridzero.zero.init_source import init_store_of
 
 _LOG = logging.getLogger("hybridzero")
+
+
+@contextlib.contextmanager
+def paused_init_contexts(model: nn.Module) -> Iterator[None]:
+    """Suspend every still-entered ``zero.Init`` context holding parameters of ``model`` for the block (every rank
+    calls ``initialize`` together, so the pauses line up)."""
+    stores = {id(s): s for s in (init_store_of(p) for p in model.parameters()) if s is not None and s.active}
+    with contextlib.ExitStack() as stack:
+        for store in stores.values():
+            if store.pause is not None:
+                stack.enter_context(store.pause())
+        yield
 
 
 def agree(comm: Comm, error: BaseException | None, what: str) -> None:
@@ -130,6 +145,7 @@ def initialize(
             client_optimizer = optimizer
         else:  # DeepSpeed accepts a callable that builds the optimizer over the parameters
             client_optimizer = optimizer(model_parameters if model_parameters is not None else model.parameters())
+        check_forced_cpu_optimizer(cfg, client_optimizer)
     except Exception as exc:  # noqa: BLE001 - agreed on below, then re-raised on every rank
         error = exc
     agree(comm, error, "initialize")
@@ -138,17 +154,18 @@ def initialize(
     with failure_guard(comm):
         if cfg.seed is not None:
             torch.manual_seed(cfg.seed)
-        engine = Engine(
-            model,
-            cfg,
-            comm,
-            optimizer=client_optimizer,
-            model_parameters=model_parameters,
-            lr_scheduler=lr_scheduler,
-            blocks=blocks,
-            record_events=record_events,
-            source=checkpoint_source,
-        )
+        with paused_init_contexts(model):  # initialize inside the zero.Init block that built the model
+            engine = Engine(
+                model,
+                cfg,
+                comm,
+                optimizer=client_optimizer,
+                model_parameters=model_parameters,
+                lr_scheduler=lr_scheduler,
+                blocks=blocks,
+                record_events=record_events,
+                source=checkpoint_source,
+            )
     if training_data is not None:
         engine.training_dataloader = _dataloader(training_data, cfg, comm, collate_fn)
     return engine, engine.optimizer, engine.training_dataloader, engine.lr_scheduler

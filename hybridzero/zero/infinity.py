@@ -10,6 +10,8 @@ Invariants:
 * The kept compute shard always equals the master cast to the compute dtype: the streamed optimizer step updates it
   piecewise (:meth:`update_compute`), every other write to the master happens inside :meth:`master_resident` and
   calls ``write_shard``, which re-derives it (:meth:`refresh_compute`).
+* With ``offload_param: cpu`` and the optimizer on the device (:meth:`keep_compute_on_host`) there is no file: the
+  kept compute shard lives on the host and every ``write_shard`` re-derives it from the in-memory master.
 * :meth:`master_resident` is reentrant; only the outermost block reads the file and writes it back.
 * Whole masters (stage 0, persistent groups) never go to a file.
 """
@@ -57,6 +59,17 @@ class FileBackedMaster:
             return move(self.compute, self.device)
         return None
 
+    def keep_compute_on_host(self) -> None:
+        """``offload_param: cpu`` with the optimizer on the device: keep this sharded group's compute-dtype shard on
+        the host (a copy, re-derived from the master by every ``write_shard``) and gather from it, as the kept shard
+        of a master in a file is; the fp32 master and the optimizer state stay on the device. Whole masters (stage
+        0-2, persistent groups) are never gathered from a shard, so they keep none."""
+        if self.master_is_whole or self.master_file is not None:
+            return
+        host = torch.device("cpu")
+        compute = move(self.master, host, self.compute_dtype, self.placement.pin_memory)
+        self.compute = compute.clone() if compute is self.master else compute
+
     def offload_to_files(self, master_file: ShardFile, param_file: ShardFile | None) -> None:
         """Move the fp32 master into ``master_file`` (and the compute shard into ``param_file`` when given); from
         here on ``master`` is an empty placeholder outside :meth:`master_resident`. Sharded groups only."""
@@ -102,8 +115,13 @@ class FileBackedMaster:
             self.compute[lo : lo + values.numel()].copy_(values)
 
     def refresh_compute(self) -> None:
-        """Re-derive the kept compute shard from a resident master (inside :meth:`master_resident`)."""
-        if self.master_file is None or self._master_depth == 0:
+        """Re-derive the kept compute shard from a resident master (inside :meth:`master_resident`; always for the
+        host shard of :meth:`keep_compute_on_host`)."""
+        if self.master_file is None:
+            if self.compute is not None:
+                self.compute.copy_(self.master)
+            return
+        if self._master_depth == 0:
             return
         if self.param_file is not None:
             self.param_file.write(self.index, self.master.to(self.compute_dtype))

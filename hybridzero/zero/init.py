@@ -27,8 +27,9 @@ they own.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Any, Self, cast
 
@@ -166,6 +167,7 @@ class Init:
         comm_device = torch.device("cuda", torch.cuda.current_device()) if on_gpu else torch.device("cpu")
         shard_device = torch.device("cpu") if remote_device == "cpu" else None
         self.store = InitStore(self.comm, comm_device, shard_device, dtype, pin_memory)
+        self.store.pause = self.paused
         if module is not None:
             self._partition_tree(module)
 
@@ -207,6 +209,31 @@ class Init:
         pending, self._pending = self._pending, []
         for p in pending:
             self._claim(p)
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """The entered context suspended for a block: ``initialize`` called inside the ``zero.Init`` block that built
+        the model (DeepSpeed accepts that). Every rank enters it together (open parameters are closed first, a
+        collective); inside, nothing is partitioned or opened and the store counts as closed, so the engine can take
+        the shards over; on exit the hooks and the torch-function mode are back."""
+        store, mode = self.store, self._mode
+        if store is None or mode is None or not store.active:
+            yield
+            return
+        store.close_all()
+        mode.__exit__(None, None, None)
+        for handle in self._hooks:
+            handle.remove()
+        store.active = False
+        try:
+            yield
+        finally:
+            store.active = True
+            self._hooks = [
+                nn.modules.module.register_module_module_registration_hook(self._on_module),
+                nn.modules.module.register_module_parameter_registration_hook(self._on_parameter),
+            ]
+            mode.__enter__()
 
     # --- hooks ------------------------------------------------------------------------------------------------
     def _on_module(self, parent: nn.Module, name: str, child: nn.Module | None) -> None:

@@ -24,8 +24,8 @@ Invariants:
 from __future__ import annotations
 
 import weakref
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,6 +86,8 @@ class InitStore:
         self.pin_memory = pin_memory
         self.busy = False
         self.active = False  # True while the owning context is entered (the engine refuses to build then)
+        # set by the owning zero.Init: suspends it for a block (initialize called inside the block that built the model)
+        self.pause: Callable[[], AbstractContextManager[None]] | None = None
         self._entries: WeakIdKeyDictionary = WeakIdKeyDictionary()
         self._open: dict[int, nn.Parameter] = {}  # id -> param, in opening order (the same on every rank)
 

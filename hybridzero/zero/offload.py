@@ -62,9 +62,9 @@ class CopyStream:
 class Placement:
     """The compute ``device``, the ``host`` of offloaded state, and how offloaded state is held.
 
-    Invariants: ``host == device`` unless ``optimizer`` is ``"cpu"`` or ``"nvme"``; ``params`` (offload_param) is
-    only offloaded together with an offloaded optimizer, and ``"nvme"`` only with an ``"nvme"`` optimizer (the
-    config refuses other combinations).
+    Invariants: ``host == device`` unless ``optimizer`` is ``"cpu"`` or ``"nvme"``; ``params`` (offload_param)
+    ``"nvme"`` only with an ``"nvme"`` optimizer (the config refuses other combinations); ``params == "cpu"`` with the
+    optimizer on the device keeps the ZeRO-3 compute shards on the CPU (:attr:`params_on_host_only`).
     """
 
     device: torch.device
@@ -92,6 +92,11 @@ class Placement:
     def state_in_files(self) -> bool:
         """Optimizer state tensors (and the sharded groups' fp32 masters) are in files between steps."""
         return self.optimizer == "nvme"
+
+    @property
+    def params_on_host_only(self) -> bool:
+        """``offload_param: cpu`` without an offloaded optimizer: compute shards on the CPU, master on the device."""
+        return self.params == "cpu" and not self.offloads_optimizer
 
     @property
     def shard_device(self) -> torch.device:

@@ -9,7 +9,11 @@ Default plan, generic for any Hugging Face causal LM (nothing is special-cased p
   group, so it is gathered whenever any user of it runs;
 * parameters with ``numel < persistence_threshold`` stay whole on every rank (the *persistent* group);
 * a block mixing trainable and frozen parameters becomes two groups with the same owner (see
-  :func:`_split_frozen`).
+  :func:`_split_frozen`);
+* ZeRO-3 *leaf* modules (:mod:`hybridzero.zero.leaf`) are gathered as one unit: the blocks inside a leaf merge
+  into one group owned by the leaf (by the root when the leaf has no ``forward`` of its own, as an
+  ``nn.ModuleList``), see :func:`apply_leaves`; a leaf inside a block or outside every block is already whole
+  whenever its forward runs.
 
 Invariant: every trainable or frozen parameter of the module is in exactly one group, named by its first name in
 ``module.named_parameters()``.
@@ -93,12 +97,34 @@ def _split_frozen(block: str, names: Sequence[str], trainable: dict[str, bool]) 
     return [GroupPlan(block, block, train), GroupPlan(f"{block}:frozen", block, frozen)]
 
 
-def plan_groups(module: nn.Module, persistence_threshold: int, blocks: Sequence[str] | None = None) -> list[GroupPlan]:
+def _within(name: str, outer: str) -> bool:
+    return outer == "" or name == outer or name.startswith(outer + ".")
+
+
+def apply_leaves(module: nn.Module, blocks: Sequence[str], leaves: Sequence[str]) -> list[str]:
+    """The gather-group owners once ``leaves`` (qualified names, none inside another) are gathered as units: each
+    block inside a leaf is replaced by the leaf (in the place of its first block), or dropped into the root group
+    when the leaf has no ``forward`` of its own (a container such as ``nn.ModuleList``, whose forward never runs)
+    or is the root itself. Pure."""
+    out: list[str] = []
+    for block in blocks:
+        leaf = next((lf for lf in leaves if _within(block, lf)), None)
+        if leaf is None:
+            out.append(block)
+        elif leaf and leaf not in out and type(module.get_submodule(leaf)).forward is not nn.Module.forward:
+            out.append(leaf)
+    return out
+
+
+def plan_groups(
+    module: nn.Module, persistence_threshold: int, blocks: Sequence[str] | None = None, leaves: Sequence[str] = ()
+) -> list[GroupPlan]:
     """Gather groups for ``module``: root first, then blocks in order, then the persistent group (if any).
 
-    Empty groups are omitted. ``blocks`` overrides :func:`find_blocks`.
+    Empty groups are omitted. ``blocks`` overrides :func:`find_blocks`; ``leaves`` are the ZeRO-3 leaf modules
+    (:func:`apply_leaves`).
     """
-    block_names = list(find_blocks(module) if blocks is None else blocks)
+    block_names = apply_leaves(module, list(find_blocks(module) if blocks is None else blocks), leaves)
     by_first = param_aliases(module)
     aliases = {id(module.get_parameter(first)): names for first, names in by_first.items()}
     canonical = {pid: names[0] for pid, names in aliases.items()}

@@ -236,3 +236,19 @@ def test_unwritable_nvme_path_fails_at_engine_start(world, tmp_path: Path) -> No
         start_with_bad_nvme_path, RunSpec(model="llama", stage=2), str(blocker / "swap"), timeout=TIMEOUT
     )[0]
     assert got.startswith("SwapSpaceError: offload_optimizer.nvme_path = ") and "is not a writable directory" in got
+
+
+def test_offload_param_without_offload_optimizer_is_bitwise_identical(world, tmp_path: Path) -> None:
+    """``offload_param: cpu`` alone (DeepSpeed accepts it): the ZeRO-3 compute shards live on the CPU as copies
+    re-cast from the master after every step, the master and the optimizer state stay on the device, and training is
+    bitwise the run without offload (bf16, accumulation, clipping)."""
+    spec = RunSpec(model="llama", stage=3, accumulation=2, clipping=0.5, dtype="bf16", steps=2)
+    results = world(2).run(train_variants, spec, str(tmp_path), ("none", "param_only"), timeout=TIMEOUT)
+    for r in results:
+        got, base = r["param_only"], r["none"]
+        assert got["losses"] == base["losses"] and got["scales"] == base["scales"]
+        facts = got["facts"]
+        assert facts["kept_bytes"] > 0 and facts["kept_dtype"] == "torch.bfloat16"  # compute shards kept (host)
+        assert base["facts"]["kept_bytes"] == 0
+    _equal(results[0]["param_only"]["params"], results[0]["none"]["params"], "params")
+    _equal(results[0]["param_only"]["state"], results[0]["none"]["state"], "optimizer state")

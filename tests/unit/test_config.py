@@ -357,7 +357,6 @@ IGNORED_SAMPLE = {
     "elasticity": {"enabled": False},
     "checkpoint": {"tag_validation": "Warn"},
     "aio": {"block_size": 1048576},
-    "zero_force_ds_cpu_optimizer": False,
     "zero_optimization": {
         "allgather_partitions": True,
         "load_from_fp32_weights": True,
@@ -476,10 +475,6 @@ def test_deprecations_and_no_effect_settings_warn(extra: dict[str, Any], fragmen
                 }
             },
             ["zero_optimization.offload_param.device = 'cpu'", "needs stage 3", "zero_optimization.stage = 2"],
-        ),
-        (
-            {"zero_optimization": {"stage": 3, "offload_param": {"device": "CPU"}}},
-            ["zero_optimization.offload_param.device = 'cpu'", "zero_optimization.offload_optimizer.device"],
         ),
         (
             {

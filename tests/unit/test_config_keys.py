@@ -34,6 +34,8 @@ _OPTIM = "unit/test_optim.py::test_invalid_adam_params"
 _SCHED = "unit/test_schedulers.py::test_invalid_params_name_key_and_value"
 _OFFLOAD = "distributed/test_offload.py::test_offload_is_bitwise_identical"
 _OFFLOAD_MAP = "unit/test_config.py::test_offload_optimizer_mapping"
+_FORCED_CPU_OPTIM = "unit/test_ds_alias_names.py::test_forced_cpu_optimizer_raises_zero_runtime_exception"
+_LEAF = "unit/test_ds_alias_names.py::test_leaf_module_config_block"
 _OFFLOAD_PARAM = "distributed/test_offload.py::test_offload_param_at_stage_3_is_bitwise_identical"
 _READ_AHEAD = "unit/test_swapfile.py::test_read_ahead_is_bounded_by_buffer_count_and_max_in_cpu"
 _PROGRESS = "distributed/test_reduction_options.py::test_steps_per_print_logs_progress_every_n_steps_on_rank_0"
@@ -80,6 +82,11 @@ ACTS: dict[str, str] = {
     # pin_memory pins the host buffers (CUDA only; on a CPU-only machine host and device are one)
     "zero_optimization.offload_optimizer.pin_memory": _OFFLOAD_MAP,
     "zero_optimization.offload_param.pin_memory": _MAPPING,
+    "zero_optimization.leaf_module": _LEAF,
+    "zero_optimization.leaf_module.classes": _LEAF,
+    "zero_optimization.leaf_module.names": _LEAF,
+    "zero_optimization.leaf_module.name_suffixes": _LEAF,
+    "zero_force_ds_cpu_optimizer": _FORCED_CPU_OPTIM,
     "zero_optimization.offload_param": _OFFLOAD_PARAM,
     "zero_optimization.offload_param.device": _OFFLOAD_PARAM,
     "zero_optimization.offload_param.nvme_path": _OFFLOAD_PARAM,

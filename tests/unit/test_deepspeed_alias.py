@@ -53,7 +53,6 @@ _VALUES = [
 _STAND_INS = [
     "deepspeed.tp_model_init",
     "deepspeed.zero.register_external_parameter",
-    "deepspeed.utils.set_z3_leaf_modules",
 ]
 _UNSERVED_MODULES = [
     "deepspeed.ops.lion",

@@ -1,5 +1,5 @@
 """The DeepSpeed names DeepSpeed-Chat imports: ``ops.adam``, ``HfDeepSpeedConfig``, ``compression.helper``,
-``ZeroParamStatus`` (single process; the end-to-end run is ``tests/integration/test_dschat_original.py``)."""
+``ZeroParamStatus`` (single process)."""
 
 from __future__ import annotations
 

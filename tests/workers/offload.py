@@ -20,6 +20,8 @@ def offload_block(variant: str, nvme_dir: str, param: bool = False) -> dict[str,
     ``param`` adds ``offload_param`` on the same device (NVMe: compute shards in files, one read ahead)."""
     if variant == "none":
         return {}
+    if variant == "param_only":  # offload_param cpu with the optimizer on the device
+        return {"offload_param": {"device": "cpu"}}
     block: dict[str, Any] = {"device": variant}
     if variant == "nvme":
         block.update(nvme_path=nvme_dir, buffer_count=2)

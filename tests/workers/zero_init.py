@@ -222,8 +222,12 @@ def enabled_false_and_exceptions() -> dict[str, Any]:
     inside = ""
     with hybridzero.zero.Init():
         small = nn.Sequential(nn.Linear(5, 3), nn.Linear(3, 7))
-        try:
-            hybridzero.initialize(model=small, config=ds_config(RunSpec(), torch.distributed.get_world_size()))
+        try:  # DeepSpeed accepts initialize inside the block: the context is paused for it
+            engine, *_ = hybridzero.initialize(
+                model=small, config=ds_config(RunSpec(), torch.distributed.get_world_size())
+            )
+            inside = "ok" if engine.zero_optimization_stage() == 3 else "wrong stage"
+            engine.destroy()
         except RuntimeError as exc:
             inside = str(exc)
     return {

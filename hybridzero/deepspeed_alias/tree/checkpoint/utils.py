@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 
-__all__ = ["clone_tensors_for_torch_save"]
+__all__ = ["clone_tensors_for_torch_save", "get_model_ckpt_name_for_rank"]
 
 
 def clone_tensors_for_torch_save(item: Any, device: torch.device | str = "cpu") -> Any:
@@ -22,3 +23,9 @@ def clone_tensors_for_torch_save(item: Any, device: torch.device | str = "cpu") 
     if isinstance(item, dict):
         return type(item)((k, clone_tensors_for_torch_save(v, device)) for k, v in item.items())
     return item
+
+
+def get_model_ckpt_name_for_rank(base_folder: str, mp_rank_str: str) -> str:
+    """DeepSpeed's model-states file name in a tag folder (``mp_rank_XX_model_states.pt``). hybridzero's own
+    checkpoints are safetensors and JSON and hold no such file; DeepSpeed-written ones do."""
+    return os.path.join(base_folder, f"mp_rank_{mp_rank_str}_model_states.pt")

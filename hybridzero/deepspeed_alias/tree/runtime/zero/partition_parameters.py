@@ -22,15 +22,36 @@ from hybridzero.zero import GatheredParameters, Init
 __all__ = [
     "GatheredParameters",
     "Init",
+    "MultipleAllGatherHandles",
     "ZeroParamStatus",
     "get_accelerator",
+    "partitioned_param_data_shape",
     "zero_wrapper_for_fp_tensor_constructor",
 ]
 
 _orig_torch_arange = torch.arange
+
+partitioned_param_data_shape = [0]
+"""DeepSpeed's shape of a partitioned parameter's ``.data`` outside a gather. An engine's ZeRO-3 parameters have it;
+a parameter built under hybridzero's ``zero.Init`` and not yet owned by an engine keeps its logical shape (README,
+"Differences, on purpose")."""
 
 
 def zero_wrapper_for_fp_tensor_constructor(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
     """DeepSpeed's constructor wrapper; hybridzero's ``zero.Init`` does not wrap constructors, so ``fn`` itself."""
     del args, kwargs
     return fn
+
+
+class MultipleAllGatherHandles:
+    """DeepSpeed's handle over several pending all-gathers: ``wait`` waits on each in order, passing
+    ``handle_dependency`` through (hybridzero's own gathers are :class:`hybridzero.comm.collectives.PendingCollective`
+    objects; this is the DeepSpeed-shaped container user code builds over handles)."""
+
+    def __init__(self, handles: list[Any]) -> None:
+        self.handles = list(handles)
+
+    def wait(self, handle_dependency: bool = True) -> None:
+        """Wait on every handle, in order."""
+        for handle in self.handles:
+            handle.wait(handle_dependency=handle_dependency)

@@ -1,0 +1,1 @@
+"""``deepspeed.compression`` (a package: ``helper``)."""

@@ -1,0 +1,1 @@
+"""``deepspeed.runtime.fp16`` (a package: ``fused_optimizer``, ``unfused_optimizer``, ``loss_scaler``)."""
