@@ -34,7 +34,7 @@ from hybridzero.rlhf.data import (
     prompt_batch,
     sft_example,
 )
-from hybridzero.rlhf.demo.task import (
+from hybridzero.rlhf.data.demo_task import (
     build_tokenizer,
     demo_data_dir,
     demo_model_config,

@@ -42,7 +42,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from hybridzero.lora import merged_weights
-from hybridzero.rlhf.demo.task import build_tokenizer, demo_model_config
+from hybridzero.rlhf.data.demo_task import build_tokenizer, demo_model_config
 from hybridzero.runtime.engine import Engine
 
 __all__ = [

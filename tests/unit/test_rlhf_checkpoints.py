@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hybridzero.rlhf.checkpoints import MARKER_DIR, complete_iterations, iteration_tag
+from hybridzero.rlhf.steps.rl.checkpoints import MARKER_DIR, complete_iterations, iteration_tag
 
 ROLES = {"actor": None, "critic": None, "ema": None}
 

@@ -18,7 +18,7 @@ from hybridzero.rlhf.data import (
     prompt_batch,
     sft_example,
 )
-from hybridzero.rlhf.demo.task import (
+from hybridzero.rlhf.data.demo_task import (
     DEMO_SEED,
     DEMO_SIZES,
     DEMO_VOCAB,

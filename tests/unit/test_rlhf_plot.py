@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridzero.rlhf.plot import ChartSpec, Panel, ema_smooth, fold_eval_phases, plan_charts, plot_run
+from hybridzero.rlhf.runlog.plot import ChartSpec, Panel, ema_smooth, fold_eval_phases, plan_charts, plot_run
 
 matplotlib = pytest.importorskip("matplotlib")  # the `plots` extra
 mpimg = pytest.importorskip("matplotlib.image")

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridzero.rlhf.runlog import RunLog, read_metrics
+from hybridzero.rlhf.runlog.metrics import RunLog, read_metrics
 
 
 def _tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

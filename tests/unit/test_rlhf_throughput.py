@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybridzero.rlhf.report import (
+from hybridzero.rlhf.runlog.report import (
     ModelShape,
     Step3Timing,
     checkpoint_factor,

@@ -28,7 +28,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Literal
 
-from hybridzero.rlhf.demo.task import DIGITS, EOS, EQUALS, SPECIAL_TOKENS
+from hybridzero.rlhf.data.demo_task import DIGITS, EOS, EQUALS, SPECIAL_TOKENS
 
 __all__ = [
     "ARITH_SEED",

@@ -16,17 +16,17 @@ from typing import Any
 
 import torch
 
+from hybridzero.rlhf.data.demo_task import demo_data_dir, rule_is_copy, rule_partial, rule_score, rule_scores
 from hybridzero.rlhf.data.records import load_records
 from hybridzero.rlhf.demo.report import held_out_answers, write_report
-from hybridzero.rlhf.demo.task import demo_data_dir, rule_is_copy, rule_partial, rule_score, rule_scores
 from hybridzero.rlhf.engines import build_engine, ds_config, global_sum, load_actor_engine, world_comm
 from hybridzero.rlhf.models import last_token_index, load_tokenizer, load_value_model
-from hybridzero.rlhf.reward import train_reward
-from hybridzero.rlhf.runlog import echo_fn
+from hybridzero.rlhf.runlog.metrics import echo_fn
 from hybridzero.rlhf.settings import PPOSettings, RewardSettings, SFTSettings
-from hybridzero.rlhf.sft import train_sft
-from hybridzero.rlhf.step3 import Monitor
-from hybridzero.rlhf.trainer import train_step3
+from hybridzero.rlhf.steps.reward_model import train_reward
+from hybridzero.rlhf.steps.rl.step3 import Monitor
+from hybridzero.rlhf.steps.rl.trainer import train_step3
+from hybridzero.rlhf.steps.sft import train_sft
 
 __all__ = ["demo_monitor", "demo_settings", "evaluate_policy", "run_demo"]
 

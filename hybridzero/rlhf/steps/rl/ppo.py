@@ -20,11 +20,11 @@ import time
 
 import torch
 
+from hybridzero.rlhf.algorithms.ppo import clipped_value_loss, gae, kl_penalized_rewards, ppo_policy_loss
 from hybridzero.rlhf.engines import Roles, global_sum
-from hybridzero.rlhf.experience import Experience
-from hybridzero.rlhf.math import clipped_value_loss, gae, kl_penalized_rewards, ppo_policy_loss
-from hybridzero.rlhf.rollout import sequence_logprobs
-from hybridzero.rlhf.step3 import (
+from hybridzero.rlhf.rollout.experience import Experience
+from hybridzero.rlhf.rollout.generate import sequence_logprobs
+from hybridzero.rlhf.steps.rl.step3 import (
     Step3,
     UpdateStats,
     global_scale,

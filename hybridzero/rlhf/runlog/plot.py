@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hybridzero.rlhf.runlog import METRICS_FILE, RESERVED_KEYS, read_metrics
+from hybridzero.rlhf.runlog.metrics import METRICS_FILE, RESERVED_KEYS, read_metrics
 
 __all__ = ["ChartSpec", "Panel", "PlotsUnavailable", "ema_smooth", "fold_eval_phases", "plan_charts", "plot_run"]
 

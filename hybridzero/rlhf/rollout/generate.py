@@ -26,11 +26,11 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
+from hybridzero.rlhf.algorithms.ppo import gather_logprobs
 from hybridzero.rlhf.engines import Roles
-from hybridzero.rlhf.experience import Experience
-from hybridzero.rlhf.math import gather_logprobs
 from hybridzero.rlhf.models import last_token_index, position_ids
-from hybridzero.rlhf.stops import StopOnStrings, cut_after_stop
+from hybridzero.rlhf.rollout.experience import Experience
+from hybridzero.rlhf.rollout.stops import StopOnStrings, cut_after_stop
 from hybridzero.runtime.engine import Engine
 
 __all__ = [

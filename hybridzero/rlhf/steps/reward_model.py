@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from transformers import PreTrainedTokenizerBase
 
 from hybridzero.comm.collectives import init_distributed
+from hybridzero.rlhf.data.demo_task import demo_model_config
 from hybridzero.rlhf.data.records import PAIRWISE_COLUMNS, phase_train_eval
 from hybridzero.rlhf.data.tokens import pad_sequences, pad_token_id, pairwise_example
-from hybridzero.rlhf.demo.task import demo_model_config
 from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.models import (
     ValueHeadModel,
@@ -32,9 +32,9 @@ from hybridzero.rlhf.models import (
     save_value_model,
     set_dropout,
 )
-from hybridzero.rlhf.runlog import open_runlog
+from hybridzero.rlhf.runlog.metrics import open_runlog
 from hybridzero.rlhf.settings import RewardSettings
-from hybridzero.rlhf.supervised import LoopSpec, run_loop, supervised_engine
+from hybridzero.rlhf.steps.supervised import LoopSpec, run_loop, supervised_engine
 from hybridzero.runtime.engine import Engine
 
 __all__ = ["pair_batch", "pair_stats", "train_reward"]

@@ -16,16 +16,16 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hybridzero.rlhf.checkpoints import RoleCheckpoints
 from hybridzero.rlhf.engines import engine_numel
-from hybridzero.rlhf.grpo import grpo_iteration
 from hybridzero.rlhf.models import save_causal_lm, save_value_model
-from hybridzero.rlhf.ppo import ppo_iteration
-from hybridzero.rlhf.report import ModelShape, Reporter, Step3Timing, model_shape
-from hybridzero.rlhf.rewards import RewardFunction
-from hybridzero.rlhf.runlog import open_runlog
+from hybridzero.rlhf.rewards.functions import RewardFunction
+from hybridzero.rlhf.runlog.metrics import open_runlog
+from hybridzero.rlhf.runlog.report import ModelShape, Reporter, Step3Timing, model_shape
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
-from hybridzero.rlhf.step3 import Monitor, Step3
+from hybridzero.rlhf.steps.rl.checkpoints import RoleCheckpoints
+from hybridzero.rlhf.steps.rl.grpo import grpo_iteration
+from hybridzero.rlhf.steps.rl.ppo import ppo_iteration
+from hybridzero.rlhf.steps.rl.step3 import Monitor, Step3
 
 __all__ = ["Monitor", "train_step3"]
 

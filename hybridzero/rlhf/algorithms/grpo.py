@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hybridzero.rlhf.math import GRPO_EPS, masked_mean
+from hybridzero.rlhf.algorithms.ppo import GRPO_EPS, masked_mean
 
 __all__ = [
     "ClippedLoss",

@@ -26,10 +26,10 @@ from hybridzero.rlhf.data.dealing import Plan, epoch_order, make_plan, rank_prom
 from hybridzero.rlhf.data.ptx import PtxStream
 from hybridzero.rlhf.data.tokens import load_prompt_rows, pad_token_id, prompt_tensors
 from hybridzero.rlhf.engines import Roles, build_roles, global_sum, world_comm
-from hybridzero.rlhf.experience import Experience
 from hybridzero.rlhf.models import load_tokenizer
-from hybridzero.rlhf.reward_set import RewardSet
-from hybridzero.rlhf.rollout import make_experience, rollout, rollout_stats
+from hybridzero.rlhf.rewards.sources import RewardSet
+from hybridzero.rlhf.rollout.experience import Experience
+from hybridzero.rlhf.rollout.generate import make_experience, rollout, rollout_stats
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
 from hybridzero.runtime.engine import Engine
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import torch
 
-from hybridzero.rlhf.reward_isolation import RewardCallError, RewardWorker, as_values, call_forked
+from hybridzero.rlhf.rewards.isolation import RewardCallError, RewardWorker, as_values, call_forked
 
 __all__ = [
     "RESERVED_KEYWORDS",

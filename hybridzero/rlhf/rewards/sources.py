@@ -42,7 +42,7 @@ import torch
 
 from hybridzero.comm.collectives import DEFAULT_TIMEOUT_S
 from hybridzero.rlhf.engines import global_sum
-from hybridzero.rlhf.rewards import (
+from hybridzero.rlhf.rewards.functions import (
     RewardError,
     RewardFunction,
     RewardSource,
@@ -50,7 +50,7 @@ from hybridzero.rlhf.rewards import (
     combine_rewards,
     reward_sources,
 )
-from hybridzero.rlhf.rewards import score_with_functions as _score
+from hybridzero.rlhf.rewards.functions import score_with_functions as _score
 from hybridzero.rlhf.settings import GRPOSettings
 from hybridzero.runtime.engine import Engine
 
