@@ -1,4 +1,4 @@
-"""Hand-computed checks of the GRPO family's math (hybridzero.rlhf.grpo_math): advantages (GRPO, Dr. GRPO, RLOO,
+"""Hand-computed checks of the GRPO family's math (hybridzero.rlhf.algorithms.grpo): advantages (GRPO, Dr. GRPO, RLOO,
 batch scaling, skipped samples, dead groups), DAPO's overlong shaping, the clipped loss at token level (clip-higher)
 and sequence level (GSPO), the k3 KL term and the three loss aggregations with global normalisers."""
 

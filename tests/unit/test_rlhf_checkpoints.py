@@ -1,4 +1,4 @@
-"""Completion markers of multi-role step-3 checkpoints (hybridzero.rlhf.checkpoints): which iterations count as
+"""Completion markers of multi-role step-3 checkpoints (hybridzero.rlhf.steps.rl.checkpoints): which iterations count as
 saved by every role, and that markers read from disk are treated as untrusted."""
 
 from __future__ import annotations

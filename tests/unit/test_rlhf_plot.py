@@ -1,4 +1,4 @@
-"""plot_run (hybridzero.rlhf.plot) on a synthetic run directory: the planned figures and panels, and real PNGs."""
+"""plot_run (hybridzero.rlhf.runlog.plot) on a synthetic run folder: the planned figures and panels, and real PNGs."""
 
 from __future__ import annotations
 

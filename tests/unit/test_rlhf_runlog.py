@@ -1,4 +1,4 @@
-"""RunLog (hybridzero.rlhf.runlog): rank-0-only writes, strict JSON lines, resume merging, TensorBoard mirror."""
+"""RunLog (hybridzero.rlhf.runlog.metrics): rank-0-only writes, strict JSON lines, resume merging, TensorBoard copy."""
 
 from __future__ import annotations
 

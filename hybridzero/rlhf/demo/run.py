@@ -2,7 +2,7 @@
 
 The tiny Llama is trained from scratch in step 1 on demonstrations of mixed quality (half correct reversals, half
 a copying habit); the reward model learns from preference pairs; PPO optimizes the reward model's score. Nothing
-in training sees :func:`hybridzero.rlhf.demo.task.rule_score`, the hidden rule (exact reversal). The verdict
+in training sees :func:`hybridzero.rlhf.data.demo_task.rule_score`, the hidden rule (exact reversal). The verdict
 evaluates the SFT and the PPO policies on held-out prompts (``eval_prompts.jsonl``): the rule's exact-match rate
 (greedy and sampled), the copy rate and the reward model's mean score, so reward hacking (reward up, rule flat or
 down) would show. Writes ``summary.json`` and PNG plots, and prints where everything is.

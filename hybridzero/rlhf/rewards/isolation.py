@@ -1,7 +1,7 @@
 """Calling a reward function isolated from the trainer, with a deadline: a persistent worker, or a fork per call.
 
 **Persistent worker** (:class:`RewardWorker`, the default path of ``reward_timeout > 0``). One child process per
-:class:`~hybridzero.rlhf.reward_set.RewardSet` (so one per rank), *forked* — never spawned: the functions are not
+:class:`~hybridzero.rlhf.rewards.sources.RewardSet` (so one per rank), *forked* — never spawned: the functions are not
 pickled, closures and lambdas work, nothing is re-imported — at :meth:`RewardWorker.start` or lazily at the first
 call, so it holds the functions and the process state (globals, ``os.environ``, open descriptors) as they are then.
 Each call sends ``(function index, n, kwargs)`` as length-prefixed JSON over one pipe; the worker calls the

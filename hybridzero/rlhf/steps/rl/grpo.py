@@ -4,13 +4,13 @@
    ``max_completion_length`` tokens or a stop string, scored by the actor (old log-probs, recorded once for all
    ``num_iterations`` passes) and, with ``beta > 0``, the reference (:meth:`Step3.rollout`).
 2. **Rewards.** Reward functions and/or the reward model, weighted; failures raised on every rank or skipped
-   (:mod:`hybridzero.rlhf.reward_set`); DAPO's overlong shaping and dynamic sampling
-   (:mod:`hybridzero.rlhf.grpo_rollout`).
+   (:mod:`hybridzero.rlhf.rewards.sources`); DAPO's overlong shaping and dynamic sampling
+   (:mod:`hybridzero.rlhf.steps.rl.grpo_rollout`).
 3. **Advantages.** Per group: mean or leave-one-out baseline, scaled by the group's, the batch's or no std
-   (:func:`~hybridzero.rlhf.grpo_math.group_advantages`).
+   (:func:`~hybridzero.rlhf.algorithms.grpo.group_advantages`).
 4. **Update.** ``num_iterations`` passes over the iteration's experience in mini-batches: the clipped loss (token or
    sequence importance ratio, ``epsilon`` / ``epsilon_high``, k3 KL with ``beta``) aggregated per ``loss_type``
-   with *global* normalisers (:mod:`hybridzero.rlhf.grpo_math`), so every world size takes the same step; each
+   with *global* normalisers (:mod:`hybridzero.rlhf.algorithms.grpo`), so every world size takes the same step; each
    mini-batch is cut to its own used columns first (padding); then a ptx step when a ptx dataset is given.
 5. **EMA.** The EMA actor moves towards the actor (:meth:`Engine.ema_update_from`).
 

@@ -7,11 +7,11 @@
    (``gamma``, ``lambd``) over the answer tokens: advantages and returns.
 3. **Update.** ``ppo_epochs`` passes over all of the iteration's experience in mini-batches of
    ``per_device_training_batch_size``: clipped policy loss on the actor and clipped value loss on the critic, both
-   global token means, stepped together (:func:`~hybridzero.rlhf.step3.step_both`); then an unsupervised (ptx)
+   global token means, stepped together (:func:`~hybridzero.rlhf.steps.rl.step3.step_both`); then an unsupervised (ptx)
    actor step when a ptx dataset is given.
 4. **EMA.** The EMA actor moves towards the actor (:meth:`Engine.ema_update_from`).
 
-The math is :mod:`hybridzero.rlhf.math` (pure); this module only sequences engine calls.
+The math is :mod:`hybridzero.rlhf.algorithms.ppo` (pure); this module only sequences engine calls.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Step 3 on this rank: what the PPO (:mod:`hybridzero.rlhf.ppo`) and GRPO (:mod:`hybridzero.rlhf.grpo`) trainers
+"""Step 3 on this rank: what PPO (:mod:`hybridzero.rlhf.steps.rl.ppo`) and GRPO (:mod:`hybridzero.rlhf.steps.rl.grpo`)
 share. :class:`Step3` is the run's state, built once (engines of each role, the prompts and how they are dealt, the
 ptx stream); the functions below are the update steps both algorithms take.
 

@@ -1,10 +1,11 @@
 """Step 3's outer loop (DeepSpeed-Chat's ``main.py`` of step 3): set up, resume, iterate, report, save, finish.
 
-The iteration itself is the algorithm's: :func:`~hybridzero.rlhf.ppo.ppo_iteration` for :class:`PPOSettings`,
-:func:`~hybridzero.rlhf.grpo.grpo_iteration` for :class:`GRPOSettings`. Checkpoints of the trained roles (actor,
-critic, EMA) go to ``output_dir/checkpoints`` every ``save_interval`` iterations and at the end; a run started with
-``resume`` continues from the newest iteration every role saved completely (:mod:`hybridzero.rlhf.checkpoints`) —
-sampling depends only on sample ids and data orders only on seeds, so the resumed run continues the same curve.
+The iteration itself is the algorithm's: :func:`~hybridzero.rlhf.steps.rl.ppo.ppo_iteration` for :class:`PPOSettings`,
+:func:`~hybridzero.rlhf.steps.rl.grpo.grpo_iteration` for :class:`GRPOSettings`. Checkpoints of the trained roles
+(actor, critic, EMA) go to ``output_dir/checkpoints`` every ``save_interval`` iterations and at the end; a run
+started with ``resume`` continues from the newest iteration every role saved completely
+(:mod:`hybridzero.rlhf.steps.rl.checkpoints`) — sampling depends only on sample ids and data orders only on seeds,
+so the resumed run continues the same curve.
 Final models: ``output_dir/actor`` (HF directory), ``output_dir/critic`` (value model), ``output_dir/actor_ema``.
 """
 
@@ -107,7 +108,7 @@ def train_step3(
     """Run step 3 (PPO, or GRPO for :class:`GRPOSettings`); returns ``{"history", "models", "start"}``.
 
     ``reward_funcs`` (GRPO only): reward functions as callables or ``module:function`` specs, instead of
-    ``s.reward_funcs`` (TRL's signature: :mod:`hybridzero.rlhf.rewards`); ``s.reward_weights`` weighs them."""
+    ``s.reward_funcs`` (TRL's signature: :mod:`hybridzero.rlhf.rewards.functions`); ``s.reward_weights`` weighs them."""
     grpo = isinstance(s, GRPOSettings)
     if reward_funcs and not grpo:
         raise ValueError("reward_funcs: reward functions need GRPOSettings (the grpo step); PPO scores with its critic")
