@@ -109,7 +109,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 def _child(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, fd: int, go: int) -> None:
     """The forked child: contained (own session, subreaper), waits to be adopted, calls, converts, sends one JSON
-    frame, exits without running the parent's atexit/finally code."""
+    frame, then waits to be killed (exiting by itself would hand what it started to init before the parent's kill
+    reaches it), never running the parent's atexit/finally code."""
+    parent = os.getppid()
     try:
         enter_containment()
         wait_for_go(go)
@@ -117,6 +119,8 @@ def _child(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, fd: int, go: i
         _write_all(fd, _HEAD.pack(len(data)) + data)
         _flush()
         os.close(fd)
+        while os.getppid() == parent:  # the parent kills this process and its tree once it has read the answer
+            time.sleep(_DEATH_POLL_S)
     finally:
         os._exit(0)
 
@@ -315,10 +319,12 @@ class _Exchange:
         """Close the pipes, kill the worker and everything it started (:meth:`Containment.kill`), reap it;
         returns its wait status. Idempotent."""
         if self.req_fd >= 0:
+            # Kill before closing: the worker reads EOF on a closed request pipe and exits by itself, and a root
+            # that exits before the kill stops it hands its orphans to init (outside the process tree).
+            self.status = self.box.kill()
             for fd in (self.req_fd, self.rep_fd):
                 os.close(fd)
             self.req_fd = self.rep_fd = -1
-            self.status = self.box.kill()
         return self.status
 
 
