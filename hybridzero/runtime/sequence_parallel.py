@@ -27,9 +27,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface
 
 from hybridzero.comm.collectives import Comm
 from hybridzero.runtime.ulysses import UlyssesAttention
@@ -127,6 +124,13 @@ class SequenceParallel:
     def attach(self, model: nn.Module) -> None:
         """Register this group's Ulysses attention and select it on ``model`` (and its sub-configs); the model's
         previous implementation is the core. :meth:`detach` restores it."""
+        # transformers is imported here, not at module level: `import hybridzero.as_deepspeed` must install the
+        # deepspeed alias before transformers/accelerate are first imported (they decide then whether deepspeed is
+        # available), and the package imports this module.
+        from transformers import AttentionInterface  # noqa: PLC0415 - after the alias (above)
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: PLC0415 - after the alias (above)
+        from transformers.masking_utils import AttentionMaskInterface  # noqa: PLC0415 - after the alias (above)
+
         config = getattr(model, "config", None)
         check_model(config, self.size)
         impl = getattr(config, "_attn_implementation", None) or "eager"

@@ -76,6 +76,24 @@ def _python(code: str, *args: str, path: tuple[Path, ...] = ()) -> str:
     return proc.stdout
 
 
+def test_the_alias_is_installed_before_transformers_or_accelerate_decide() -> None:
+    """transformers' and accelerate's DeepSpeed integrations decide at their first import whether deepspeed exists
+    (accelerate.utils exports DeepSpeedSchedulerWrapper, HfDeepSpeedConfig's base is DeepSpeed's, only then), so
+    importing hybridzero.as_deepspeed must not import them before the alias is in place."""
+    _python(
+        """
+        import sys
+        import hybridzero.as_deepspeed
+        early = [m for m in ("accelerate", "transformers.integrations", "transformers.trainer") if m in sys.modules]
+        assert not early, early
+        import accelerate.utils
+        from transformers.integrations.deepspeed import HfDeepSpeedConfig
+        assert hasattr(accelerate.utils, "DeepSpeedSchedulerWrapper")
+        assert HfDeepSpeedConfig.__mro__[1] is not object, HfDeepSpeedConfig.__mro__
+        """
+    )
+
+
 def test_alias_satisfies_hf_detection_and_serves_every_touched_name() -> None:
     out = _python(
         f"""
