@@ -1,6 +1,6 @@
 """Tokens/s of training forwards+backwards, padded vs packed (``hybridzero.packed_forward``), interleaved A/B.
 
-Two shapes: the demo's tiny Llama (``hybridzero.rlhf.demo.task.demo_model_config`` dims) and a randomly initialised
+Two shapes: the demo's tiny Llama (``hybridzero.rlhf.data.demo_task.demo_model_config`` dims) and a randomly initialised
 model with SmolLM2-135M's config (hidden 576, 9 heads / 3 kv heads, intermediate 1536, vocab 49152; ``--layers``
 blocks, 30 in the real model). Two workloads per shape: SFT micro-batches (prompt+answer, right-padded) and GRPO
 training forwards (rollout layout: left-padded prompts, right-padded answers; log-probs + backward). One process,
@@ -24,7 +24,7 @@ import transformers
 
 from hybridzero.packed_forward import packed_lm_loss, packed_logprobs
 from hybridzero.packing import packed_slots
-from hybridzero.rlhf.math import gather_logprobs
+from hybridzero.rlhf.algorithms.ppo import gather_logprobs
 from hybridzero.rlhf.models import position_ids
 
 

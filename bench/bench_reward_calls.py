@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from hybridzero.rlhf.demo.rewards import exact_answer
-from hybridzero.rlhf.reward_isolation import RewardWorker
-from hybridzero.rlhf.rewards import call_reward_function
+from hybridzero.rlhf.rewards.functions import call_reward_function
+from hybridzero.rlhf.rewards.isolation import RewardWorker
 
 
 def _ms_per_call(calls: int, timeout: float, worker: RewardWorker | None = None) -> float:

@@ -3,7 +3,7 @@
     python bench/demo_task_probe.py [--seconds 90] [--batch 64] [--lr 3e-3] [--no-decay] [--n-eval 128] [--seed 0]
                                     [--data DIR] [--n-sft N] [--threads 1]
 
-Builds the demo model from :func:`hybridzero.rlhf.demo.task.demo_model_config` (random init, seeded), trains it with
+Builds the demo model from :func:`hybridzero.rlhf.data.demo_task.demo_model_config` (random init, seeded), trains it with
 AdamW (lr decaying linearly to 0 over the time budget) on the shipped ``sft.jsonl`` (loss on response tokens and eos
 only, via :func:`hybridzero.rlhf.data.sft_example`)
 for as many steps of ``--batch`` shuffled examples as fit in ``--seconds``, then decodes the first ``--n-eval``
@@ -34,7 +34,7 @@ from hybridzero.rlhf.data import (
     prompt_batch,
     sft_example,
 )
-from hybridzero.rlhf.demo.task import (
+from hybridzero.rlhf.data.demo_task import (
     build_tokenizer,
     demo_data_dir,
     demo_model_config,

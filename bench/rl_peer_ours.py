@@ -25,8 +25,8 @@ from hybridzero.rlhf.demo.arith_eval import eval_prompts, evaluate_arith
 from hybridzero.rlhf.demo.arith_run import GLOBAL_PROMPTS, GROUP, arith_grpo_settings, arith_sft_settings
 from hybridzero.rlhf.engines import world_comm
 from hybridzero.rlhf.settings import GRPOSettings
-from hybridzero.rlhf.sft import train_sft
-from hybridzero.rlhf.trainer import train_step3
+from hybridzero.rlhf.steps.rl.trainer import train_step3
+from hybridzero.rlhf.steps.sft import train_sft
 
 
 def _grpo(a: argparse.Namespace, world: int, rank: int) -> None:

@@ -13,7 +13,7 @@ samples trained (``global_samples``) as DeepSpeed does:
 
 All at the samples trained after the step (``global_samples``), as DeepSpeed does.
 
-The RLHF steps write their metrics to the same sinks (:mod:`hybridzero.rlhf.runlog`), named ``<phase>/<metric>``
+The RLHF steps write their metrics to the same sinks (:mod:`hybridzero.rlhf.runlog.metrics`), named ``<phase>/<metric>``
 against their own step count.
 
 Invariants: every rank checks the blocks and that each enabled block's library is importable, so a bad or

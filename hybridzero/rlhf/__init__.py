@@ -21,9 +21,7 @@ Layout (concepts, each module readable top to bottom):
 
 from __future__ import annotations
 
-from hybridzero.rlhf.demo.run import run_demo
-from hybridzero.rlhf.experience import Experience
-from hybridzero.rlhf.math import (
+from hybridzero.rlhf.algorithms.ppo import (
     PolicyLossStats,
     clipped_value_loss,
     gae,
@@ -37,12 +35,14 @@ from hybridzero.rlhf.math import (
     masked_whiten,
     ppo_policy_loss,
 )
+from hybridzero.rlhf.demo.run import run_demo
 from hybridzero.rlhf.models import ValueHeadModel
-from hybridzero.rlhf.reward import train_reward
-from hybridzero.rlhf.rewards import RewardError, load_reward_function
+from hybridzero.rlhf.rewards.functions import RewardError, load_reward_function
+from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings, RewardSettings, SFTSettings
-from hybridzero.rlhf.sft import train_sft
-from hybridzero.rlhf.trainer import train_step3
+from hybridzero.rlhf.steps.reward_model import train_reward
+from hybridzero.rlhf.steps.rl.trainer import train_step3
+from hybridzero.rlhf.steps.sft import train_sft
 
 __all__ = [
     "Experience",

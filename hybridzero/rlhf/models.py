@@ -1,7 +1,7 @@
 """The RLHF models: causal-LM actors and value models (reward model, critic), their tokenizer, and their on-disk form.
 
 ``model_name_or_path = "demo"`` builds the demo's tiny Llama from its config (seeded, trained from scratch) with the
-demo tokenizer (:mod:`hybridzero.rlhf.demo.task`). Dropout: step 3's actor, reference and EMA are read with every
+demo tokenizer (:mod:`hybridzero.rlhf.data.demo_task`). Dropout: step 3's actor, reference and EMA are read with every
 dropout at 0 (:func:`dropout_overrides`), so their log-probabilities are deterministic; steps 1-2 train with
 DeepSpeed-Chat's ``--dropout`` (:func:`set_dropout`; unset keeps the model's own) and step 1 saves its config with
 dropout 0; a value model (reward model, critic) otherwise keeps its config's dropout.
@@ -42,7 +42,7 @@ from torch import nn
 from transformers import PretrainedConfig, PreTrainedTokenizerBase
 
 from hybridzero.lora import merged_weights
-from hybridzero.rlhf.demo.task import build_tokenizer, demo_model_config
+from hybridzero.rlhf.data.demo_task import build_tokenizer, demo_model_config
 from hybridzero.runtime.engine import Engine
 
 __all__ = [

@@ -21,7 +21,7 @@ every value it relies on. ``lr_scheduler_type`` takes DeepSpeed-Chat's six choic
 ``WarmupCosineLR``, decaying to 10%: what the demo was tuned with).
 
 Special values: ``data_path`` entry ``"demo"`` is the dataset that ships with the project
-(:mod:`hybridzero.rlhf.demo.task`); a DeepSpeed-Chat dataset name (``Dahoas/rm-static``, ...) is read from its local
+(:mod:`hybridzero.rlhf.data.demo_task`); a DeepSpeed-Chat dataset name (``Dahoas/rm-static``, ...) is read from its local
 saved copy under ``data_root`` (:mod:`hybridzero.rlhf.data.dschat`); ``model_name_or_path`` ``"demo"`` builds the
 demo's tiny Llama from its config and trains it from scratch (with the demo tokenizer).
 """
@@ -256,7 +256,7 @@ class PPOSettings(StepSettings, Step3LoRA):
 # --- GRPO family (TRL GRPOConfig spellings; docs/architecture.md "RL with verifiable rewards") ---------------------
 Algorithm = Literal["grpo", "dr_grpo", "dapo", "gspo", "rloo"]
 # --algorithm presets: the defaults each sets for the keys not given explicitly (papers cited in
-# hybridzero.rlhf.grpo_math). "dapo"'s overlong buffer is max_answer_seq_len // 4 unless given.
+# hybridzero.rlhf.algorithms.grpo). "dapo"'s overlong buffer is max_answer_seq_len // 4 unless given.
 ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
     "grpo": {"loss_type": "grpo", "scale_rewards": "group", "grpo_kl_coef": 0.04},
     "dr_grpo": {"loss_type": "dr_grpo", "scale_rewards": "none", "grpo_kl_coef": 0.0},

@@ -10,9 +10,9 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from hybridzero.rlhf.demo.task import build_tokenizer, demo_model_config
+from hybridzero.rlhf.data.demo_task import build_tokenizer, demo_model_config
 from hybridzero.rlhf.engines import decay_groups
-from hybridzero.rlhf.runlog import read_metrics
+from hybridzero.rlhf.runlog.metrics import read_metrics
 from tests.workers.dschat_optim import optimizer_groups_run
 from tests.workers.rlhf_runs import sft_run
 

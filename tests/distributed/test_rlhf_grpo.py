@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from hybridzero.rlhf.demo.task import demo_data_dir
+from hybridzero.rlhf.data.demo_task import demo_data_dir
 from tests.workers.rlhf_runs import make_model_dirs
 from tests.workers.rlvr_runs import failing_reward_run, grpo_family_run
 

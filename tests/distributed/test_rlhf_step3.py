@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from hybridzero.rlhf.runlog import read_metrics
+from hybridzero.rlhf.runlog.metrics import read_metrics
 from tests.workers.rlhf_runs import ema_run, make_model_dirs, step3_run, step_both_run
 
 REPO = Path(__file__).resolve().parents[2]

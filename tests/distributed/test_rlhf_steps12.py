@@ -22,7 +22,7 @@ def test_sft_then_reward_at_world_2(world, tmp_path: Path) -> None:
     import transformers
 
     from hybridzero.rlhf.models import is_value_model_dir, load_value_model
-    from hybridzero.rlhf.runlog import read_metrics
+    from hybridzero.rlhf.runlog.metrics import read_metrics
 
     pool = world(2)
     sft_dir, rm_dir = tmp_path / "sft", tmp_path / "rm"
@@ -113,8 +113,8 @@ def test_bad_inputs_fail_early_with_the_reason(world, tmp_path: Path) -> None:
 
 
 def test_prompt_budget_drop_and_truncate_are_counted(tmp_path: Path) -> None:
+    from hybridzero.rlhf.data.demo_task import build_tokenizer
     from hybridzero.rlhf.data.tokens import load_prompts
-    from hybridzero.rlhf.demo.task import build_tokenizer
     from hybridzero.rlhf.settings import PPOSettings
 
     path = _write_jsonl(tmp_path / "p.jsonl", [{"prompt": "1 2 ="}, {"prompt": "1 2 3 4 5 6 ="}, {"prompt": "7 ="}])
@@ -131,7 +131,7 @@ def test_prompt_budget_drop_and_truncate_are_counted(tmp_path: Path) -> None:
 
 def test_tokenizer_without_pad_pads_with_eos_and_without_either_fails() -> None:
     from hybridzero.rlhf.data import pad_token_id
-    from hybridzero.rlhf.demo.task import build_tokenizer
+    from hybridzero.rlhf.data.demo_task import build_tokenizer
 
     tok = build_tokenizer()
     tok.pad_token = None

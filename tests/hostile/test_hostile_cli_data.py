@@ -13,7 +13,7 @@ import pytest
 
 from hybridzero.cli import main
 from hybridzero.rlhf.data.records import load_records
-from hybridzero.rlhf.reward_containment import live_pids
+from hybridzero.rlhf.rewards.containment import live_pids
 from tests.workers.rlhf_runs import make_model_dirs
 from tests.workers.rlvr_runs import _child_pids
 

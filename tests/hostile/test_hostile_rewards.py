@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from hybridzero.rlhf.reward_containment import live_pids
-from hybridzero.rlhf.reward_isolation import RewardWorker
-from hybridzero.rlhf.rewards import (
+from hybridzero.rlhf.rewards.containment import live_pids
+from hybridzero.rlhf.rewards.isolation import RewardWorker
+from hybridzero.rlhf.rewards.functions import (
     RewardCallError,
     RewardError,
     call_reward_function,

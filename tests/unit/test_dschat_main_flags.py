@@ -156,8 +156,8 @@ def test_steps12_offload_reaches_the_engine_config(monkeypatch: pytest.MonkeyPat
     asks DeepSpeed for; DeepSpeed ignores ``offload_param`` below stage 3)."""
     from types import SimpleNamespace
 
-    from hybridzero.rlhf import supervised
     from hybridzero.rlhf.settings import RewardSettings
+    from hybridzero.rlhf.steps import supervised
 
     seen: list[dict[str, object]] = []
     monkeypatch.setattr(supervised, "world_comm", lambda: SimpleNamespace(world_size=2))
@@ -177,7 +177,7 @@ def test_steps12_dropout_acts_as_deepspeed_chat(tmp_path: Path) -> None:
     """``--dropout P`` sets the model config's dropout keys DeepSpeed-Chat's ``configure_dropout`` sets (the tiny
     Llama has ``attention_dropout``) on the model that trains; none keeps the model's own; ``--disable_dropout`` (the
     steps 1-2 scripts pass it) is ``--dropout 0``. Step 1's saved config keeps dropout 0."""
-    from hybridzero.rlhf.demo.task import build_tokenizer
+    from hybridzero.rlhf.data.demo_task import build_tokenizer
     from hybridzero.rlhf.models import load_causal_lm, load_value_model
     from tests.workers.rlhf_runs import make_model_dirs
 

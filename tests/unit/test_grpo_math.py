@@ -1,4 +1,4 @@
-"""Hand-computed checks of the GRPO family's math (hybridzero.rlhf.grpo_math): advantages (GRPO, Dr. GRPO, RLOO,
+"""Hand-computed checks of the GRPO family's math (hybridzero.rlhf.algorithms.grpo): advantages (GRPO, Dr. GRPO, RLOO,
 batch scaling, skipped samples, dead groups), DAPO's overlong shaping, the clipped loss at token level (clip-higher)
 and sequence level (GSPO), the k3 KL term and the three loss aggregations with global normalisers."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from hybridzero.rlhf.grpo_math import (
+from hybridzero.rlhf.algorithms.grpo import (
     aggregate_loss,
     batch_std,
     clipped_policy_loss,
@@ -17,7 +17,7 @@ from hybridzero.rlhf.grpo_math import (
     group_advantages,
     overlong_penalty,
 )
-from hybridzero.rlhf.math import grpo_advantages
+from hybridzero.rlhf.algorithms.ppo import grpo_advantages
 
 F64 = torch.float64
 NAN = float("nan")
@@ -177,9 +177,9 @@ def test_k3_kl_term() -> None:
 
 
 def test_used_columns_and_trimmed_experience() -> None:
-    from hybridzero.rlhf.experience import Experience
-    from hybridzero.rlhf.grpo import trim_experience
-    from hybridzero.rlhf.rollout import used_columns
+    from hybridzero.rlhf.rollout.experience import Experience
+    from hybridzero.rlhf.rollout.generate import used_columns
+    from hybridzero.rlhf.steps.rl.grpo import trim_experience
 
     # P = 4 (left padded), A = 3 (right padded): real tokens only in columns 1..4
     attention = torch.tensor([[0, 1, 1, 1, 0, 0, 0], [0, 0, 1, 1, 1, 0, 0]])

@@ -126,7 +126,7 @@ def test_tensorboard_writes_event_files(tmp_path: Path) -> None:
 
 
 def test_rlhf_runlog_metrics_go_to_the_monitor(tmp_path: Path) -> None:
-    from hybridzero.rlhf.runlog import RunLog
+    from hybridzero.rlhf.runlog.metrics import RunLog
 
     block = {"csv_monitor": {"enabled": True, "output_path": str(tmp_path / "csv"), "job_name": "rl"}}
     with RunLog(tmp_path / "run", 0, tensorboard=False, echo=lambda _: None, monitor=build_monitor(block, 0)) as log:

@@ -28,7 +28,7 @@ from hybridzero.packing import (
     unpack_next_token,
     unpack_tokens,
 )
-from hybridzero.rlhf.math import gather_logprobs
+from hybridzero.rlhf.algorithms.ppo import gather_logprobs
 from hybridzero.rlhf.models import position_ids
 from tests.harness.models import tiny_gpt2, tiny_llama, tiny_opt
 

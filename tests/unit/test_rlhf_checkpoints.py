@@ -1,4 +1,4 @@
-"""Completion markers of multi-role step-3 checkpoints (hybridzero.rlhf.checkpoints): which iterations count as
+"""Completion markers of multi-role step-3 checkpoints (hybridzero.rlhf.steps.rl.checkpoints): which iterations count as
 saved by every role, and that markers read from disk are treated as untrusted."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hybridzero.rlhf.checkpoints import MARKER_DIR, complete_iterations, iteration_tag
+from hybridzero.rlhf.steps.rl.checkpoints import MARKER_DIR, complete_iterations, iteration_tag
 
 ROLES = {"actor": None, "critic": None, "ema": None}
 

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from hybridzero.rlhf.data.demo_task import build_tokenizer
 from hybridzero.rlhf.demo.arith import (
     ARITH_SEED,
     ARITH_SIZES,
@@ -23,7 +24,6 @@ from hybridzero.rlhf.demo.arith import (
     write_arith_data,
 )
 from hybridzero.rlhf.demo.rewards import answer_format, exact_answer
-from hybridzero.rlhf.demo.task import build_tokenizer
 
 
 def rows(path: Path) -> list[dict[str, str]]:

@@ -1,4 +1,4 @@
-"""Tests of hybridzero.rlhf.demo.task: tokenizer, tiny model config, records, the hidden rule and the shipped files."""
+"""Tests of hybridzero.rlhf.data.demo_task: tokenizer, tiny model config, records, the hidden rule and the shipped files."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from hybridzero.rlhf.data import (
     prompt_batch,
     sft_example,
 )
-from hybridzero.rlhf.demo.task import (
+from hybridzero.rlhf.data.demo_task import (
     DEMO_SEED,
     DEMO_SIZES,
     DEMO_VOCAB,

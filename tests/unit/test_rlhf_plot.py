@@ -1,4 +1,4 @@
-"""plot_run (hybridzero.rlhf.plot) on a synthetic run directory: the planned figures and panels, and real PNGs."""
+"""plot_run (hybridzero.rlhf.runlog.plot) on a synthetic run directory: the planned figures and panels, and real PNGs."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridzero.rlhf.plot import ChartSpec, Panel, ema_smooth, fold_eval_phases, plan_charts, plot_run
+from hybridzero.rlhf.runlog.plot import ChartSpec, Panel, ema_smooth, fold_eval_phases, plan_charts, plot_run
 
 matplotlib = pytest.importorskip("matplotlib")  # the `plots` extra
 mpimg = pytest.importorskip("matplotlib.image")

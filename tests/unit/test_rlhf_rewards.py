@@ -1,4 +1,4 @@
-"""Reward functions (hybridzero.rlhf.rewards) and the GRPO settings that name them: loading by module or file path,
+"""Reward functions (hybridzero.rlhf.rewards.functions) and the GRPO settings that name them: loading by module or file path,
 TRL's call signature with the dataset's extra columns, None/NaN/inf/wrong-length/raise/hang handling (in the
 persistent worker, forked per call, and in-process: the same answers and messages), the worker's lifetime (state kept
 in it, replaced after a kill or a death, closed, gone with its parent), combining sources as TRL's nansum, and the
@@ -21,9 +21,7 @@ import torch
 
 from hybridzero.cli import build_parser
 from hybridzero.rlhf.cli import settings_from_args
-from hybridzero.rlhf.reward_isolation import RewardWorker, is_plain
-from hybridzero.rlhf.reward_set import RewardSet
-from hybridzero.rlhf.rewards import (
+from hybridzero.rlhf.rewards.functions import (
     RewardCallError,
     call_reward_function,
     combine_rewards,
@@ -31,6 +29,8 @@ from hybridzero.rlhf.rewards import (
     reward_sources,
     score_with_functions,
 )
+from hybridzero.rlhf.rewards.isolation import RewardWorker, is_plain
+from hybridzero.rlhf.rewards.sources import RewardSet
 from hybridzero.rlhf.settings import GRPOSettings
 from tests.workers import rlvr_rewards
 
@@ -345,8 +345,8 @@ def test_reward_sources_in_the_settings() -> None:
 
 
 def test_stop_strings_cut_after_the_string() -> None:
-    from hybridzero.rlhf.demo.task import build_tokenizer
-    from hybridzero.rlhf.stops import StopOnStrings, cut_after_stop
+    from hybridzero.rlhf.data.demo_task import build_tokenizer
+    from hybridzero.rlhf.rollout.stops import StopOnStrings, cut_after_stop
 
     tok = build_tokenizer()
     rows = [tok.encode(text, add_special_tokens=False) for text in ("1 = 2 3", "4 5 6 7", "8 9 = =")]
@@ -397,7 +397,7 @@ def test_reward_deadline_must_fit_the_collective_timeout(monkeypatch: pytest.Mon
 def test_isolation_trouble_is_a_reward_call_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failure of the isolation itself on one rank (fork/pipe refused: EAGAIN, EMFILE) becomes a RewardCallError,
     so the reward set's agreement reports it on every rank instead of this rank leaving the collective alone."""
-    from hybridzero.rlhf import reward_isolation
+    from hybridzero.rlhf.rewards.functions import isolation as reward_isolation
 
     def no_fork() -> int:
         raise OSError(11, "Resource temporarily unavailable")

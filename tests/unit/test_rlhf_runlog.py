@@ -1,4 +1,4 @@
-"""RunLog (hybridzero.rlhf.runlog): rank-0-only writes, strict JSON lines, resume merging, TensorBoard mirror."""
+"""RunLog (hybridzero.rlhf.runlog.metrics): rank-0-only writes, strict JSON lines, resume merging, TensorBoard mirror."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hybridzero.rlhf.runlog import RunLog, read_metrics
+from hybridzero.rlhf.runlog.metrics import RunLog, read_metrics
 
 
 def _tensorboard_scalars(run_dir: Path) -> dict[str, list[tuple[int, float]]]:

@@ -1,4 +1,4 @@
-"""Hand-computed checks of the step-3 throughput report (hybridzero.rlhf.report), including the two fixes."""
+"""Hand-computed checks of the step-3 throughput report (hybridzero.rlhf.runlog.report), including the two fixes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hybridzero.rlhf.report import (
+from hybridzero.rlhf.runlog.report import (
     ModelShape,
     Step3Timing,
     checkpoint_factor,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import transformers
 
-from hybridzero.rlhf.demo.task import build_tokenizer, demo_model_config
+from hybridzero.rlhf.data.demo_task import build_tokenizer, demo_model_config
 from hybridzero.rlhf.settings import SFTSettings
-from hybridzero.rlhf.supervised import supervised_engine
+from hybridzero.rlhf.steps.supervised import supervised_engine
 
 
 def optimizer_groups_run(weight_decay: float) -> list[tuple[float, int]]:

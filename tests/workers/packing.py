@@ -55,7 +55,7 @@ def _sft_examples(vocab: int, rank: int) -> list[tuple[list[int], list[int]]]:
 
 def _sft(name: str, rank: int) -> dict[str, Any]:
     from hybridzero.packed_forward import packed_lm_loss
-    from hybridzero.rlhf.sft import sft_batch
+    from hybridzero.rlhf.steps.sft import sft_batch
 
     padded, packed = _engines(name, seed=3)
     examples = _sft_examples(int(padded.module.config.vocab_size), rank)
@@ -90,9 +90,9 @@ def _rollout_batch(vocab: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, t
 
 def _grpo(name: str, rank: int) -> dict[str, Any]:
     from hybridzero.packed_forward import packed_last_values
-    from hybridzero.rlhf.grpo_math import aggregate_loss, clipped_policy_loss, group_advantages
+    from hybridzero.rlhf.algorithms.grpo import aggregate_loss, clipped_policy_loss, group_advantages
     from hybridzero.rlhf.models import ValueHeadModel, last_token_index
-    from hybridzero.rlhf.rollout import sequence_logprobs
+    from hybridzero.rlhf.rollout.generate import sequence_logprobs
 
     padded, packed = _engines(name, seed=5)
     seq, mask, action = _rollout_batch(int(padded.module.config.vocab_size), rank)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridzero.rlhf.settings import PPOSettings
-from hybridzero.rlhf.trainer import train_step3
+from hybridzero.rlhf.steps.rl.trainer import train_step3
 from hybridzero.runtime.engine import Engine
 from tests.workers.rlhf_runs import STEP3_DEFAULTS
 

@@ -20,7 +20,7 @@ def make_model_dirs(root: Path, seed: int = 0, **config_overrides: Any) -> tuple
     """``(actor_dir, value_dir)`` of the demo's tiny Llama (fp32, seeded) under ``root``."""
     import transformers
 
-    from hybridzero.rlhf.demo.task import build_tokenizer, demo_model_config
+    from hybridzero.rlhf.data.demo_task import build_tokenizer, demo_model_config
     from hybridzero.rlhf.models import ValueHeadModel, write_value_model
 
     tok = build_tokenizer()
@@ -60,7 +60,7 @@ def step3_run(settings: dict[str, Any], grpo: bool = False, fail_at: int | None 
     """One rank of a step-3 run; ``fail_at`` raises (on every rank) inside that iteration's metrics, after the
     rollout, as a crash would. Returns the history and the final models' paths."""
     from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
-    from hybridzero.rlhf.trainer import train_step3
+    from hybridzero.rlhf.steps.rl.trainer import train_step3
 
     calls = {"n": 0}
 
@@ -83,15 +83,15 @@ def step3_run(settings: dict[str, Any], grpo: bool = False, fail_at: int | None 
 def sft_run(settings: dict[str, Any]) -> dict[str, Any]:
     """One rank of step 1."""
     from hybridzero.rlhf.settings import SFTSettings
-    from hybridzero.rlhf.sft import train_sft
+    from hybridzero.rlhf.steps.sft import train_sft
 
     return train_sft(SFTSettings(**{**STEP12_DEFAULTS, **settings}))
 
 
 def reward_run(settings: dict[str, Any]) -> dict[str, Any]:
     """One rank of step 2."""
-    from hybridzero.rlhf.reward import train_reward
     from hybridzero.rlhf.settings import RewardSettings
+    from hybridzero.rlhf.steps.reward_model import train_reward
 
     return train_reward(RewardSettings(**{**STEP12_DEFAULTS, "learning_rate": 1e-3, **settings}))
 
@@ -103,7 +103,7 @@ def step_both_run(actor_dir: str, value_dir: str, overflow_in: str) -> dict[str,
     import hybridzero
     from hybridzero.rlhf.engines import OptimSpec, build_engine, ds_config, load_actor_engine
     from hybridzero.rlhf.models import load_value_model
-    from hybridzero.rlhf.step3 import step_both
+    from hybridzero.rlhf.steps.rl.step3 import step_both
 
     hybridzero.init_distributed()
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()

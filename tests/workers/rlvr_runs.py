@@ -15,7 +15,7 @@ __all__ = ["failing_reward_run", "grpo_family_run"]
 def grpo_family_run(runs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
     """Each named GRPO run in turn (one spawned world for all); returns their histories."""
     from hybridzero.rlhf.settings import GRPOSettings
-    from hybridzero.rlhf.trainer import train_step3
+    from hybridzero.rlhf.steps.rl.trainer import train_step3
 
     return {name: train_step3(GRPOSettings(**{**STEP3_DEFAULTS, **s}))["history"] for name, s in runs.items()}
 
@@ -38,9 +38,9 @@ def failing_reward_run(settings: dict[str, Any], fail_rank: int) -> dict[str, An
     """A run whose ``tests.workers.rlvr_rewards`` failing functions misbehave on ``fail_rank`` only; returns the
     error this rank raised (``None``: it completed), the history, whether the actor's weights stayed finite, and
     the child processes the run left behind (its reward worker must be closed and reaped, whichever way it ended)."""
-    from hybridzero.rlhf.rewards import RewardError
+    from hybridzero.rlhf.rewards.functions import RewardError
     from hybridzero.rlhf.settings import GRPOSettings
-    from hybridzero.rlhf.trainer import train_step3
+    from hybridzero.rlhf.steps.rl.trainer import train_step3
 
     before = _child_pids()
     os.environ["RLVR_FAIL_RANK"] = str(fail_rank)  # read by the reward functions (in their worker process)

@@ -80,7 +80,7 @@ def _sampled_equal(ref: nn.Module, engine: Any, ids: torch.Tensor, mask: torch.T
     """The rollout's per-row sampling noise (a caller's logits processor) gives the unsharded model's samples."""
     from transformers import LogitsProcessorList
 
-    from hybridzero.rlhf.rollout import SampleNoise
+    from hybridzero.rlhf.rollout.generate import SampleNoise
 
     seeds = [1000 * rank + r for r in range(ids.shape[0])]
 

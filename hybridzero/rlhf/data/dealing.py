@@ -9,7 +9,7 @@ batches of ``P_g = per_device_generation_batch_size / k x W`` prompts (``k`` = s
 ``u x W`` prompts (``u = per_device_training_batch_size / k``) and rank ``r`` takes slice ``r`` of every chunk; so
 the ``j``-th training mini-batch of every rank is slice ``r`` of global chunk ``j``, and the union over ranks is the
 same set of samples at every world size. Sample ``j`` of the prompt at epoch position ``q`` has the id
-``(epoch x n_prompts + q) x k + j`` (its sampling seed; see :mod:`hybridzero.rlhf.rollout`).
+``(epoch x n_prompts + q) x k + j`` (its sampling seed; see :mod:`hybridzero.rlhf.rollout.generate`).
 """
 
 from __future__ import annotations

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from hybridzero.rlhf.data.dealing import epoch_order, rank_slice
+from hybridzero.rlhf.data.demo_task import demo_data_dir
 from hybridzero.rlhf.data.dschat import DATA_ROOT_ENV
 from hybridzero.rlhf.data.records import load_records
 from hybridzero.rlhf.data.sources import (
@@ -28,7 +29,6 @@ from hybridzero.rlhf.data.sources import (
     read_jsonl_file,
 )
 from hybridzero.rlhf.data.tokens import IGNORE_INDEX, pad_sequences, sft_example
-from hybridzero.rlhf.demo.task import demo_data_dir
 from hybridzero.rlhf.settings import PPOSettings
 
 if TYPE_CHECKING:

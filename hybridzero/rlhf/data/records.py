@@ -20,6 +20,7 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
+from hybridzero.rlhf.data.demo_task import demo_data_dir
 from hybridzero.rlhf.data.dschat import dschat_rows, dschat_test_rows
 from hybridzero.rlhf.data.sources import (
     read_hf_directory,
@@ -27,7 +28,6 @@ from hybridzero.rlhf.data.sources import (
     read_json_file,
     read_jsonl_lines,
 )
-from hybridzero.rlhf.demo.task import demo_data_dir
 
 PAIRWISE_COLUMNS: tuple[str, ...] = ("prompt", "chosen", "rejected")
 SFT_COLUMNS: tuple[str, ...] = ("prompt", "response")

@@ -2,7 +2,7 @@
 
 A prompt is a 3-5 digit number (no leading zero), ``=``, one digit 1-9, ``=`` — read "3897 plus 5": for
 ``"3 8 9 7 = 5 ="`` the correct answer is ``"3 9 0 2"`` (then end of sequence). Words are the demo tokenizer's
-(:func:`hybridzero.rlhf.demo.task.build_tokenizer`: digits, ``=`` and the special tokens), so the demo's tiny Llama
+(:func:`hybridzero.rlhf.data.demo_task.build_tokenizer`: digits, ``=`` and the special tokens), so the demo's tiny Llama
 is used as is. About 45% of prompts need a carry out of the last digit (the addend plus the last digit reach 10),
 and a carry runs on through every 9 before it (``9 9 7 = 5 =`` -> ``1 0 0 2``).
 
@@ -28,7 +28,7 @@ from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Literal
 
-from hybridzero.rlhf.demo.task import DIGITS, EOS, EQUALS, SPECIAL_TOKENS
+from hybridzero.rlhf.data.demo_task import DIGITS, EOS, EQUALS, SPECIAL_TOKENS
 
 __all__ = [
     "ARITH_SEED",

@@ -18,10 +18,10 @@ from hybridzero.rlhf.demo.arith import arith_data_dir
 from hybridzero.rlhf.demo.arith_eval import ANSWER_LEN, PROMPT_WIDTH, eval_prompts, evaluate_arith
 from hybridzero.rlhf.demo.report import write_report
 from hybridzero.rlhf.engines import world_comm
-from hybridzero.rlhf.runlog import echo_fn
+from hybridzero.rlhf.runlog.metrics import echo_fn
 from hybridzero.rlhf.settings import GRPOSettings, SFTSettings
-from hybridzero.rlhf.sft import train_sft
-from hybridzero.rlhf.trainer import train_step3
+from hybridzero.rlhf.steps.rl.trainer import train_step3
+from hybridzero.rlhf.steps.sft import train_sft
 
 __all__ = ["ARITH_REWARDS", "arith_grpo_settings", "arith_sft_settings", "run_arith_demo"]
 

@@ -14,8 +14,8 @@ from typing import Any
 from transformers import PreTrainedTokenizerBase
 
 from hybridzero.rlhf.data.tokens import prompt_tensors
-from hybridzero.rlhf.plot import PlotsUnavailable, plot_run
-from hybridzero.rlhf.rollout import rollout
+from hybridzero.rlhf.rollout.generate import rollout
+from hybridzero.rlhf.runlog.plot import PlotsUnavailable, plot_run
 from hybridzero.runtime.engine import Engine
 
 __all__ = ["held_out_answers", "write_report"]

@@ -2,7 +2,7 @@
 
 The tiny Llama is trained from scratch in step 1 on demonstrations of mixed quality (half correct reversals, half
 a copying habit); the reward model learns from preference pairs; PPO optimizes the reward model's score. Nothing
-in training sees :func:`hybridzero.rlhf.demo.task.rule_score`, the hidden rule (exact reversal). The verdict
+in training sees :func:`hybridzero.rlhf.data.demo_task.rule_score`, the hidden rule (exact reversal). The verdict
 evaluates the SFT and the PPO policies on held-out prompts (``eval_prompts.jsonl``): the rule's exact-match rate
 (greedy and sampled), the copy rate and the reward model's mean score, so reward hacking (reward up, rule flat or
 down) would show. Writes ``summary.json`` and PNG plots, and prints where everything is.
@@ -16,17 +16,17 @@ from typing import Any
 
 import torch
 
+from hybridzero.rlhf.data.demo_task import demo_data_dir, rule_is_copy, rule_partial, rule_score, rule_scores
 from hybridzero.rlhf.data.records import load_records
 from hybridzero.rlhf.demo.report import held_out_answers, write_report
-from hybridzero.rlhf.demo.task import demo_data_dir, rule_is_copy, rule_partial, rule_score, rule_scores
 from hybridzero.rlhf.engines import build_engine, ds_config, global_sum, load_actor_engine, world_comm
 from hybridzero.rlhf.models import last_token_index, load_tokenizer, load_value_model
-from hybridzero.rlhf.reward import train_reward
-from hybridzero.rlhf.runlog import echo_fn
+from hybridzero.rlhf.runlog.metrics import echo_fn
 from hybridzero.rlhf.settings import PPOSettings, RewardSettings, SFTSettings
-from hybridzero.rlhf.sft import train_sft
-from hybridzero.rlhf.step3 import Monitor
-from hybridzero.rlhf.trainer import train_step3
+from hybridzero.rlhf.steps.reward_model import train_reward
+from hybridzero.rlhf.steps.rl.step3 import Monitor
+from hybridzero.rlhf.steps.rl.trainer import train_step3
+from hybridzero.rlhf.steps.sft import train_sft
 
 __all__ = ["demo_monitor", "demo_settings", "evaluate_policy", "run_demo"]
 

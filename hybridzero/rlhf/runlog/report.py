@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from hybridzero.rlhf.runlog import RunLog
+from hybridzero.rlhf.runlog.metrics import RunLog
 
 if TYPE_CHECKING:
     import torch

@@ -7,11 +7,11 @@
    (``gamma``, ``lambd``) over the answer tokens: advantages and returns.
 3. **Update.** ``ppo_epochs`` passes over all of the iteration's experience in mini-batches of
    ``per_device_training_batch_size``: clipped policy loss on the actor and clipped value loss on the critic, both
-   global token means, stepped together (:func:`~hybridzero.rlhf.step3.step_both`); then an unsupervised (ptx)
+   global token means, stepped together (:func:`~hybridzero.rlhf.steps.rl.step3.step_both`); then an unsupervised (ptx)
    actor step when a ptx dataset is given.
 4. **EMA.** The EMA actor moves towards the actor (:meth:`Engine.ema_update_from`).
 
-The math is :mod:`hybridzero.rlhf.math` (pure); this module only sequences engine calls.
+The math is :mod:`hybridzero.rlhf.algorithms.ppo` (pure); this module only sequences engine calls.
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import time
 import torch
 
 from hybridzero.rlhf.engines import Roles, global_sum
-from hybridzero.rlhf.experience import Experience
-from hybridzero.rlhf.math import clipped_value_loss, gae, kl_penalized_rewards, ppo_policy_loss
-from hybridzero.rlhf.rollout import critic_values, sequence_logprobs
-from hybridzero.rlhf.step3 import (
+from hybridzero.rlhf.rollout.experience import Experience
+from hybridzero.rlhf.algorithms.ppo import clipped_value_loss, gae, kl_penalized_rewards, ppo_policy_loss
+from hybridzero.rlhf.rollout.generate import critic_values, sequence_logprobs
+from hybridzero.rlhf.steps.rl.step3 import (
     Step3,
     UpdateStats,
     global_scale,

@@ -4,13 +4,13 @@
    ``max_completion_length`` tokens or a stop string, scored by the actor (old log-probs, recorded once for all
    ``num_iterations`` passes) and, with ``beta > 0``, the reference (:meth:`Step3.rollout`).
 2. **Rewards.** Reward functions and/or the reward model, weighted; failures raised on every rank or skipped
-   (:mod:`hybridzero.rlhf.reward_set`); DAPO's overlong shaping and dynamic sampling
-   (:mod:`hybridzero.rlhf.grpo_rollout`).
+   (:mod:`hybridzero.rlhf.rewards.sources`); DAPO's overlong shaping and dynamic sampling
+   (:mod:`hybridzero.rlhf.steps.rl.grpo_rollout`).
 3. **Advantages.** Per group: mean or leave-one-out baseline, scaled by the group's, the batch's or no std
-   (:func:`~hybridzero.rlhf.grpo_math.group_advantages`).
+   (:func:`~hybridzero.rlhf.algorithms.grpo.group_advantages`).
 4. **Update.** ``num_iterations`` passes over the iteration's experience in mini-batches: the clipped loss (token or
    sequence importance ratio, ``epsilon`` / ``epsilon_high``, k3 KL with ``beta``) aggregated per ``loss_type``
-   with *global* normalisers (:mod:`hybridzero.rlhf.grpo_math`), so every world size takes the same step; each
+   with *global* normalisers (:mod:`hybridzero.rlhf.algorithms.grpo`), so every world size takes the same step; each
    mini-batch is cut to its own used columns first (padding); then a ptx step when a ptx dataset is given.
 5. **EMA.** The EMA actor moves towards the actor (:meth:`Engine.ema_update_from`).
 
@@ -25,12 +25,12 @@ import torch
 
 from hybridzero.packing import packed_slots
 from hybridzero.rlhf.engines import global_sum
-from hybridzero.rlhf.experience import Experience
-from hybridzero.rlhf.grpo_math import aggregate_loss, batch_std, clipped_policy_loss, group_advantages
-from hybridzero.rlhf.grpo_rollout import GroupBatch, sample_groups
-from hybridzero.rlhf.rollout import sequence_logprobs, used_columns
+from hybridzero.rlhf.rollout.experience import Experience
+from hybridzero.rlhf.algorithms.grpo import aggregate_loss, batch_std, clipped_policy_loss, group_advantages
+from hybridzero.rlhf.steps.rl.grpo_rollout import GroupBatch, sample_groups
+from hybridzero.rlhf.rollout.generate import sequence_logprobs, used_columns
 from hybridzero.rlhf.settings import GRPOSettings
-from hybridzero.rlhf.step3 import Step3, UpdateStats, mean_update_stats, ptx_update, slice_experience, step_both
+from hybridzero.rlhf.steps.rl.step3 import Step3, UpdateStats, mean_update_stats, ptx_update, slice_experience, step_both
 
 __all__ = ["advantages_of", "grpo_iteration", "grpo_update", "trim_experience"]
 

@@ -1,9 +1,9 @@
 """Step 3's outer loop (DeepSpeed-Chat's ``main.py`` of step 3): set up, resume, iterate, report, save, finish.
 
-The iteration itself is the algorithm's: :func:`~hybridzero.rlhf.ppo.ppo_iteration` for :class:`PPOSettings`,
-:func:`~hybridzero.rlhf.grpo.grpo_iteration` for :class:`GRPOSettings`. Checkpoints of the trained roles (actor,
+The iteration itself is the algorithm's: :func:`~hybridzero.rlhf.steps.rl.ppo.ppo_iteration` for :class:`PPOSettings`,
+:func:`~hybridzero.rlhf.steps.rl.grpo.grpo_iteration` for :class:`GRPOSettings`. Checkpoints of the trained roles (actor,
 critic, EMA) go to ``output_dir/checkpoints`` every ``save_interval`` iterations and at the end; a run started with
-``resume`` continues from the newest iteration every role saved completely (:mod:`hybridzero.rlhf.checkpoints`) —
+``resume`` continues from the newest iteration every role saved completely (:mod:`hybridzero.rlhf.steps.rl.checkpoints`) —
 sampling depends only on sample ids and data orders only on seeds, so the resumed run continues the same curve.
 Final models: ``output_dir/actor`` (HF directory), ``output_dir/critic`` (value model), ``output_dir/actor_ema``.
 """
@@ -16,16 +16,16 @@ from typing import Any
 
 from tqdm import tqdm
 
-from hybridzero.rlhf.checkpoints import RoleCheckpoints
 from hybridzero.rlhf.engines import engine_numel
-from hybridzero.rlhf.grpo import grpo_iteration
 from hybridzero.rlhf.models import save_causal_lm, save_value_model
-from hybridzero.rlhf.ppo import ppo_iteration
-from hybridzero.rlhf.report import ModelShape, Reporter, Step3Timing, model_shape
-from hybridzero.rlhf.rewards import RewardFunction
-from hybridzero.rlhf.runlog import open_runlog
+from hybridzero.rlhf.rewards.functions import RewardFunction
+from hybridzero.rlhf.runlog.metrics import open_runlog
+from hybridzero.rlhf.runlog.report import ModelShape, Reporter, Step3Timing, model_shape
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
-from hybridzero.rlhf.step3 import Monitor, Step3
+from hybridzero.rlhf.steps.rl.checkpoints import RoleCheckpoints
+from hybridzero.rlhf.steps.rl.grpo import grpo_iteration
+from hybridzero.rlhf.steps.rl.ppo import ppo_iteration
+from hybridzero.rlhf.steps.rl.step3 import Monitor, Step3
 
 __all__ = ["Monitor", "train_step3"]
 
@@ -107,7 +107,7 @@ def train_step3(
     """Run step 3 (PPO, or GRPO for :class:`GRPOSettings`); returns ``{"history", "models", "start"}``.
 
     ``reward_funcs`` (GRPO only): reward functions as callables or ``module:function`` specs, instead of
-    ``s.reward_funcs`` (TRL's signature: :mod:`hybridzero.rlhf.rewards`); ``s.reward_weights`` weighs them."""
+    ``s.reward_funcs`` (TRL's signature: :mod:`hybridzero.rlhf.rewards.functions`); ``s.reward_weights`` weighs them."""
     grpo = isinstance(s, GRPOSettings)
     if reward_funcs and not grpo:
         raise ValueError("reward_funcs: reward functions need GRPOSettings (the grpo step); PPO scores with its critic")

@@ -1,7 +1,7 @@
 """Calling a reward function isolated from the trainer, with a deadline: a persistent worker, or a fork per call.
 
 **Persistent worker** (:class:`RewardWorker`, the default path of ``reward_timeout > 0``). One child process per
-:class:`~hybridzero.rlhf.reward_set.RewardSet` (so one per rank), *forked* — never spawned: the functions are not
+:class:`~hybridzero.rlhf.rewards.sources.RewardSet` (so one per rank), *forked* — never spawned: the functions are not
 pickled, closures and lambdas work, nothing is re-imported — at :meth:`RewardWorker.start` or lazily at the first
 call, so it holds the functions and the process state (globals, ``os.environ``, open descriptors) as they are then.
 Each call sends ``(function index, n, kwargs)`` as length-prefixed JSON over one pipe; the worker calls the
@@ -27,7 +27,7 @@ memory it leaks, or a crash. At most one call is in flight per worker. The worke
 it), and never outlives the parent: it exits on EOF of its request pipe and, checked every
 ``PARENT_POLL_S`` by a watchdog thread even while a function runs, when its parent process is gone.
 :meth:`RewardWorker.close` (idempotent; also the context manager's exit) kills it with everything it started
-(:mod:`hybridzero.rlhf.reward_containment`: own session, child subreaper, cgroup v2 sub-group when writable) and
+(:mod:`hybridzero.rlhf.rewards.containment`: own session, child subreaper, cgroup v2 sub-group when writable) and
 reaps it; so do a timeout and a death.
 
 **Fork per call** (:func:`call_forked`): a child forked for one call, answering the same JSON over a pipe, then
@@ -55,8 +55,8 @@ from typing import Any
 
 import torch
 
-from hybridzero.rlhf.reward_containment import Containment, enter_containment, wait_for_go
-from hybridzero.rlhf.reward_values import RewardCallError, as_values, is_plain, one_line
+from hybridzero.rlhf.rewards.containment import Containment, enter_containment, wait_for_go
+from hybridzero.rlhf.rewards.values import RewardCallError, as_values, is_plain, one_line
 
 __all__ = ["PARENT_POLL_S", "RewardCallError", "RewardWorker", "as_values", "call_forked", "is_plain"]
 
@@ -332,7 +332,7 @@ class RewardWorker:
     """A persistent forked, contained process calling ``fns[i](**kwargs)`` with a deadline (module docstring).
 
     ``steps`` (label, callable) run first in each fresh worker, under the deadline of the :meth:`start` or
-    :meth:`call` that forks it (importing the reward modules: :class:`~hybridzero.rlhf.rewards.SpecFunction`).
+    :meth:`call` that forks it (importing the reward modules: :class:`~hybridzero.rlhf.rewards.functions.SpecFunction`).
 
     Invariants: at most one live worker process at a time, forked at :meth:`start` or the first :meth:`call` after
     construction or after the previous one was killed, died or was closed; after :meth:`close` no process of this

@@ -21,7 +21,7 @@ from hybridzero.comm.collectives import init_distributed
 from hybridzero.packed_forward import check_packable, packed_last_values
 from hybridzero.rlhf.data.records import PAIRWISE_COLUMNS, phase_train_eval
 from hybridzero.rlhf.data.tokens import pad_sequences, pad_token_id, pairwise_example
-from hybridzero.rlhf.demo.task import demo_model_config
+from hybridzero.rlhf.data.demo_task import demo_model_config
 from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.models import (
     ValueHeadModel,
@@ -33,9 +33,9 @@ from hybridzero.rlhf.models import (
     save_value_model,
     set_dropout,
 )
-from hybridzero.rlhf.runlog import open_runlog
+from hybridzero.rlhf.runlog.metrics import open_runlog
 from hybridzero.rlhf.settings import RewardSettings
-from hybridzero.rlhf.supervised import LoopSpec, run_loop, supervised_engine
+from hybridzero.rlhf.steps.supervised import LoopSpec, run_loop, supervised_engine
 from hybridzero.runtime.engine import Engine
 
 __all__ = ["pair_batch", "pair_stats", "train_reward"]

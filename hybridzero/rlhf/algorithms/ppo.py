@@ -52,7 +52,7 @@ def gather_logprobs(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """``out[b, t] = log softmax(logits[b, t])[labels[b, t]]``; logits ``[B, T, V]``, labels ``[B, T]`` -> ``[B, T]``.
 
     The caller shifts: ``gather_logprobs(logits[:, :-1], sequences[:, 1:])`` gives the ``[B, T-1]`` shifted-space
-    log-probabilities of :class:`~hybridzero.rlhf.experience.Experience`. Computed in float32 (or wider) as
+    log-probabilities of :class:`~hybridzero.rlhf.rollout.experience.Experience`. Computed in float32 (or wider) as
     ``logit[label] - logsumexp(logits)``.
     """
     if logits.dim() != 3 or tuple(labels.shape) != tuple(logits.shape[:2]):

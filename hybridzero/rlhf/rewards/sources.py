@@ -2,7 +2,7 @@
 
 Data path of a reward: the rollout decodes this rank's answers (text cut at a stop string, special tokens skipped),
 takes their token ids (answer tokens up to and including EOS) and the prompt rows' extra columns, and
-:meth:`RewardSet.score` calls every function once on the batch (:mod:`hybridzero.rlhf.rewards`: isolated, with a
+:meth:`RewardSet.score` calls every function once on the batch (:mod:`hybridzero.rlhf.rewards.functions`: isolated, with a
 deadline). The reward model's last-token score (from the experience) is one more source. Sources combine into one
 reward per sample: the weighted sum over the sources that scored it.
 
@@ -10,7 +10,7 @@ Agreement (``reward_error_policy``):
 
 * ``raise`` — after scoring, one all-reduce of "did anything fail here" (a function raised, hung, died, returned
   NaN/inf or a wrong length, or a sample no source scored); if any rank says yes, the ranks all-gather their first
-  messages and *every* rank raises the same :class:`~hybridzero.rlhf.rewards.RewardError` (the lowest failing
+  messages and *every* rank raises the same :class:`~hybridzero.rlhf.rewards.functions.RewardError` (the lowest failing
   rank's, naming rank, function, sample and prompt). Every rank is at the same collective when it raises: no rank
   waits on another, nothing is updated.
 * ``skip`` — no extra collective: a failed or unscored sample gets reward 0 and is *skipped* (left out of its
@@ -22,7 +22,7 @@ its peers wait in the next collective; :meth:`RewardSet.build` warns when that r
 (``$HYBRIDZERO_TIMEOUT_S``, default 600 s): only below it does a hang end as the same error on every rank rather
 than as a collective timeout (still an error on every rank, never a hang).
 
-Isolation: with ``reward_timeout > 0`` the set owns one :class:`~hybridzero.rlhf.reward_isolation.RewardWorker`
+Isolation: with ``reward_timeout > 0`` the set owns one :class:`~hybridzero.rlhf.rewards.isolation.RewardWorker`
 (a persistent child forked from this rank, holding the functions; ``None`` with ``reward_timeout = 0``, in-process).
 It forks at :meth:`RewardSet.start` or, failing that, at the first :meth:`RewardSet.score`; a worker killed at the
 deadline or dead is replaced at the next call. Whoever builds the set closes it (:meth:`RewardSet.close`, or
@@ -42,8 +42,8 @@ import torch
 
 from hybridzero.comm.collectives import DEFAULT_TIMEOUT_S, Comm
 from hybridzero.rlhf.engines import global_sum
-from hybridzero.rlhf.reward_values import one_line
-from hybridzero.rlhf.rewards import (
+from hybridzero.rlhf.rewards.values import one_line
+from hybridzero.rlhf.rewards.functions import (
     RewardCallError,
     RewardError,
     RewardFunction,
@@ -53,7 +53,7 @@ from hybridzero.rlhf.rewards import (
     combine_rewards,
     reward_sources,
 )
-from hybridzero.rlhf.rewards import score_with_functions as _score
+from hybridzero.rlhf.rewards.functions import score_with_functions as _score
 from hybridzero.rlhf.settings import GRPOSettings
 from hybridzero.runtime.engine import Engine
 

@@ -7,14 +7,14 @@ draws. So the same sample id gets the same answer on any rank, at any world size
 fp32 rounding of its logits), and a resumed run repeats the samples of the run it resumes.
 
 :func:`rollout` pads prompts to a fixed width ``P`` (left) and answers to ``A`` (right), so every sequence is
-``[P + A]`` whatever the batch: the experience layout of :mod:`hybridzero.rlhf.experience`. Decoding itself runs on
+``[P + A]`` whatever the batch: the experience layout of :mod:`hybridzero.rlhf.rollout.experience`. Decoding itself runs on
 the batch's own prompt width (its longest prompt), and scoring on the batch's used columns (:func:`used_columns`):
 positions come from the attention mask, so the all-padding columns only cost work. The answer is the
 generated tokens up to and including the first EOS; later positions are pad and 0 in the masks.
 
 :func:`make_experience` scores a rollout with the old policy, the reference, the critic and the reward model
 (every forward with positions from the attention mask, :func:`causal_kwargs`) into a typed
-:class:`~hybridzero.rlhf.experience.Experience`.
+:class:`~hybridzero.rlhf.rollout.experience.Experience`.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ from transformers import LogitsProcessorList, StoppingCriteriaList
 
 from hybridzero.packed_forward import packed_last_values, packed_logprobs, packed_values
 from hybridzero.rlhf.engines import Roles
-from hybridzero.rlhf.experience import Experience
-from hybridzero.rlhf.math import gather_logprobs
+from hybridzero.rlhf.rollout.experience import Experience
+from hybridzero.rlhf.algorithms.ppo import gather_logprobs
 from hybridzero.rlhf.models import last_token_index, position_ids
-from hybridzero.rlhf.stops import StopOnStrings, cut_after_stop
+from hybridzero.rlhf.rollout.stops import StopOnStrings, cut_after_stop
 from hybridzero.runtime.engine import Engine
 
 __all__ = [
@@ -136,7 +136,7 @@ def rollout(
     ``generate`` is ``engine.generate`` (hybrid engine) or ``module.generate`` (ZeRO-3 gathers per step); it gets
     HF ``generate`` keyword arguments. With ``do_sample`` each row samples with its own seed
     ``sample_seed(run_seed, sample_ids[row])``; otherwise decoding is greedy. ``stop = (tokenizer, strings)``
-    stops rows at a stop string and cuts each answer right after it (:mod:`hybridzero.rlhf.stops`).
+    stops rows at a stop string and cuts each answer right after it (:mod:`hybridzero.rlhf.rollout.stops`).
     """
     ids = _fit(prompt_ids, prompt_width, pad_id, left=True)
     mask = _fit(prompt_mask, prompt_width, 0, left=True)

@@ -8,7 +8,7 @@ Layout convention (DeepSpeed-Chat's, made explicit by masks instead of a ``start
     action_mask     [B, T-1]  1 where token t+1 is a generated answer token; a subset of attention_mask[:, 1:]
 
 Prompt positions, left padding and right padding are all 0 in ``action_mask``; every per-token function in
-:mod:`hybridzero.rlhf.math` reads only positions where ``action_mask`` is 1, so the answers of one batch may
+:mod:`hybridzero.rlhf.algorithms.ppo` reads only positions where ``action_mask`` is 1, so the answers of one batch may
 have different lengths (and a row may have no action at all).
 """
 

@@ -20,12 +20,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from hybridzero.rlhf.algorithms.grpo import degenerate_groups, overlong_penalty
 from hybridzero.rlhf.engines import global_sum
-from hybridzero.rlhf.experience import Experience
-from hybridzero.rlhf.grpo_math import degenerate_groups, overlong_penalty
-from hybridzero.rlhf.reward_set import Scored
+from hybridzero.rlhf.rewards.sources import Scored
+from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.settings import GRPOSettings
-from hybridzero.rlhf.step3 import RolloutBatch, Step3
+from hybridzero.rlhf.steps.rl.step3 import RolloutBatch, Step3
 
 __all__ = ["GroupBatch", "sample_groups", "score_rollout"]
 

@@ -1,6 +1,6 @@
 """Training curves of a run directory as matplotlib PNGs (``hybridzero plot RUN_DIR``, the demo's plots).
 
-Reads ``run_dir/metrics.jsonl`` (see :mod:`hybridzero.rlhf.runlog`) and draws, per phase, one figure per concept
+Reads ``run_dir/metrics.jsonl`` (see :mod:`hybridzero.rlhf.runlog.metrics`) and draws, per phase, one figure per concept
 (reward, KL, losses, throughput, ...). A figure has one **panel per quantity**: only series with the same unit
 share a y axis (the reward model's score and a 0-1 rate never do). Every metric not in a known panel gets a figure
 of its own. A phase ``P_eval`` is drawn on ``P``'s figures (keys prefixed ``eval_``), as markers.
@@ -20,7 +20,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from hybridzero.rlhf.runlog import METRICS_FILE, RESERVED_KEYS, read_metrics
+from hybridzero.rlhf.runlog.metrics import METRICS_FILE, RESERVED_KEYS, read_metrics
 
 __all__ = ["ChartSpec", "Panel", "PlotsUnavailable", "ema_smooth", "fold_eval_phases", "plan_charts", "plot_run"]
 
@@ -133,7 +133,7 @@ _PHASE_FIGURES: Mapping[str, tuple[Figure, ...]] = MappingProxyType(
     }
 )
 _PHASE_ALIASES: Mapping[str, str] = MappingProxyType({"grpo": "ppo", "rm": "reward"})
-# Throughput keys (hybridzero.rlhf.report) are grouped in every phase.
+# Throughput keys (hybridzero.rlhf.runlog.report) are grouped in every phase.
 _COMMON_FIGURES: tuple[Figure, ...] = (
     ("throughput", (Panel("throughput", "samples per second", ("samples_per_s",)),)),
     ("tflops", (Panel("achieved compute", "TFLOP/s", ("e2e_tflops", "gen_tflops", "train_tflops")),)),

@@ -21,7 +21,7 @@ from hybridzero.rlhf.data.dealing import epoch_order, rank_slice, steps_per_epoc
 from hybridzero.rlhf.engines import OptimSpec, build_engine, ds_config, world_comm
 from hybridzero.rlhf.lora import LoRASpec
 from hybridzero.rlhf.models import ValueHeadModel
-from hybridzero.rlhf.runlog import RunLog
+from hybridzero.rlhf.runlog.metrics import RunLog
 from hybridzero.rlhf.settings import SupervisedSettings
 from hybridzero.runtime.engine import Engine
 

@@ -24,9 +24,9 @@ from hybridzero.rlhf.data.records import phase_train_eval, train_eval_split, who
 from hybridzero.rlhf.data.tokens import IGNORE_INDEX, pad_sequences, pad_token_id, sft_example
 from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.models import add_eot_token, load_causal_lm, load_tokenizer, save_causal_lm
-from hybridzero.rlhf.runlog import open_runlog
+from hybridzero.rlhf.runlog.metrics import open_runlog
 from hybridzero.rlhf.settings import SFTSettings
-from hybridzero.rlhf.supervised import LoopSpec, run_loop, supervised_engine
+from hybridzero.rlhf.steps.supervised import LoopSpec, run_loop, supervised_engine
 from hybridzero.runtime.engine import Engine
 
 __all__ = ["sft_batch", "train_sft"]

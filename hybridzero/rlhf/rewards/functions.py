@@ -14,9 +14,9 @@ sample (``nansum``); a sample no source scored is *unscored* (an error or a skip
 ``sys.modules``). Data is never evaluated.
 
 **Isolation and the deadline** (:func:`call_reward_function`; the mechanics in
-:mod:`hybridzero.rlhf.reward_isolation`). With ``timeout > 0`` a call never runs in the trainer's process: a
-:class:`~hybridzero.rlhf.reward_isolation.RewardWorker` (one per
-:class:`~hybridzero.rlhf.reward_set.RewardSet`, so one per rank) is a child *forked* once that holds the loaded
+:mod:`hybridzero.rlhf.rewards.isolation`). With ``timeout > 0`` a call never runs in the trainer's process: a
+:class:`~hybridzero.rlhf.rewards.isolation.RewardWorker` (one per
+:class:`~hybridzero.rlhf.rewards.sources.RewardSet`, so one per rank) is a child *forked* once that holds the loaded
 functions and serves call after call (index and kwargs in, values out, as JSON over pipes); the parent waits at most
 ``timeout`` seconds and SIGKILLs it after that, and the next call forks a fresh one. Why a process and not a thread:
 pure Python can hang forever (an infinite loop, a deadlock, a blocked read) and a thread cannot be stopped — an
@@ -30,7 +30,7 @@ on a loaded 2-core machine: ~0.35 ms in the worker, ~0.17 ms in-process, 24 ms f
 cache) therefore persists in the worker — as in-process or in TRL — while staying out of the trainer; the worker
 sees the process as it was when forked (globals, ``os.environ``). Without a worker (``worker=None``), or for a
 call whose columns are not plain JSON (tuples, bytes, numpy values...), the call runs in a child forked for it
-alone (:func:`~hybridzero.rlhf.reward_isolation.call_forked`; no state kept). A function that touches torch's
+alone (:func:`~hybridzero.rlhf.rewards.isolation.call_forked`; no state kept). A function that touches torch's
 threads or CUDA in a forked child may deadlock (then the deadline catches it). ``timeout = 0`` calls the function
 in-process (no deadline, no isolation: for debugging and throughput comparisons with trainers that call
 in-process, such as TRL).
@@ -53,8 +53,8 @@ from typing import Any
 
 import torch
 
-from hybridzero.rlhf.reward_isolation import RewardCallError, RewardWorker, as_values, call_forked
-from hybridzero.rlhf.reward_values import one_line
+from hybridzero.rlhf.rewards.isolation import RewardCallError, RewardWorker, as_values, call_forked
+from hybridzero.rlhf.rewards.values import one_line
 
 __all__ = [
     "RESERVED_KEYWORDS",
