@@ -1,22 +1,22 @@
 """The RLHF pipeline: SFT (:func:`train_sft`), reward model (:func:`train_reward`), PPO / GRPO (:func:`train_step3`)
 with their typed settings, the typed experience record and the pure PPO / GRPO math.
 
-Layout (concepts, each module readable top to bottom):
+Layout: one room per concept, imports pointing down this list (``tests/unit/test_rlhf_layers.py``):
 
-* ``settings`` — every knob, default and bound once; ``cli`` — the commands, flags generated from the settings;
-* ``data/`` — records and sources, tokenization, dealing batches to ranks, the ptx stream;
-* ``models`` — value-head model, tokenizer and model loading, HF-directory savers; ``engines`` — DeepSpeed
-  configs and the engines of each role;
-* ``math`` — pure losses, GAE, whitening, KL; ``experience`` — the typed record; ``rollout`` — generation and
-  scoring into experience;
-* ``sft``, ``reward`` (steps 1 and 2, sharing ``supervised``'s loop); ``ppo``, ``grpo`` — one iteration of each
-  algorithm; ``step3`` — what both share; ``trainer`` — step 3's outer loop; ``checkpoints`` — multi-role save
-  and resume;
-* RL with verifiable rewards: ``rewards`` (reward functions: loading, forked calls with a deadline, combining),
-  ``reward_set`` (a run's sources and the agreement protocol), ``grpo_rollout`` (scored groups, DAPO's refill),
-  ``grpo_math`` (the GRPO family's pure math), ``stops`` (stop strings);
-* ``report``, ``runlog``, ``plot`` — DeepSpeed-Chat's report, ``metrics.jsonl`` + TensorBoard, matplotlib PNGs;
-* ``demo/`` — the shipped task and the README's demo.
+* ``settings`` — every knob, default and bound once; ``algorithms/`` — the pure math (``ppo``: losses, GAE,
+  whitening, KL; ``grpo``: the GRPO family); ``runlog/`` — ``metrics.jsonl`` + TensorBoard, DeepSpeed-Chat's
+  report, matplotlib PNGs;
+* ``data/`` — records and sources, tokenization, dealing batches to ranks, the ptx stream, the demo's task;
+* ``lora``, ``models`` — value-head model, tokenizer and model loading, HF-directory savers; ``engines`` —
+  DeepSpeed configs and the engines of each role;
+* ``rewards/`` — reward functions (``functions``), their forked worker (``isolation``), a run's sources and the
+  agreement protocol (``sources``);
+* ``rollout/`` — generation and scoring into experience (``generate``), the typed record (``experience``), stop
+  strings (``stops``);
+* ``steps/`` — ``sft``, ``reward_model`` (steps 1 and 2, sharing ``supervised``'s loop) and ``rl/`` (step 3:
+  ``trainer`` the outer loop, ``step3`` what both algorithms share, one iteration of ``ppo`` and of ``grpo``
+  with ``grpo_rollout``'s scored groups, ``checkpoints``);
+* ``demo/`` — the README's demos; ``cli`` — the commands, flags generated from the settings.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """RLHF data: records and their sources (:mod:`.records`, :mod:`.sources`), tokenization (:mod:`.tokens`), how
-global batches are dealt to ranks (:mod:`.dealing`) and step 3's unsupervised stream (:mod:`.ptx`)."""
+global batches are dealt to ranks (:mod:`.dealing`), step 3's unsupervised stream (:mod:`.ptx`) and the embedded demo's
+task (:mod:`.demo_task`: vocabulary, tokenizer, tiny model config, data files, the hidden rule)."""
 
 from __future__ import annotations
 
