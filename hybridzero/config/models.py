@@ -313,8 +313,9 @@ class HybridEngineConfig(Block):
     :class:`~hybridzero.config.schema.Config`); ``tp_gather_partition_size >= 1``. ``max_out_tokens``,
     ``inference_tp_size`` (tensor-parallel generation, :mod:`hybridzero.runtime.tp_generate`) and
     ``tp_gather_partition_size`` (how many layers are gathered at once while the tensor-parallel copies are cut,
-    DeepSpeed's meaning) act: ``engine.generate`` works whether ``enabled`` is set or not, and the other keys tune
-    DeepSpeed's inference kernels, which hybridzero does not use.
+    DeepSpeed's meaning) act; ``rollout_engine`` (hybridzero's: ``hf`` or ``vllm``) picks the RL trainers' rollout
+    engine (:mod:`hybridzero.rlhf.rollout.backends`): ``engine.generate`` works whether ``enabled`` is set or not,
+    and the other keys tune DeepSpeed's inference kernels, which hybridzero does not use.
     """
 
     _prefix: ClassVar[str] = "hybrid_engine"
@@ -325,3 +326,6 @@ class HybridEngineConfig(Block):
     release_inference_cache: Annotated[bool, boolean] = key(False, "release_inference_cache", acts=False)
     pin_parameters: Annotated[bool, boolean] = key(True, "pin_parameters", acts=False)
     tp_gather_partition_size: Annotated[int, integer(1)] = key(8, "tp_gather_partition_size", note="runtime.tp_swap")
+    rollout_engine: Annotated[str, choice("hf", "vllm")] = key(
+        "hf", "rollout_engine", note="rlhf.rollout.backends (read by the RL trainers; engine.generate is always hf)"
+    )

@@ -294,6 +294,8 @@ def build_roles(s: PPOSettings, world: int, total_steps: int, with_reward_model:
             "inference_tp_size": s.inference_tp_size,
             "tp_gather_partition_size": s.tp_gather_partition_size,
         }
+    if s.rollout_engine != "hf":  # recorded in the actor's config (hybrid_engine.rollout_engine; validated there)
+        actor_cfg.setdefault("hybrid_engine", {})["rollout_engine"] = s.rollout_engine
     if s.enable_mixed_precision_lora and actor_lora.enabled:
         actor_cfg["zero_optimization"]["zero_quantized_nontrainable_weights"] = True  # DS-Chat's meaning
     actor = load_actor_engine(

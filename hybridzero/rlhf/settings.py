@@ -201,6 +201,15 @@ class PPOSettings(StepSettings, Step3LoRA):
         1, ge=1, description="with enable_hybrid_engine: actor generation tensor-parallel over groups of N ranks"
     )
     tp_gather_partition_size: int = Field(8, ge=1, description="layers gathered at once while cutting the TP copies")
+    # Rollout engine (hybridzero.rlhf.rollout.backends): hf = hybrid-engine / ZeRO-3 generation, vllm = colocated vLLM
+    rollout_engine: Literal["hf", "vllm"] = "hf"
+    vllm_gpu_memory_utilization: float = Field(0.3, gt=0.0, le=1.0, description="GPU: the vLLM engine's share")
+    vllm_kv_cache_gb: float = Field(1.0, gt=0.0, description="vLLM's KV cache (GiB; on CPU VLLM_CPU_KVCACHE_SPACE)")
+    vllm_max_model_len: int | None = Field(None, ge=2, description="default: max_prompt_seq_len + max_answer_seq_len")
+    vllm_enforce_eager: bool = True
+    vllm_enable_sleep_mode: bool = Field(False, description="free vLLM's memory while training (GPU only)")
+    vllm_importance_sampling_correction: bool = False
+    vllm_importance_sampling_cap: float = Field(3.0, gt=0.0, description="truncation of the sampler/trainer ratio")
     # DeepSpeed-Chat's ZeRO-Offload flags: actor + critic / reference + EMA / reward model state on the host
     offload: bool = Field(False, description="actor and critic: fp32 master, gradients and Adam state on the host")
     offload_reference_model: bool = Field(False, description="reference (and EMA) model shards on the host")
@@ -240,6 +249,25 @@ class PPOSettings(StepSettings, Step3LoRA):
         if own is not None:
             return own
         return self.critic_zero_stage if role in ("critic", "reward") else self.actor_zero_stage
+
+    @model_validator(mode="after")
+    def _check_rollout_engine(self) -> PPOSettings:
+        """vLLM rollouts: what they cannot be combined with, in one line each."""
+        if self.rollout_engine != "vllm":
+            if self.vllm_importance_sampling_correction:
+                raise ValueError("vllm_importance_sampling_correction needs rollout_engine = 'vllm'")
+            return self
+        if self.inference_tp_size > 1:
+            raise ValueError(
+                f"inference_tp_size = {self.inference_tp_size} with rollout_engine = 'vllm': not supported "
+                "(each rank runs its own vLLM engine); use 1, or rollout_engine = 'hf'"
+            )
+        if self.vllm_max_model_len is not None and self.vllm_max_model_len < self.max_prompt_seq_len + 1:
+            raise ValueError(
+                f"vllm_max_model_len = {self.vllm_max_model_len} is shorter than max_prompt_seq_len + 1 = "
+                f"{self.max_prompt_seq_len + 1}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_batches(self) -> PPOSettings:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridzero.rlhf.rewards import containment as reward_containment
+from hybridzero.rlhf.rewards.functions import containment as reward_containment
 from hybridzero.rlhf.rewards.containment import live_pids
 from hybridzero.rlhf.rewards.isolation import RewardWorker
 from hybridzero.rlhf.rewards.functions import RewardCallError, call_reward_function

@@ -155,7 +155,8 @@ def clipped_policy_loss(
     ``level="token"``: ``w_t = exp(logp_t - old_t)`` (GRPO, DAPO's clip-higher with ``eps_high > eps_low``);
     ``level="sequence"``: ``w_t = s_i = exp(mean_t (logp_t - old_t))`` for every token of answer ``i`` (GSPO eq. (7)),
     so the whole answer is clipped together. ``k3_t = exp(ref_t - logp_t) - (ref_t - logp_t) - 1`` (only when
-    ``beta != 0``; ``ref_logprobs`` may then be ``None``). ``advantages`` is ``[B]``, broadcast over tokens.
+    ``beta != 0``; ``ref_logprobs`` may then be ``None``). ``advantages`` is ``[B]``, broadcast over tokens, or
+    ``[B, T]`` per token.
     """
     m = mask.bool()
     log_ratio = torch.where(m, logprobs - old_logprobs.detach(), torch.zeros_like(logprobs))
@@ -167,7 +168,8 @@ def clipped_policy_loss(
     else:
         raise ValueError(f"importance_sampling_level {level!r}: expected 'token' or 'sequence'")
     w = torch.exp(log_w)
-    adv = advantages.detach().to(w.dtype)[:, None].expand_as(w)
+    adv = advantages.detach().to(w.dtype)
+    adv = adv[:, None].expand_as(w) if adv.dim() == 1 else adv  # [B, T]: per-token (IS-weighted) advantages
     per_token = -torch.minimum(w * adv, w.clamp(1.0 - eps_low, 1.0 + eps_high) * adv)
     k3 = torch.zeros_like(per_token)
     if beta != 0.0:

@@ -40,6 +40,8 @@ __all__ = [
     "answer_masks",
     "causal_kwargs",
     "critic_values",
+    "fit_width",
+    "lay_out",
     "make_experience",
     "rollout",
     "rollout_stats",
@@ -105,7 +107,7 @@ def answer_masks(answers: torch.Tensor, eos_id: int | None) -> torch.Tensor:
     return before_or_at.long()
 
 
-def _fit(tokens: torch.Tensor, width: int, pad_id: int, left: bool) -> torch.Tensor:
+def fit_width(tokens: torch.Tensor, width: int, pad_id: int, left: bool) -> torch.Tensor:
     """Pad (or cut) ``[B, n]`` to ``[B, width]`` on the left or right."""
     n = tokens.shape[1]
     if n >= width:
@@ -138,8 +140,8 @@ def rollout(
     ``sample_seed(run_seed, sample_ids[row])``; otherwise decoding is greedy. ``stop = (tokenizer, strings)``
     stops rows at a stop string and cuts each answer right after it (:mod:`hybridzero.rlhf.rollout.stops`).
     """
-    ids = _fit(prompt_ids, prompt_width, pad_id, left=True)
-    mask = _fit(prompt_mask, prompt_width, 0, left=True)
+    ids = fit_width(prompt_ids, prompt_width, pad_id, left=True)
+    mask = fit_width(prompt_mask, prompt_width, 0, left=True)
     width = min(prompt_width, prompt_ids.shape[1])  # decode on the batch's own prompt width: the rest is padding
     kwargs: dict[str, Any] = {
         "attention_mask": mask[:, prompt_width - width :],
@@ -158,7 +160,24 @@ def rollout(
         kwargs["stopping_criteria"] = StoppingCriteriaList([StopOnStrings(stop[0], stop[1], width)])
     with torch.no_grad():
         out = generate(ids[:, prompt_width - width :], **kwargs)
-    answers = _fit(out[:, width:], answer_len, pad_id, left=False)
+    return lay_out(ids, mask, out[:, width:], answer_len=answer_len, pad_id=pad_id, eos_id=eos_id, stop=stop)
+
+
+def lay_out(
+    ids: torch.Tensor,
+    mask: torch.Tensor,
+    generated: torch.Tensor,
+    *,
+    answer_len: int,
+    pad_id: int,
+    eos_id: int | None,
+    stop: tuple[Any, Sequence[str]] | None = None,
+) -> Rollout:
+    """The fixed layout of :class:`Rollout` from prompts already at width ``P`` (``ids``, ``mask``) and the
+    generated tokens ``[B, n]`` (right-padded; any rollout engine's): answers cut at the first EOS and at a stop
+    string, padded to ``answer_len``."""
+    prompt_width = ids.shape[1]
+    answers = fit_width(generated, answer_len, pad_id, left=False)
     valid = answer_masks(answers, eos_id)
     finished = (answers == eos_id).any(dim=1) if eos_id is not None else torch.zeros_like(valid[:, 0]).bool()
     if stop is not None and stop[1]:

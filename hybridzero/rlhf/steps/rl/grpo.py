@@ -151,7 +151,11 @@ def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
                     padding[1] + float(full.attention_mask.numel()),
                     padding[2] + float(_slots(mb.attention_mask, s.packing_samples)),
                 ]
-                stats.append(grpo_update(run, mb, adv[lo:hi], gb.trains[lo:hi], ~gb.skipped[lo:hi]))
+                mb_adv = adv[lo:hi]
+                if gb.rb.is_weights is not None:  # truncated IS (vLLM): w * A per token (w > 0, so = w * loss)
+                    c_lo, c_hi = used_columns(full.attention_mask)
+                    mb_adv = mb_adv[:, None] * gb.rb.is_weights[lo:hi, c_lo : c_hi - 1]
+                stats.append(grpo_update(run, mb, mb_adv, gb.trains[lo:hi], ~gb.skipped[lo:hi]))
                 if run.ptx is not None:
                     ptx_losses.append(ptx_update(roles.actor, run.ptx.next_batch(), s.unsup_coef))
     train_s = time.perf_counter() - t1

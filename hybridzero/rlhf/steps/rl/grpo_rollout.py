@@ -86,7 +86,11 @@ def _with_rows(old: RolloutBatch, new: RolloutBatch, rows: list[int], src: list[
     if finished is not None and new.finished is not None:
         finished = finished.clone()
         finished[rows] = new.finished[src]
-    return replace(old, exp=Experience(**fields), finished=finished)
+    weights = old.is_weights
+    if weights is not None and new.is_weights is not None:
+        weights = weights.clone()
+        weights[rows] = new.is_weights[src]
+    return replace(old, exp=Experience(**fields), finished=finished, is_weights=weights)
 
 
 def _replace_scored(old: Scored, new: Scored, rows: list[int], src: list[int]) -> Scored:

@@ -94,9 +94,12 @@ def ppo_iteration(run: Step3, it: int) -> dict[str, float]:
         rb = run.rollout(it, b)
         gen_s += time.perf_counter() - g0
         batches.append(rb)
-        targets.append(
-            compute_targets(rb.exp, kl_coef=s.kl_ctl, clip_reward=s.clip_reward_value, gamma=s.gamma, lam=s.lambd)
+        adv, ret = compute_targets(
+            rb.exp, kl_coef=s.kl_ctl, clip_reward=s.clip_reward_value, gamma=s.gamma, lam=s.lambd
         )
+        if rb.is_weights is not None:  # truncated IS (vLLM): the policy term weighted per token, the critic's not
+            adv = adv * rb.is_weights.to(adv.dtype)
+        targets.append((adv, ret))
     t1 = time.perf_counter()
     stats, ptx_losses = [], []
     for _ in range(s.ppo_epochs):  # 3. update

@@ -29,8 +29,9 @@ from hybridzero.rlhf.data.tokens import load_prompt_rows, pad_token_id, prompt_t
 from hybridzero.rlhf.engines import Roles, build_roles, global_sum, world_comm
 from hybridzero.rlhf.models import load_tokenizer
 from hybridzero.rlhf.rewards.sources import RewardSet
-from hybridzero.rlhf.rollout.experience import Experience
-from hybridzero.rlhf.rollout.generate import make_experience, rollout, rollout_stats
+from hybridzero.rlhf.rollout.generate import Rollout, make_experience, rollout, rollout_stats
+from hybridzero.rlhf.rollout.backends import VLLMEngine, build_vllm_engine, truncated_is_weights
+from hybridzero.rlhf.rollout.backends.vllm_rollout import vllm_rollout
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
 from hybridzero.runtime.engine import Engine
 
@@ -58,6 +59,7 @@ class RolloutBatch:
     prompt_ids: list[int]
     finished: torch.Tensor | None = None  # [B] bool: the answer ended (EOS or stop string) within the limit
     sample_ids: list[int] | None = None  # each row's sampling id (its seed with the run seed)
+    is_weights: torch.Tensor | None = None  # [B, P+A-1] truncated IS weights (vLLM rollouts with the correction)
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,9 @@ class Step3:
             self.pad_id = pad_token_id(self.tok, pad_to_eos=True)
             self.eos_id = self.tok.eos_token_id
             self.ptx = PtxStream(s, self.tok, self.pad_id, self.rank, self.world) if s.ptx_enabled else None
+            self.vllm: VLLMEngine | None = None  # started at the first rollout (its weight sync is collective)
+            if self.roles.actor.config.hybrid_engine.rollout_engine == "vllm":  # set from s.rollout_engine
+                self.vllm = build_vllm_engine(s, cast(Any, self.roles.actor.module).config, self.world, self.rank)
         except BaseException:
             self.close()
             raise
@@ -121,6 +126,9 @@ class Step3:
         """Release what outlives a run: the reward functions' worker process (idempotent)."""
         if self.rewarder is not None:
             self.rewarder.close()
+        vllm: VLLMEngine | None = getattr(self, "vllm", None)  # None too when __init__ failed before building it
+        if vllm is not None:
+            vllm.stop()
 
     @property
     def updates_per_iteration(self) -> int:
@@ -143,6 +151,8 @@ class Step3:
         s = self.s
         ids, mask = prompt_tensors(self.tok, [self.prompts[i] for i in prompt_ids], self.pad_id)
         actor = self.roles.actor
+        if self.vllm is not None:
+            return self._sample_vllm(ids, mask, prompt_ids, sample_ids, run_seed)
         generate: Callable[..., torch.Tensor] = (
             actor.generate if s.enable_hybrid_engine else cast(Any, actor.module).generate
         )
@@ -161,9 +171,43 @@ class Step3:
             top_k=s.top_k,
             stop=(self.tok, s.stop_strings) if isinstance(s, GRPOSettings) and s.stop_strings else None,
         )
+        return self._scored(ro, prompt_ids, sample_ids)
+
+    def _scored(
+        self, ro: Rollout, prompt_ids: list[int], sample_ids: list[int], sampler: torch.Tensor | None = None
+    ) -> RolloutBatch:
+        """Score a rollout with every role; with the sampler's log-probs and the correction on, its IS weights."""
+        s = self.s
         with_ref = not isinstance(s, GRPOSettings) or s.grpo_kl_coef > 0  # GRPO without a KL term: no reference pass
         exp = make_experience(self.roles, ro, with_ref=with_ref, packed=s.packing_samples)
-        return RolloutBatch(exp, prompt_ids, ro.finished, sample_ids)
+        weights = None
+        if sampler is not None and s.vllm_importance_sampling_correction:
+            weights = truncated_is_weights(exp.logprobs, sampler, exp.action_mask, s.vllm_importance_sampling_cap)
+        return RolloutBatch(exp, prompt_ids, ro.finished, sample_ids, weights)
+
+    def _sample_vllm(
+        self, ids: torch.Tensor, mask: torch.Tensor, prompt_ids: list[int], sample_ids: list[int], run_seed: int
+    ) -> RolloutBatch:
+        """:meth:`sample` on the colocated vLLM engine (synced from the actor first if it has stepped)."""
+        s, actor = self.s, self.roles.actor
+        assert self.vllm is not None
+        ro, sampler = vllm_rollout(
+            self.vllm,
+            actor,
+            ids.to(actor.device),
+            mask.to(actor.device),
+            sample_ids=sample_ids,
+            run_seed=run_seed,
+            prompt_width=s.max_prompt_seq_len,
+            answer_len=s.max_answer_seq_len,
+            pad_id=self.pad_id,
+            eos_id=self.eos_id,
+            do_sample=s.do_sample,
+            temperature=s.temperature,
+            top_k=s.top_k,
+            stop=(self.tok, s.stop_strings) if isinstance(s, GRPOSettings) and s.stop_strings else None,
+        )
+        return self._scored(ro, prompt_ids, sample_ids, sampler)
 
     def minibatches(self, exp: Experience) -> Iterator[tuple[int, int]]:
         """``(lo, hi)`` row ranges of the training mini-batches of one generation batch."""
