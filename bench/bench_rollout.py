@@ -55,7 +55,7 @@ def _hf_tokens_per_s(generate: Any, prompts: list[list[int]], samples: int, new:
 
 def run_shape(name: str, n_prompts: int, samples: int, new: int) -> dict[str, float]:
     import hybridzero
-    from hybridzero.rlhf.rollout_engines import SamplingSpec, VLLMEngine, VLLMOptions
+    from hybridzero.rlhf.rollout.backends import SamplingSpec, VLLMEngine, VLLMOptions
 
     config = transformers.LlamaConfig(**SHAPES[name])
     torch.manual_seed(0)

@@ -3,7 +3,8 @@
     python bench/demo_task_probe.py [--seconds 90] [--batch 64] [--lr 3e-3] [--no-decay] [--n-eval 128] [--seed 0]
                                     [--data DIR] [--n-sft N] [--threads 1]
 
-Builds the demo model from :func:`hybridzero.rlhf.data.demo_task.demo_model_config` (random init, seeded), trains it with
+Builds the demo model from :func:`hybridzero.rlhf.data.demo_task.demo_model_config` (random init, seeded), trains it
+with
 AdamW (lr decaying linearly to 0 over the time budget) on the shipped ``sft.jsonl`` (loss on response tokens and eos
 only, via :func:`hybridzero.rlhf.data.sft_example`)
 for as many steps of ``--batch`` shuffled examples as fit in ``--seconds``, then decodes the first ``--n-eval``

@@ -36,9 +36,8 @@ from pydantic import BaseModel, ValidationError
 from hybridzero.rlhf.demo.arith_run import run_arith_demo
 from hybridzero.rlhf.demo.run import demo_monitor, run_demo
 from hybridzero.rlhf.models import check_loadable
-from hybridzero.rlhf.runlog.plot import PlotsUnavailable, plot_run
-from hybridzero.rlhf.steps.reward_model import train_reward
 from hybridzero.rlhf.rewards.functions import check_reward_specs
+from hybridzero.rlhf.runlog.plot import PlotsUnavailable, plot_run
 from hybridzero.rlhf.settings import (
     GRPO_ALIASES,
     GRPOSettings,
@@ -47,8 +46,9 @@ from hybridzero.rlhf.settings import (
     SFTSettings,
     SupervisedSettings,
 )
-from hybridzero.rlhf.steps.sft import train_sft
+from hybridzero.rlhf.steps.reward_model import train_reward
 from hybridzero.rlhf.steps.rl.trainer import train_step3
+from hybridzero.rlhf.steps.sft import train_sft
 
 __all__ = ["UNSUPPORTED", "add_rlhf_commands", "add_settings_arguments", "settings_from_args"]
 

@@ -21,7 +21,8 @@ every value it relies on. ``lr_scheduler_type`` takes DeepSpeed-Chat's six choic
 ``WarmupCosineLR``, decaying to 10%: what the demo was tuned with).
 
 Special values: ``data_path`` entry ``"demo"`` is the dataset that ships with the project
-(:mod:`hybridzero.rlhf.data.demo_task`); a DeepSpeed-Chat dataset name (``Dahoas/rm-static``, ...) is read from its local
+(:mod:`hybridzero.rlhf.data.demo_task`); a DeepSpeed-Chat dataset name (``Dahoas/rm-static``, ...) is read from its
+local
 saved copy under ``data_root`` (:mod:`hybridzero.rlhf.data.dschat`); ``model_name_or_path`` ``"demo"`` builds the
 demo's tiny Llama from its config and trains it from scratch (with the demo tokenizer).
 """

@@ -13,7 +13,6 @@ import pytest
 import torch
 
 from hybridzero.rlhf.rewards.containment import live_pids
-from hybridzero.rlhf.rewards.isolation import RewardWorker
 from hybridzero.rlhf.rewards.functions import (
     RewardCallError,
     RewardError,
@@ -21,6 +20,7 @@ from hybridzero.rlhf.rewards.functions import (
     check_reward_specs,
     load_reward_function,
 )
+from hybridzero.rlhf.rewards.isolation import RewardWorker
 from tests.workers.rlvr_runs import _child_pids
 
 PROMPTS, TEXTS, IDS = ["1 2 =", "3 4 ="], ["2 1", "x"], [[5, 4, 2], [9]]

@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from hybridzero.rlhf.rewards.functions import containment as reward_containment
 from hybridzero.rlhf.rewards.containment import live_pids
-from hybridzero.rlhf.rewards.isolation import RewardWorker
 from hybridzero.rlhf.rewards.functions import RewardCallError, call_reward_function
+from hybridzero.rlhf.rewards.functions import containment as reward_containment
+from hybridzero.rlhf.rewards.isolation import RewardWorker
 from tests.workers.leaky_rewards import SPAWNED, spawner
 
 PROMPTS, TEXTS, IDS = ["1 ="], ["1"], [[3]]
@@ -136,8 +136,8 @@ def test_a_peer_lost_during_the_agreement_is_a_reward_error_naming_functions_and
     transport error, which becomes one line naming the functions just called and the lost rank."""
     from types import SimpleNamespace
 
-    from hybridzero.rlhf.rewards.sources import RewardSet
     from hybridzero.rlhf.rewards.functions import RewardError
+    from hybridzero.rlhf.rewards.sources import RewardSet
 
     engine = SimpleNamespace(comm=_LostPeerComm(), device="cpu")
     with pytest.raises(RewardError) as info:

@@ -1,4 +1,5 @@
-"""Tests of hybridzero.rlhf.data.demo_task: tokenizer, tiny model config, records, the hidden rule and the shipped files."""
+"""Tests of hybridzero.rlhf.data.demo_task: tokenizer, tiny model config, records, the hidden rule and the shipped
+files."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""plot_run (hybridzero.rlhf.runlog.plot) on a synthetic run directory: the planned figures and panels, and real PNGs."""
+"""plot_run (hybridzero.rlhf.runlog.plot) on a synthetic run directory: the planned figures and panels, and real
+PNGs."""
 
 from __future__ import annotations
 

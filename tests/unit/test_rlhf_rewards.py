@@ -1,4 +1,5 @@
-"""Reward functions (hybridzero.rlhf.rewards.functions) and the GRPO settings that name them: loading by module or file path,
+"""Reward functions (hybridzero.rlhf.rewards.functions) and the GRPO settings that name them: loading by module or
+file path,
 TRL's call signature with the dataset's extra columns, None/NaN/inf/wrong-length/raise/hang handling (in the
 persistent worker, forked per call, and in-process: the same answers and messages), the worker's lifetime (state kept
 in it, replaced after a kill or a death, closed, gone with its parent), combining sources as TRL's nansum, and the

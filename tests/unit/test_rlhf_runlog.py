@@ -1,4 +1,5 @@
-"""RunLog (hybridzero.rlhf.runlog.metrics): rank-0-only writes, strict JSON lines, resume merging, TensorBoard mirror."""
+"""RunLog (hybridzero.rlhf.runlog.metrics): rank-0-only writes, strict JSON lines, resume merging, TensorBoard
+mirror."""
 
 from __future__ import annotations
 

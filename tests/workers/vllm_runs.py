@@ -33,9 +33,9 @@ def vllm_grpo_run(settings: dict[str, Any], iterations: int, fail_rank: int) -> 
     """``iterations`` GRPO iterations with ``rollout_engine="vllm"``; returns the history, the sync count, whether
     the tensors last handed to vLLM equal the trainer's weights bit for bit, the ledger's sync entries, the error a
     rollout raises after ``fail_rank``'s engine starts failing, and the child processes left after ``close``."""
-    from hybridzero.rlhf.steps.rl.grpo import grpo_iteration
     from hybridzero.rlhf.rollout.backends.vllm_rollout import ensure_synced
     from hybridzero.rlhf.settings import GRPOSettings
+    from hybridzero.rlhf.steps.rl.grpo import grpo_iteration
     from hybridzero.rlhf.steps.rl.step3 import Step3
 
     before = _child_pids()

@@ -1,6 +1,7 @@
 """Pure math of the GRPO family: advantages, overlong shaping, the clipped policy loss, loss aggregation.
 
-Conventions of :mod:`hybridzero.rlhf.algorithms.ppo` hold (shifted ``[B, L]`` per-token tensors, ``torch.where`` masking,
+Conventions of :mod:`hybridzero.rlhf.algorithms.ppo` hold (shifted ``[B, L]`` per-token tensors, ``torch.where``
+masking,
 no ``backward``, coefficients keyword-only). Rewards are ``[B]`` with the ``G`` samples of a prompt contiguous;
 ``NaN`` marks a *skipped* sample (no reward): it is left out of its group's statistics and gets advantage 0.
 

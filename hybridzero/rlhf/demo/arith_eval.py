@@ -1,7 +1,8 @@
 """Held-out scoring of a policy on the arithmetic demo: exact rate, dropped-carry rate, format rate.
 
 Prompts are dealt over ranks (rank ``r`` takes ``r, r + W, ...``), generated through the hybrid engine with
-:func:`hybridzero.rlhf.rollout.generate.rollout` (each sample seeded by its global index, so greedy results do not depend on
+:func:`hybridzero.rlhf.rollout.generate.rollout` (each sample seeded by its global index, so greedy results do not
+depend on
 the world size and sampled ones only through floating-point reduction order), scored with the exact checker, and
 summed over ranks: every rank returns the same global means.
 """

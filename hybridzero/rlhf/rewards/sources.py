@@ -2,7 +2,8 @@
 
 Data path of a reward: the rollout decodes this rank's answers (text cut at a stop string, special tokens skipped),
 takes their token ids (answer tokens up to and including EOS) and the prompt rows' extra columns, and
-:meth:`RewardSet.score` calls every function once on the batch (:mod:`hybridzero.rlhf.rewards.functions`: isolated, with a
+:meth:`RewardSet.score` calls every function once on the batch (:mod:`hybridzero.rlhf.rewards.functions`: isolated,
+with a
 deadline). The reward model's last-token score (from the experience) is one more source. Sources combine into one
 reward per sample: the weighted sum over the sources that scored it.
 
@@ -42,7 +43,6 @@ import torch
 
 from hybridzero.comm.collectives import DEFAULT_TIMEOUT_S, Comm
 from hybridzero.rlhf.engines import global_sum
-from hybridzero.rlhf.rewards.values import one_line
 from hybridzero.rlhf.rewards.functions import (
     RewardCallError,
     RewardError,
@@ -54,6 +54,7 @@ from hybridzero.rlhf.rewards.functions import (
     reward_sources,
 )
 from hybridzero.rlhf.rewards.functions import score_with_functions as _score
+from hybridzero.rlhf.rewards.values import one_line
 from hybridzero.rlhf.settings import GRPOSettings
 from hybridzero.runtime.engine import Engine
 

@@ -7,7 +7,8 @@ draws. So the same sample id gets the same answer on any rank, at any world size
 fp32 rounding of its logits), and a resumed run repeats the samples of the run it resumes.
 
 :func:`rollout` pads prompts to a fixed width ``P`` (left) and answers to ``A`` (right), so every sequence is
-``[P + A]`` whatever the batch: the experience layout of :mod:`hybridzero.rlhf.rollout.experience`. Decoding itself runs on
+``[P + A]`` whatever the batch: the experience layout of :mod:`hybridzero.rlhf.rollout.experience`. Decoding itself
+runs on
 the batch's own prompt width (its longest prompt), and scoring on the batch's used columns (:func:`used_columns`):
 positions come from the attention mask, so the all-padding columns only cost work. The answer is the
 generated tokens up to and including the first EOS; later positions are pad and 0 in the masks.
@@ -27,10 +28,10 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
 from hybridzero.packed_forward import packed_last_values, packed_logprobs, packed_values
-from hybridzero.rlhf.engines import Roles
-from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.algorithms.ppo import gather_logprobs
+from hybridzero.rlhf.engines import Roles
 from hybridzero.rlhf.models import last_token_index, position_ids
+from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.rollout.stops import StopOnStrings, cut_after_stop
 from hybridzero.runtime.engine import Engine
 

@@ -19,9 +19,9 @@ from transformers import PreTrainedTokenizerBase
 
 from hybridzero.comm.collectives import init_distributed
 from hybridzero.packed_forward import check_packable, packed_last_values
+from hybridzero.rlhf.data.demo_task import demo_model_config
 from hybridzero.rlhf.data.records import PAIRWISE_COLUMNS, phase_train_eval
 from hybridzero.rlhf.data.tokens import pad_sequences, pad_token_id, pairwise_example
-from hybridzero.rlhf.data.demo_task import demo_model_config
 from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.models import (
     ValueHeadModel,

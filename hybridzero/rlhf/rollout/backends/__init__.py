@@ -1,6 +1,7 @@
 """Rollout engines: what generates the RL trainers' answers (DESIGN §5, docs/architecture.md "Rollouts on vLLM").
 
-``hf`` (default): the hybrid engine / ZeRO-3 ``generate`` on the actor itself (:func:`hybridzero.rlhf.rollout.generate.rollout`).
+``hf`` (default): the hybrid engine / ZeRO-3 ``generate`` on the actor itself
+(:func:`hybridzero.rlhf.rollout.generate.rollout`).
 ``vllm``: a colocated vLLM engine on each rank (:mod:`.vllm_engine`), synced from the actor's shards after every
 update (:mod:`.weights`), with an optional truncated importance-sampling correction (:mod:`.importance`).
 """

@@ -16,9 +16,9 @@ from typing import Any
 
 import torch
 
-from hybridzero.rlhf.rollout.generate import Rollout, fit_width, lay_out, sample_seed
 from hybridzero.rlhf.rollout.backends.base import SamplingSpec
 from hybridzero.rlhf.rollout.backends.vllm_engine import VLLMEngine
+from hybridzero.rlhf.rollout.generate import Rollout, fit_width, lay_out, sample_seed
 from hybridzero.runtime.engine import Engine
 
 __all__ = ["ensure_synced", "vllm_rollout"]
@@ -58,7 +58,8 @@ def vllm_rollout(
     stop: tuple[Any, Sequence[str]] | None = None,
 ) -> tuple[Rollout, torch.Tensor]:
     """``(rollout, sampler_logprobs [B, P+A-1])`` (``P = prompt_width``; prompts left-padded or cut to it, as
-    :func:`~hybridzero.rlhf.rollout.generate.rollout` does); the log-probs sit where ``action_mask`` is 1 (0 elsewhere)."""
+    :func:`~hybridzero.rlhf.rollout.generate.rollout` does); the log-probs sit where ``action_mask`` is 1 (0
+    elsewhere)."""
     prompt_ids = fit_width(prompt_ids, prompt_width, pad_id, left=True)
     prompt_mask = fit_width(prompt_mask, prompt_width, 0, left=True)
     ensure_synced(engine, actor)

@@ -24,13 +24,20 @@ import time
 import torch
 
 from hybridzero.packing import packed_slots
+from hybridzero.rlhf.algorithms.grpo import aggregate_loss, batch_std, clipped_policy_loss, group_advantages
 from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.rollout.experience import Experience
-from hybridzero.rlhf.algorithms.grpo import aggregate_loss, batch_std, clipped_policy_loss, group_advantages
-from hybridzero.rlhf.steps.rl.grpo_rollout import GroupBatch, sample_groups
 from hybridzero.rlhf.rollout.generate import sequence_logprobs, used_columns
 from hybridzero.rlhf.settings import GRPOSettings
-from hybridzero.rlhf.steps.rl.step3 import Step3, UpdateStats, mean_update_stats, ptx_update, slice_experience, step_both
+from hybridzero.rlhf.steps.rl.grpo_rollout import GroupBatch, sample_groups
+from hybridzero.rlhf.steps.rl.step3 import (
+    Step3,
+    UpdateStats,
+    mean_update_stats,
+    ptx_update,
+    slice_experience,
+    step_both,
+)
 
 __all__ = ["advantages_of", "grpo_iteration", "grpo_update", "trim_experience"]
 

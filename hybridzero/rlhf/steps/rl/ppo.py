@@ -20,9 +20,9 @@ import time
 
 import torch
 
+from hybridzero.rlhf.algorithms.ppo import clipped_value_loss, gae, kl_penalized_rewards, ppo_policy_loss
 from hybridzero.rlhf.engines import Roles, global_sum
 from hybridzero.rlhf.rollout.experience import Experience
-from hybridzero.rlhf.algorithms.ppo import clipped_value_loss, gae, kl_penalized_rewards, ppo_policy_loss
 from hybridzero.rlhf.rollout.generate import critic_values, sequence_logprobs
 from hybridzero.rlhf.steps.rl.step3 import (
     Step3,

@@ -1,4 +1,5 @@
-"""Step 3 on this rank: what the PPO (:mod:`hybridzero.rlhf.steps.rl.ppo`) and GRPO (:mod:`hybridzero.rlhf.steps.rl.grpo`) trainers
+"""Step 3 on this rank: what the PPO (:mod:`hybridzero.rlhf.steps.rl.ppo`) and GRPO
+(:mod:`hybridzero.rlhf.steps.rl.grpo`) trainers
 share. :class:`Step3` is the run's state, built once (engines of each role, the prompts and how they are dealt, the
 ptx stream); the functions below are the update steps both algorithms take.
 
@@ -29,9 +30,10 @@ from hybridzero.rlhf.data.tokens import load_prompt_rows, pad_token_id, prompt_t
 from hybridzero.rlhf.engines import Roles, build_roles, global_sum, world_comm
 from hybridzero.rlhf.models import load_tokenizer
 from hybridzero.rlhf.rewards.sources import RewardSet
-from hybridzero.rlhf.rollout.generate import Rollout, make_experience, rollout, rollout_stats
 from hybridzero.rlhf.rollout.backends import VLLMEngine, build_vllm_engine, truncated_is_weights
 from hybridzero.rlhf.rollout.backends.vllm_rollout import vllm_rollout
+from hybridzero.rlhf.rollout.experience import Experience
+from hybridzero.rlhf.rollout.generate import Rollout, make_experience, rollout, rollout_stats
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
 from hybridzero.runtime.engine import Engine
 

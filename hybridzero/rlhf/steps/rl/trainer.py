@@ -1,9 +1,11 @@
 """Step 3's outer loop (DeepSpeed-Chat's ``main.py`` of step 3): set up, resume, iterate, report, save, finish.
 
 The iteration itself is the algorithm's: :func:`~hybridzero.rlhf.steps.rl.ppo.ppo_iteration` for :class:`PPOSettings`,
-:func:`~hybridzero.rlhf.steps.rl.grpo.grpo_iteration` for :class:`GRPOSettings`. Checkpoints of the trained roles (actor,
+:func:`~hybridzero.rlhf.steps.rl.grpo.grpo_iteration` for :class:`GRPOSettings`. Checkpoints of the trained roles
+(actor,
 critic, EMA) go to ``output_dir/checkpoints`` every ``save_interval`` iterations and at the end; a run started with
-``resume`` continues from the newest iteration every role saved completely (:mod:`hybridzero.rlhf.steps.rl.checkpoints`) —
+``resume`` continues from the newest iteration every role saved completely
+(:mod:`hybridzero.rlhf.steps.rl.checkpoints`) —
 sampling depends only on sample ids and data orders only on seeds, so the resumed run continues the same curve.
 Final models: ``output_dir/actor`` (HF directory), ``output_dir/critic`` (value model), ``output_dir/actor_ema``.
 """
