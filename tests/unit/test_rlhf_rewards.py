@@ -398,7 +398,7 @@ def test_reward_deadline_must_fit_the_collective_timeout(monkeypatch: pytest.Mon
 def test_isolation_trouble_is_a_reward_call_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """A failure of the isolation itself on one rank (fork/pipe refused: EAGAIN, EMFILE) becomes a RewardCallError,
     so the reward set's agreement reports it on every rank instead of this rank leaving the collective alone."""
-    from hybridzero.rlhf.rewards.functions import isolation as reward_isolation
+    from hybridzero.rlhf.rewards import isolation as reward_isolation
 
     def no_fork() -> int:
         raise OSError(11, "Resource temporarily unavailable")
