@@ -107,6 +107,7 @@ class ZeroCoordinator:
         self.bypass = False  # hybrid generation: everything is gathered and pinned; hooks do nothing
         self._kept: set[int] = set()  # groups held gathered from a forward for its backward
         self._in_flight_before: BaseException | None = None  # exception being handled when the root forward began
+        self._grad_forward = False  # the root forward ran with grad enabled: a backward may follow
         self._handles: list[RemovableHandle] = []
         self._root = next((g for g in groups if g.owner == ""), None)
         self._timer = reducer.comm.ledger.timer  # the step profile: every hook body is a "hooks" region
@@ -222,13 +223,19 @@ class ZeroCoordinator:
         """DeepSpeed's reuse rule across the forward→backward boundary: keep a group gathered if (by the valid
         forward trace) its backward use comes within ``stage3_max_reuse_distance`` elements of other groups and
         the live total stays within ``stage3_max_live_parameters``. A hint like prefetch: values are identical."""
-        if not torch.is_grad_enabled() or group.always_full:
+        if not self._backward_may_follow() or group.always_full:
             return False
         distance = self.prefetcher.distance_to_end(lambda gid: self.groups[gid].numel)
         if distance is None or distance >= self.prefetcher.max_reuse_distance:  # 0 turns the rule off
             return False
         live = sum(g.numel for g in self.groups if not g.always_full and g.state is not GroupState.SHARDED)
         return live <= self.prefetcher.max_live_elems
+
+    def _backward_may_follow(self) -> bool:
+        """Whether a block's forward may be recomputed or differentiated by a backward: grad is on here, or the root
+        forward ran with grad on and this block runs inside a reentrant activation checkpoint (which runs its
+        forward under ``no_grad`` and repeats it in the backward, where it must find the hpZ secondary)."""
+        return torch.is_grad_enabled() or (self.phase is Phase.FORWARD and self._grad_forward)
 
     # --- forward hooks ------------------------------------------------------------------------------------------
     def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
@@ -243,6 +250,7 @@ class ZeroCoordinator:
             self.phase = Phase.FORWARD
             self.prefetcher.begin("forward")
             self._in_flight_before = sys.exc_info()[1]  # forward called inside an ``except`` block: not ours
+            self._grad_forward = torch.is_grad_enabled()
         if self._root is not None:
             self.use(self._root, "forward")
 
@@ -291,7 +299,7 @@ class ZeroCoordinator:
             if self._keep_for_backward(group):
                 self._kept.add(group.index)  # backward reuses it within the reuse distance: no re-gather
                 return
-            if torch.is_grad_enabled():
+            if self._backward_may_follow():
                 group.build_secondary()  # hpZ: backward will gather this node-locally
             if not self.prefetcher.reused_soon(group.index, lambda gid: self.groups[gid].numel):
                 self.release(group)

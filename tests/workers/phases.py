@@ -158,11 +158,11 @@ def _submodule(engine: Any, ids: torch.Tensor) -> torch.Tensor:
 def _checkpointed(engine: Any, ids: torch.Tensor, reentrant: bool) -> torch.Tensor:
     """A train step with HF activation checkpointing on (reentrant or not), switched off again afterwards."""
     model = engine.module
-    model.activation_checkpointing_enable({"use_reentrant": reentrant})
+    model.gradient_checkpointing_enable({"use_reentrant": reentrant})
     try:
         return _train(engine, ids)
     finally:
-        model.activation_checkpointing_disable()
+        model.gradient_checkpointing_disable()
         model.disable_input_require_grads()
 
 
