@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 
 from tests.conftest import WorldFactory
-from tests.workers.ulysses_alias import SEQ, STEPS, ds_named_run, loader_batches, reference_run
+from tests.workers.ulysses_alias import SEQ, STEPS, ds_named_run, loader_batches, reference_run, state_module_run
 
 
 def test_deepspeed_named_ulysses_matches_s1(world: WorldFactory) -> None:
@@ -56,3 +56,15 @@ def test_deepspeed_named_ulysses_matches_s1(world: WorldFactory) -> None:
         shifted = torch.full((2, SEQ + 1), -100)
         shifted[:, : SEQ - 1] = whole["labels"][:, 1:]
         assert torch.equal(first["shift_labels"], shifted[:, lo:hi])
+
+
+def test_parallel_state_sp_module_as_the_mpu(world: WorldFactory) -> None:
+    """DeepSpeed's other spelling: groups first (``initialize_sequence_parallel``), the module as the mpu; the engine
+    switches the model, the loss of rank 0's first batch is the s = 1 one; a second registration is refused; destroy
+    forgets the groups."""
+    pool = world(2)
+    want = pool.run(reference_run, timeout=300)[0]["losses"][0]
+    for r in pool.run(state_module_run, timeout=300):
+        assert r["again"].startswith("Ulysses sequence parallelism is already registered in this process"), r
+        assert r["impl"].startswith("hybridzero_ulysses_") and r["sizes"] == (2, 1) and r["after"] == 0, r
+        assert abs(r["loss"] - want) <= 1e-5 * abs(want), (r["loss"], want)

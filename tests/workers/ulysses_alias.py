@@ -147,3 +147,41 @@ def _ds_named_body() -> dict[str, Any]:
 
 def _no_mpu() -> dict[str, Any]:
     return {"get_sequence_parallel_world_size": lambda: 1, "get_sequence_parallel_rank": lambda: 0}
+
+
+def state_module_run() -> dict[str, Any]:
+    """``parallel_state_sp.initialize_sequence_parallel(2)`` then ``initialize(mpu=parallel_state_sp)``: the engine
+    switches the model itself; the first loader batch of rank 0 through ``shard_batch`` / ``sp.loss``."""
+    from hybridzero.deepspeed_alias import install, uninstall
+
+    assert install()
+    try:
+        import deepspeed
+        from deepspeed.runtime.sequence_parallel import parallel_state_sp
+        from deepspeed.utils import groups
+
+        world = torch.distributed.get_world_size()
+        parallel_state_sp.initialize_sequence_parallel(2)
+        try:
+            parallel_state_sp.initialize_sequence_parallel(2)
+            again = ""
+        except RuntimeError as exc:
+            again = str(exc)
+        model = ulysses_model()
+        engine, *_ = deepspeed.initialize(model=model, config=ds_config(world, 2, 1), mpu=parallel_state_sp)
+        impl = model.config._attn_implementation
+        whole = loader_batches(0, world)[0]
+        batch = engine.sequence_parallel.shard_batch(whole["input_ids"], whole["labels"], whole["attention_mask"])
+        logits = engine(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+        loss = engine.sequence_parallel.loss(logits, batch["shift_labels"]).item()
+        sizes = (parallel_state_sp.get_sequence_parallel_world_size(), parallel_state_sp.get_data_parallel_world_size())
+        engine.destroy()
+        return {
+            "again": again,
+            "impl": impl,
+            "loss": loss,
+            "sizes": sizes,
+            "after": groups._get_sequence_parallel_rank(),
+        }
+    finally:
+        uninstall()
