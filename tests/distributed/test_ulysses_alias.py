@@ -4,6 +4,8 @@
 * ``UlyssesSPAttentionHF.register_with_transformers`` switches the model to hybridzero's Ulysses attention and
   returns the mpu ``deepspeed.initialize(mpu=...)`` accepts; ``engine.destroy()`` gives the model its SDPA back and
   forgets the registration;
+* with ``disable_in_eval=True`` (Trainer's default) a model in eval mode runs whole rows with plain causal
+  attention, giving the unregistered model's logits;
 * ``UlyssesSPDataLoaderAdapter`` yields, per loader batch of each rank, this rank's half of every row (13 tokens
   right-padded to 14: 7 each), global ``position_ids`` and ``shift_labels`` instead of ``labels``; its length is
   twice the loader's;
@@ -40,6 +42,7 @@ def test_deepspeed_named_ulysses_matches_s1(world: WorldFactory) -> None:
             assert abs(g - w) <= 1e-5 * abs(w), (rank, r["losses"], want)
         assert r["impl_during"].startswith("hybridzero_ulysses_") and r["impl_after"] == "sdpa", r
         assert r["after_destroy"] == 1
+        assert r["eval_diff"] <= 1e-5, r["eval_diff"]  # disable_in_eval: the whole row, same kernel, same order
         assert r["before"]["sp"] == (1, 0) and r["before"]["dp"] == (2, rank), r["before"]
         probe = r["probe"]
         assert probe["sp"] == (2, rank) and probe["mpu"] == (2, rank) and probe["same_group"], probe

@@ -114,6 +114,7 @@ def _ds_named_body() -> dict[str, Any]:
     )
     impl_during = model.config._attn_implementation
     engine, *_ = deepspeed.initialize(model=model, config=ds_config(world, 2, 2), mpu=mpu)
+    eval_diff = _eval_gap(engine)
     dl = UlyssesSPDataLoaderAdapter(
         loader_batches(rank, world),
         sp_rank=mpu.get_sequence_parallel_rank(),
@@ -142,7 +143,20 @@ def _ds_named_body() -> dict[str, Any]:
         "impl_during": impl_during,
         "impl_after": model.config._attn_implementation,
         "after_destroy": groups._get_sequence_parallel_world_size(),
+        "eval_diff": eval_diff,
     }
+
+
+def _eval_gap(engine: Any) -> float:
+    """``disable_in_eval=True``: in eval mode every rank runs the whole (unsplit) row with plain causal attention;
+    the largest logit difference from the unregistered model (same weights) on rank 0's first unpadded row."""
+    row = loader_batches(0, 2)[0]["input_ids"][:1]
+    plain = ulysses_model().eval()
+    engine.eval()
+    with torch.no_grad():
+        got, want = engine(input_ids=row).logits, plain(input_ids=row).logits
+    engine.train()
+    return float((got - want).abs().max())
 
 
 def _no_mpu() -> dict[str, Any]:
