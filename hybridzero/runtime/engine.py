@@ -39,6 +39,7 @@ from hybridzero.runtime.sequence_parallel import SequenceParallel
 from hybridzero.runtime.services import EngineServices
 from hybridzero.runtime.synced_generation import SyncedGenerationGuard, guard_fits
 from hybridzero.runtime.tp_generate import TensorParallelGenerator
+from hybridzero.runtime.ulysses_hf import release
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import leaf, materialize
 from hybridzero.zero.coordinator import ZeroCoordinator
@@ -72,6 +73,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         blocks: list[str] | None = None,
         record_events: bool = False,
         source: TensorSource | None = None,
+        sequence_parallel: SequenceParallel | None = None,
     ) -> None:
         nn.Module.__init__(self)
         self.config = config
@@ -114,7 +116,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.skip_nonfinite_steps = bool(getattr(config, "skip_nonfinite_steps", False))
         self.nonfinite_skipped_steps = 0
         self.hpz = self._hpz_comm()
-        self.sequence_parallel = self._sequence_parallel()  # Ulysses: SP groups formed now, by every rank together
+        self.sequence_parallel = self._sequence_parallel(sequence_parallel)  # Ulysses: SP groups (formed by all)
         he = config.hybrid_engine  # tensor-parallel generation: its group is formed now, by every rank together
         self.tp_generator = (
             TensorParallelGenerator(comm, he.inference_tp_size, he.tp_gather_partition_size)
@@ -222,9 +224,15 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         groups = topology.hpz_groups(world, h, topology.local_world_size(world_size=world))
         return self.comm.split(groups, name="hpz")
 
-    def _sequence_parallel(self) -> SequenceParallel | None:
-        """``sequence_parallel_size`` > 1: the SP/DP layout, and the model switched to Ulysses attention."""
+    def _sequence_parallel(self, given: SequenceParallel | None) -> SequenceParallel | None:
+        """``sequence_parallel_size`` > 1: the SP/DP layout, and the model switched to Ulysses attention (``given``:
+        a layout a Ulysses registration formed and attached already, of the config's size)."""
         size = self.config.sequence_parallel_size
+        if given is not None:
+            assert given.size == size, (given.size, size)
+            if not given.attached:  # groups formed without a model (parallel_state_sp.initialize_sequence_parallel)
+                given.attach(self.module)
+            return given
         if size <= 1:
             return None
         sp = SequenceParallel(self.comm, size)
@@ -485,6 +493,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.monitor.close()
         if self.sequence_parallel is not None:
             self.sequence_parallel.detach()
+            release(self.sequence_parallel)
         if self.synced_generation is not None:
             self.synced_generation.remove()
         if self.swapper is not None:

@@ -22,9 +22,11 @@ from hybridzero import comm as comm_api
 from hybridzero.comm.collectives import Comm
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import Config, load_config
+from hybridzero.config.load import read_json
 from hybridzero.runtime.engine import Engine
 from hybridzero.runtime.failures import failure_guard
 from hybridzero.runtime.sequence_parallel import check_model
+from hybridzero.runtime.ulysses_hf import groups_of
 from hybridzero.runtime.zero_errors import check_forced_cpu_optimizer
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero.init_source import init_store_of
@@ -58,6 +60,20 @@ def _dataloader(data: Dataset, cfg: Config, comm: Comm, collate_fn: Callable[...
     return DataLoader(
         data, batch_size=cfg.train_micro_batch_size_per_gpu, sampler=sampler, collate_fn=collate_fn, drop_last=True
     )
+
+
+def with_sequence_parallel(source: Any, size: int) -> dict[str, Any]:
+    """The config ``source`` (mapping or JSON path) with ``sequence_parallel_size`` = ``size`` (the mpu's); a
+    different value already there is an error naming both."""
+    raw = dict(read_json(source) if isinstance(source, (str, os.PathLike)) else source)
+    given = raw.get("sequence_parallel_size", size)
+    if given != size:
+        raise ValueError(
+            f"config sequence_parallel_size = {given!r} but the mpu's sequence parallel world size is {size}: "
+            f"drop the key or set it to {size}"
+        )
+    raw["sequence_parallel_size"] = size
+    return raw
 
 
 def _config_source(args: Any, config: Any, config_params: Any) -> Any:
@@ -114,19 +130,22 @@ def initialize(
     alias; with neither, ``args.deepspeed_config``). ``optimizer`` may be a client optimizer built over
     ``model.parameters()`` (rebuilt over the shards with the same class and hyperparameters) or a callable taking
     the parameters. ``distributed_port`` is the rendezvous port when no launcher set one; ``dist_init_required=False``
-    requires an initialized process group. ``mpu`` and ``mesh_param`` (model / sequence parallelism) are not
-    supported (Ulysses sequence parallelism: the config's ``sequence_parallel_size``).
+    requires an initialized process group. ``mpu`` may only be the one DeepSpeed's
+    ``UlyssesSPAttentionHF.register_with_transformers`` returned (its sequence parallel size becomes the config's
+    ``sequence_parallel_size``, its groups the engine's); other mpus and ``mesh_param`` are refused.
     hybridzero's own keyword-only arguments: ``blocks`` overrides the automatic choice of gather groups;
     ``record_events`` records gather/release events; a model built on the meta device is materialized group by
     group, from ``checkpoint_source`` (each rank reads only its shard) or else by the model's own init.
     """
     if model is None:
         raise ValueError("initialize() needs model= (the torch.nn.Module to train)")
-    for name, value in (("mpu", mpu), ("mesh_param", mesh_param)):
+    sp_groups = groups_of(mpu)  # DeepSpeed's Ulysses registration (register_with_transformers) as the mpu
+    for name, value in (("mpu", None if sp_groups is not None else mpu), ("mesh_param", mesh_param)):
         if value is not None:
             raise ValueError(
                 f"initialize({name}=...) is not supported: hybridzero is data-parallel (ZeRO) with Ulysses sequence "
-                f'parallelism from the config ("sequence_parallel_size"); pass {name}=None'
+                f'parallelism from the config ("sequence_parallel_size") or from DeepSpeed\'s '
+                f"UlyssesSPAttentionHF.register_with_transformers (pass the mpu it returns); pass {name}=None"
             )
     if dist_init_required is False and not comm_api.is_initialized():
         raise RuntimeError(
@@ -139,8 +158,12 @@ def initialize(
     error: BaseException | None = None
     client_optimizer: torch.optim.Optimizer | None = None
     try:
-        cfg = load_config(_config_source(args, config, config_params), comm.world_size)
-        check_model(getattr(model, "config", None), cfg.sequence_parallel_size)  # heads / attention splittable
+        source = _config_source(args, config, config_params)
+        if sp_groups is not None:
+            source = with_sequence_parallel(source, sp_groups.get_sequence_parallel_world_size())
+        cfg = load_config(source, comm.world_size)
+        if sp_groups is None:  # a registration checked (and switched) the model already
+            check_model(getattr(model, "config", None), cfg.sequence_parallel_size)  # heads / attention splittable
         if isinstance(optimizer, torch.optim.Optimizer) or optimizer is None:
             client_optimizer = optimizer
         else:  # DeepSpeed accepts a callable that builds the optimizer over the parameters
@@ -165,6 +188,7 @@ def initialize(
                 blocks=blocks,
                 record_events=record_events,
                 source=checkpoint_source,
+                sequence_parallel=None if sp_groups is None else sp_groups.sequence_parallel,
             )
     if training_data is not None:
         engine.training_dataloader = _dataloader(training_data, cfg, comm, collate_fn)

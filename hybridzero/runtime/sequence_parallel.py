@@ -121,9 +121,10 @@ class SequenceParallel:
         self._restore: list[tuple[Any, str]] = []
 
     # --- the model --------------------------------------------------------------------------------------------
-    def attach(self, model: nn.Module) -> None:
+    def attach(self, model: nn.Module, local_in_eval: bool = False) -> None:
         """Register this group's Ulysses attention and select it on ``model`` (and its sub-configs); the model's
-        previous implementation is the core. :meth:`detach` restores it."""
+        previous implementation is the core. :meth:`detach` restores it. ``local_in_eval``: a module in eval mode
+        attends over its whole unsplit input (DeepSpeed's ``disable_in_eval``)."""
         # transformers is imported here, not at module level: `import hybridzero.as_deepspeed` must install the
         # deepspeed alias before transformers/accelerate are first imported (they decide then whether deepspeed is
         # available), and the package imports this module.
@@ -135,13 +136,18 @@ class SequenceParallel:
         check_model(config, self.size)
         impl = getattr(config, "_attn_implementation", None) or "eager"
         core = sdpa_attention_forward if impl == "sdpa" else _eager_core
-        AttentionInterface.register(self.name, UlyssesAttention(self.comm, core, additive_mask=impl == "eager"))
+        AttentionInterface.register(self.name, UlyssesAttention(self.comm, core, impl == "eager", local_in_eval))
         AttentionMaskInterface.register(self.name, _no_local_mask)  # the local slice's mask would be wrong: none
         for sub in model.modules():
             cfg = getattr(sub, "config", None)
             if cfg is not None and getattr(cfg, "_attn_implementation", None) == impl:
                 self._restore.append((cfg, impl))
                 cfg._attn_implementation = self.name
+
+    @property
+    def attached(self) -> bool:
+        """Whether a model runs this group's attention (between :meth:`attach` and :meth:`detach`)."""
+        return bool(self._restore)
 
     def detach(self) -> None:
         """Give the model its own attention implementation back (idempotent)."""

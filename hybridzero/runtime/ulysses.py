@@ -101,13 +101,15 @@ class UlyssesAttention:
 
     ``core`` is the model's own kernel with HF's signature ``core(module, q, k, v, mask, scaling=..., dropout=...,
     **kwargs) -> (out [B, L, h, D], weights)``; ``additive_mask`` says whether it wants an additive float mask
-    (eager) or a boolean one (SDPA). Holds no tensors between calls."""
+    (eager) or a boolean one (SDPA). ``local_in_eval``: a module in eval mode attends over its own (whole, unsplit)
+    sequence without any exchange (DeepSpeed's ``disable_in_eval``). Holds no tensors between calls."""
 
-    def __init__(self, comm: Comm, core: CoreAttention, additive_mask: bool) -> None:
+    def __init__(self, comm: Comm, core: CoreAttention, additive_mask: bool, local_in_eval: bool = False) -> None:
         self.comm = comm
         self.size = comm.world_size
         self.core = core
         self.additive_mask = additive_mask
+        self.local_in_eval = local_in_eval
 
     def __call__(
         self,
@@ -123,6 +125,11 @@ class UlyssesAttention:
         s = self.size
         b, heads, lloc, d = query.shape
         kv_heads = key.shape[1]
+        if self.local_in_eval and not module.training:
+            mask = causal_mask(lloc, query.dtype, query.device, self.additive_mask)
+            kwargs.pop("position_ids", None)
+            out, _ = self.core(_CoreView(module, heads // kv_heads), query, key, value, mask, **kwargs)
+            return out, None
         if kv_heads % s:  # GQA with fewer kv heads than ranks: every query head gets its own copy of its kv head
             key = key.repeat_interleave(heads // kv_heads, dim=1)
             value = value.repeat_interleave(heads // kv_heads, dim=1)

@@ -40,6 +40,22 @@ _PROVIDED = {
     ),
     "deepspeed.ops.adam.DeepSpeedCPUAdam": "hybridzero.ops.adam.DeepSpeedCPUAdam",
     "deepspeed.ops.adam.FusedAdam": "hybridzero.ops.adam.FusedAdam",
+    # ALST/Ulysses (accelerate's prepare with ParallelismConfig(sp_backend="deepspeed"), Trainer's SP loss)
+    "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPAttentionHF": (
+        "hybridzero.runtime.ulysses_hf.UlyssesSPAttentionHF"
+    ),
+    "deepspeed.runtime.sequence_parallel.ulysses_sp.UlyssesSPDataLoaderAdapter": (
+        "hybridzero.runtime.ulysses_data.UlyssesDataLoaderAdapter"
+    ),
+    "deepspeed.runtime.sequence_parallel.parallel_state_sp.get_sequence_parallel_group": (
+        "hybridzero.runtime.sp_state.get_sequence_parallel_group"
+    ),
+    "deepspeed.utils.groups._get_sequence_parallel_group": "hybridzero.runtime.sp_state.groups_sequence_parallel_group",
+    "deepspeed.utils.groups._get_sequence_parallel_world_size": (
+        "hybridzero.runtime.sp_state.groups_sequence_parallel_world_size"
+    ),
+    "deepspeed.utils.groups._get_sequence_parallel_rank": "hybridzero.runtime.sp_state.groups_sequence_parallel_rank",
+    "deepspeed.runtime.utils.move_to_device": "hybridzero.runtime.ulysses_data.move_to_device",
 }
 _VALUES = [
     "deepspeed.__version__",
@@ -57,8 +73,8 @@ _STAND_INS = [
 _UNSERVED_MODULES = [
     "deepspeed.ops.lion",
     "deepspeed.ops.adagrad",
-    "deepspeed.runtime.sequence_parallel.ulysses_sp",
-    "deepspeed.utils.groups",
+    "deepspeed.sequence.layer",
+    "deepspeed.runtime.sequence_parallel.ulysses_linear_attention",
 ]
 
 
