@@ -27,6 +27,7 @@ import argparse
 import sys
 from typing import Any
 
+from hybridzero.argtypes import CLIParser, path_text
 from hybridzero.checkpoint.convert import convert_v1
 from hybridzero.checkpoint.export import export_hf
 from hybridzero.checkpoint.from_deepspeed import convert_deepspeed
@@ -42,13 +43,16 @@ def _add_export(subparsers: Any) -> None:
     """Register ``export``."""
     p = subparsers.add_parser(
         "export",
+        allow_abbrev=False,
         help="write a Hugging Face directory (config.json + safetensors) from an engine checkpoint",
         description="Export checkpoint TAG (default: the one 'latest' names) of CKPT_DIR to OUT_DIR, which "
         "AutoModelForCausalLM.from_pretrained loads. Streams one shard file at a time.",
     )
-    p.add_argument("ckpt_dir", metavar="CKPT_DIR", help="checkpoint directory (holds 'latest' and tag folders)")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="destination; must not exist or be empty")
-    p.add_argument("--tag", default=None, help="checkpoint tag (default: the one 'latest' names)")
+    p.add_argument(
+        "ckpt_dir", metavar="CKPT_DIR", type=path_text, help="checkpoint directory (holds 'latest' and tag folders)"
+    )
+    p.add_argument("out_dir", metavar="OUT_DIR", type=path_text, help="destination; must not exist or be empty")
+    p.add_argument("--tag", default=None, type=path_text, help="checkpoint tag (default: the one 'latest' names)")
     p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default="fp32", help="weight dtype (default fp32)")
     p.add_argument(
         "--max-shard-size",
@@ -66,6 +70,7 @@ def _add_export(subparsers: Any) -> None:
     p.add_argument(
         "--adapters",
         default=None,
+        type=path_text,
         metavar="DIR",
         help="also write the LoRA adapters as a peft directory (PeftModel.from_pretrained loads it)",
     )
@@ -76,15 +81,18 @@ def _add_convert(subparsers: Any) -> None:
     """Register ``convert-checkpoint``."""
     p = subparsers.add_parser(
         "convert-checkpoint",
+        allow_abbrev=False,
         help="convert a checkpoint of the old pickle-based format 1 (rank_*.pt, extra.pt) to the current format",
         description="Convert format-1 tag TAG (default: the one OLD_DIR/latest names) into a format-2 checkpoint "
         "of the same tag under NEW_DIR, reading the old files with torch.load(weights_only=True) only: a file "
         "that needs more than tensors and plain containers is refused. OLD_DIR is never written; NEW_DIR must be "
         "new, empty or hold only format-2 checkpoints.",
     )
-    p.add_argument("old_dir", metavar="OLD_DIR", help="format-1 checkpoint directory (holds 'latest' and tags)")
-    p.add_argument("new_dir", metavar="NEW_DIR", help="destination checkpoint directory")
-    p.add_argument("--tag", default=None, help="tag to convert (default: the one OLD_DIR/latest names)")
+    p.add_argument(
+        "old_dir", metavar="OLD_DIR", type=path_text, help="format-1 checkpoint directory (holds 'latest' and tags)"
+    )
+    p.add_argument("new_dir", metavar="NEW_DIR", type=path_text, help="destination checkpoint directory")
+    p.add_argument("--tag", default=None, type=path_text, help="tag to convert (default: the one OLD_DIR/latest names)")
     p.add_argument(
         "--from",
         dest="source",
@@ -97,9 +105,10 @@ def _add_convert(subparsers: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with one subparser per subcommand."""
-    parser = argparse.ArgumentParser(prog="hybridzero", description="hybridzero: ZeRO-3 sharded training tools.")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    """The top-level parser with one subparser per subcommand: every one a :class:`~hybridzero.argtypes.CLIParser`
+    (no abbreviated options, one-line errors with exit status 2)."""
+    parser = CLIParser(prog="hybridzero", description="hybridzero: ZeRO-3 sharded training tools.", allow_abbrev=False)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CLIParser)
     for add in (_add_export, _add_convert, add_plan_command, add_rlhf_commands):
         add(subparsers)
     subparsers.add_parser(
@@ -107,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="DeepSpeed's launcher for a step: hybridzero launch [--num_gpus N] STEP "
         "ARGS (replaces `deepspeed [--num_gpus N] main.py ARGS`)",
         add_help=False,
+        allow_abbrev=False,
     )
     return parser
 

@@ -61,7 +61,8 @@ _STATE_KEYS: tuple[str, ...] = ("scale", "hysteresis_left", "good_steps", "step"
 
 
 class LossScaleUnderflowError(RuntimeError):
-    """An overflow hit while the scale already equals ``min_scale`` (DeepSpeed exits the run)."""
+    """An overflow hit while the scale already equals ``min_scale`` (DeepSpeed exits the run); the message is one
+    line naming ``fp16.min_loss_scale`` and what would help."""
 
 
 @dataclass(frozen=True)
@@ -167,8 +168,9 @@ def _on_overflow(state: ScalerState, cfg: ScalerConfig) -> ScalerState:
     if cfg.hysteresis == 1 or state.hysteresis_left <= 1:
         if state.scale == cfg.min_scale and cfg.raise_at_min_scale:
             raise LossScaleUnderflowError(
-                f"loss scale already at its minimum ({cfg.min_scale}) and gradients still "
-                "overflow; cannot decrease the scale any further"
+                f"fp16 loss scale already at its minimum (fp16.min_loss_scale = {cfg.min_scale:g}) and the "
+                f"gradients still overflow after {state.step} optimizer steps: the run has diverged or its gradients "
+                "do not fit fp16; lower the learning rate, train in bf16, or set a smaller fp16.min_loss_scale"
             )
         scale = max(state.scale / cfg.scale_factor, cfg.min_scale)
         hysteresis_left = state.hysteresis_left

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hybridzero.argtypes import int_range, path_text
 from hybridzero.config import ConfigError
 from hybridzero.config.load import read_json
 from hybridzero.plan.model import LoRAPlan, known_shapes, load_hf_config, meta_model
@@ -32,20 +33,24 @@ ROLES = ("actor", "critic", "ref", "reward")
 def add_plan_command(subparsers: Any) -> None:
     """Register ``plan``."""
     devices, links = profile_names()
+    positive = int_range(1)
     p = subparsers.add_parser(
         "plan",
+        allow_abbrev=False,
         help="what a run will cost on a cluster: memory per rank, bytes per collective and link, step time",
         description="Plan a run from the engine's own layout and gather rules on a meta-device model: model-state "
         "bytes per rank, collectives per step by link class, a roofline step time; --rlhf for DeepSpeed-Chat's four "
         "models, --search to rank the configurations that fit. Known models: " + ", ".join(known_shapes()),
     )
-    p.add_argument("--model", required=True, help="HF directory, config.json, or a known name")
-    p.add_argument("--config", required=True, help="DeepSpeed JSON config (batch keys are resolved per world size)")
-    p.add_argument("--nodes", type=int, default=1, help="number of nodes (default 1)")
-    p.add_argument("--gpus_per_node", type=int, default=8, help="ranks per node (default 8)")
+    p.add_argument("--model", required=True, type=path_text, help="HF directory, config.json, or a known name")
+    p.add_argument(
+        "--config", required=True, type=path_text, help="DeepSpeed JSON config (batch keys are resolved per world size)"
+    )
+    p.add_argument("--nodes", type=positive, default=1, help="number of nodes (default 1)")
+    p.add_argument("--gpus_per_node", type=positive, default=8, help="ranks per node (default 8)")
     p.add_argument("--device", default="a100-80gb", help=f"device profile: {', '.join(devices)} (default a100-80gb)")
     p.add_argument("--link", default=None, help=f"intra=NAME,inter=NAME with NAME in {', '.join(links)} or Gb/s")
-    p.add_argument("--seq_len", type=int, default=2048, help="tokens per training sequence (default 2048)")
+    p.add_argument("--seq_len", type=positive, default=2048, help="tokens per training sequence (default 2048)")
     p.add_argument("--checkpointing", action="store_true", help="activation checkpointing in the step-time model")
     p.add_argument("--lora", default=None, metavar="PART:DIM", help="LoRA on nn.Linear names containing PART")
     p.add_argument(
@@ -53,11 +58,11 @@ def add_plan_command(subparsers: Any) -> None:
         default=None,
         help="actor=M,critic=M[,ref=M,reward=M]: plan DS-Chat step 3 (--model is the default actor)",
     )
-    p.add_argument("--prompt_len", type=int, default=256, help="RLHF prompt tokens (default 256)")
-    p.add_argument("--answer_len", type=int, default=256, help="RLHF generated tokens (default 256)")
+    p.add_argument("--prompt_len", type=positive, default=256, help="RLHF prompt tokens (default 256)")
+    p.add_argument("--answer_len", type=positive, default=256, help="RLHF generated tokens (default 256)")
     p.add_argument("--search", action="store_true", help="rank the configurations that fit by step time per token")
-    p.add_argument("--top", type=int, default=10, help="how many --search results (default 10)")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the plan as JSON")
+    p.add_argument("--top", type=positive, default=10, help="how many --search results (default 10)")
+    p.add_argument("--json", default=None, type=path_text, metavar="PATH", help="also write the plan as JSON")
     p.set_defaults(func=run_plan)
 
 

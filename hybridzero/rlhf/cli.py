@@ -33,6 +33,8 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from hybridzero.argtypes import MAX_LOCAL_RANKS, int_range, path_text
+from hybridzero.optim.loss_scaler import LossScaleUnderflowError
 from hybridzero.rlhf.demo.arith_run import run_arith_demo
 from hybridzero.rlhf.demo.run import demo_monitor, run_demo
 from hybridzero.rlhf.models import check_loadable
@@ -117,31 +119,44 @@ def _loose(text: str) -> Any:
         return text
 
 
-def _flag_kwargs(annotation: Any) -> dict[str, Any]:
-    """argparse keyword arguments for a field's annotation."""
+def _is_path(name: str) -> bool:
+    """Whether the setting ``name`` names files or directories (``data_path``, ``output_dir``, ``data_root``,
+    ``*_model_name_or_path``): its flag refuses an empty value or a NUL byte at parse time."""
+    return name.endswith(("_path", "_dir", "_root"))
+
+
+def _flag_kwargs(annotation: Any, path: bool = False) -> dict[str, Any]:
+    """argparse keyword arguments for a field's annotation (``path``: text through :func:`path_text`).
+
+    Ranges and finiteness are left to the settings model, so a flag and the same key in ``--config`` get one
+    message; argparse only converts the text (a non-number is a one-line parser error naming the flag)."""
     args = [a for a in typing.get_args(annotation) if a is not type(None)]
     origin = typing.get_origin(annotation)
+    text = path_text if path else str
     if annotation is bool:
         return {"nargs": "?", "const": True, "type": _parse_bool}
     if origin is list:
-        return {"nargs": "*", "type": str}
+        return {"nargs": "*", "type": text}
     if origin is typing.Literal:
         return {"type": type(args[0]), "choices": list(args)}
     if args and origin is not None:  # Optional[X]
-        return _flag_kwargs(args[0])
-    return {"type": annotation if annotation in (int, float, str) else str}
+        return _flag_kwargs(args[0], path)
+    return {"type": annotation if annotation in (int, float) else text}
 
 
 def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseModel]) -> None:
     """One flag per settings field, plus ``--config`` and DeepSpeed-Chat's accepted/refused flags."""
-    parser.add_argument("--config", default=None, help="JSON file of settings; command-line flags override it")
+    parser.add_argument(
+        "--config", default=None, type=path_text, help="JSON file of settings; command-line flags override it"
+    )
     parser.add_argument(
         "--debug", action="store_true", default=argparse.SUPPRESS, help="show the traceback of a data or model error"
     )
     for name, field in model.model_fields.items():
         flags = [f"--{name}"] + ([f"--{name.replace('_', '-')}"] if "_" in name else [])
         text = field.description or f"default: {field.get_default(call_default_factory=True)!r}"
-        parser.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=text, **_flag_kwargs(field.annotation))
+        kwargs = _flag_kwargs(field.annotation, _is_path(name))
+        parser.add_argument(*flags, dest=name, default=argparse.SUPPRESS, help=text, **kwargs)
     for name, why in _IGNORED.items():
         if name in model.model_fields:
             continue  # a setting of this command (steps 1-2's --add_eot_token)
@@ -176,7 +191,7 @@ def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseMode
             )
     aliases = {**_ALIASES, **(GRPO_ALIASES if issubclass(model, GRPOSettings) else {})}
     for alias, target in aliases.items():
-        kwargs = _flag_kwargs(model.model_fields[target].annotation)
+        kwargs = _flag_kwargs(model.model_fields[target].annotation, _is_path(target))
         parser.add_argument(f"--{alias}", dest=target, default=argparse.SUPPRESS, help=f"alias of --{target}", **kwargs)
 
 
@@ -294,12 +309,22 @@ def _run_step(args: argparse.Namespace) -> int:
             assert isinstance(settings, PPOSettings)  # GRPOSettings included
             monitor = demo_monitor() if getattr(settings, "monitor", "none") == "demo" else None
             train_step3(settings, monitor=monitor)
-    except (ValueError, OSError, ImportError) as exc:  # FileNotFoundError and ModelLoadError included
+    except (ValueError, OSError, ImportError, LossScaleUnderflowError) as exc:  # ModelLoadError is a ValueError
         if getattr(args, "debug", False):
             raise
-        print(f"{args.command}: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"{args.command}: error: {_one_line(exc)}{_hint(exc, args.command)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _hint(exc: BaseException, command: str) -> str:
+    """What the command's own flags can do about ``exc`` (the steps write their fp16 block themselves: its
+    ``initial_scale_power`` 16 and ``min_loss_scale`` 1 are not flags)."""
+    if not isinstance(exc, LossScaleUnderflowError):
+        return ""
+    rates = {"sft": "--learning_rate", "reward": "--learning_rate", "grpo": "--actor_learning_rate"}
+    rate = rates.get(command, "--actor_learning_rate / --critic_learning_rate")
+    return f" (here: pass --dtype bf16 or fp32, or a smaller {rate})"
 
 
 def _one_line(exc: BaseException) -> str:
@@ -347,6 +372,7 @@ def add_rlhf_commands(subparsers: argparse._SubParsersAction) -> None:
     for name, (model, text) in _STEPS.items():
         p = subparsers.add_parser(
             name,
+            allow_abbrev=False,
             help=text,
             description=f"{text}. Flags are the settings' keys "
             "(DeepSpeed-Chat's names); --config FILE gives them as JSON.",
@@ -356,17 +382,18 @@ def add_rlhf_commands(subparsers: argparse._SubParsersAction) -> None:
             "--world_size",
             "--world-size",
             dest="world_size",
-            type=int,
+            type=int_range(0, MAX_LOCAL_RANKS),
             default=0,
-            help="relaunch under torch.distributed.run with N local ranks (outside torchrun)",
+            help="relaunch under torch.distributed.run with N local ranks (outside torchrun; 0: no relaunch)",
         )
         p.set_defaults(func=_run_step, argv=None)
-    p = subparsers.add_parser("plot", help="PNG curves of a run directory's metrics.jsonl")
-    p.add_argument("run_dir", metavar="RUN_DIR")
-    p.add_argument("--out", default=None, help="output folder (default RUN_DIR/plots)")
+    p = subparsers.add_parser("plot", allow_abbrev=False, help="PNG curves of a run directory's metrics.jsonl")
+    p.add_argument("run_dir", metavar="RUN_DIR", type=path_text)
+    p.add_argument("--out", default=None, type=path_text, help="output folder (default RUN_DIR/plots)")
     p.set_defaults(func=_plot)
     p = subparsers.add_parser(
         "demo",
+        allow_abbrev=False,
         help="the embedded default: SFT -> reward model -> PPO on the shipped task",
         description="Train a tiny Llama from scratch on the shipped 'reverse the digits' "
         "task through all three steps, then report the hidden rule's score.",
@@ -378,7 +405,9 @@ def add_rlhf_commands(subparsers: argparse._SubParsersAction) -> None:
         help="reverse: SFT -> reward model -> PPO on 'reverse the digits' (default); arithmetic: SFT on imperfect "
         "'add a digit' demonstrations -> GRPO with reward functions only (exact checker + format)",
     )
-    p.add_argument("--output_dir", "--output-dir", default=None, help="default runs/demo or runs/demo_arith")
-    p.add_argument("--world_size", "--world-size", type=int, default=2)
+    p.add_argument(
+        "--output_dir", "--output-dir", default=None, type=path_text, help="default runs/demo or runs/demo_arith"
+    )
+    p.add_argument("--world_size", "--world-size", type=int_range(1, MAX_LOCAL_RANKS), default=2)
     p.add_argument("--quick", action="store_true", help="a few steps per stage (smoke run)")
     p.set_defaults(func=_demo)

@@ -204,7 +204,6 @@ def test_cli_rlhf_and_search(tmp_path: Path, capsys: pytest.CaptureFixture[str])
         (["--device", "tpu"], "is not a known profile"),
         (["--link", "intra=carrier-pigeon"], "carrier-pigeon"),
         (["--rlhf", "policy=llama-7b"], "role=MODEL"),
-        (["--nodes", "0"], "must be >= 1"),
         (["--lora", "mlp"], "PART:DIM"),
         (["--search", "--rlhf", "actor=bench-llama"], "does not combine with --rlhf"),
     ],
