@@ -37,9 +37,10 @@ class Chunk:
     weight: float
 
 
-def budget_chunks(engine: Any, lengths: Sequence[int], max_tokens: int) -> list[Chunk]:
-    """This rank's chunks of ``lengths`` under ``max_tokens``, padded with stand-ins to the count of every rank."""
-    plan = token_budget_chunks(lengths, max_tokens)
+def budget_chunks(engine: Any, lengths: Sequence[int], max_tokens: int, unit: str = "sequence") -> list[Chunk]:
+    """This rank's chunks of ``lengths`` under ``max_tokens``, padded with stand-ins to the count of every rank
+    (``unit`` names what a length measures, for the error of one over the budget)."""
+    plan = token_budget_chunks(lengths, max_tokens, unit)
     count = torch.tensor([float(len(plan))], dtype=torch.float64, device=engine.device)
     engine.comm.all_reduce(count, op="max", phase="metrics")
     chunks = [Chunk(rows, 1.0) for rows in plan]

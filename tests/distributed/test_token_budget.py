@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.workers.token_budget import grpo_budget_run, ppo_budget_run, sft_budget_run
+from tests.workers.token_budget import grpo_budget_run, ppo_budget_run, reward_budget_run, sft_budget_run
 
 TOL = 2e-5
 
@@ -50,6 +50,18 @@ def test_sft_token_budget_equals_whole_micro_batch(world, world_size: int) -> No
         _same_tensors(r["params"], f"{where} parameter after 2 steps")
         assert r["counters"][0] == r["counters"][1] == (4, 2), f"{where} (micro_steps, global_steps)"
         assert r["nested_refused"], f"{where}: a nested backward_group must be refused"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_reward_token_budget_equals_whole_micro_batch(world, world_size: int) -> None:
+    for rank, r in enumerate(world(world_size).run(reward_budget_run, "llama", timeout=300)):
+        where = f"world {world_size} rank {rank} reward"
+        for i, (a, b, n_a, n_b) in enumerate(r["loss"]):
+            _close(a, b, f"{where} summed pair loss of micro-step {i}")
+            assert n_a == n_b, f"{where} pair count {n_a} != {n_b}"
+        _same_tensors(r["params"], f"{where} parameter after 2 steps")
+        assert r["counters"][0] == r["counters"][1] == (4, 2), f"{where} counters"
 
 
 @pytest.mark.slow

@@ -35,6 +35,8 @@ def test_chunks_first_fit_decreasing_example() -> None:
 def test_sequence_longer_than_the_budget_is_one_clear_error() -> None:
     with pytest.raises(ValueError, match=r"max_tokens_per_batch 8 is below a sequence of 11 tokens.*>= 11"):
         token_budget_chunks([3, 11, 2], 8)
+    with pytest.raises(ValueError, match=r"below a pair \(chosen \+ rejected\) of 9 tokens"):
+        token_budget_chunks([9], 8, "pair (chosen + rejected)")
     with pytest.raises(ValueError, match="max_tokens_per_batch must be >= 1"):
         token_budget_chunks([1], 0)
 

@@ -198,3 +198,27 @@ def ppo_budget_run(name: str) -> dict[str, Any]:
         "params": tuple((_full_params(actors[i]), _full_params(critics[i])) for i in (0, 1)),
         "counters": (_counters(actors[0]), _counters(actors[1])),
     }
+
+
+def reward_budget_run(name: str) -> dict[str, Any]:
+    """One rank: ``STEPS`` reward-model steps (pairwise loss), whole packed vs chunked by whole pairs."""
+    from hybridzero.rlhf.steps.reward_model import _scores, budget_pair_backward, pair_stats
+
+    rank = torch.distributed.get_rank()
+    whole, chunked = _engines(name, seed=11, value_head=True)
+    vocab = int(whole.module.config.vocab_size)
+    losses = []
+    for micro in range(2 * STEPS):
+        examples = _examples(vocab, rank, micro)
+        pairs = [(a[0][:6], b[0][:5]) for a, b in zip(examples, examples[1:] + examples[:1])]  # 2-11 tokens a pair
+        loss, sums = pair_stats(*_scores(whole, pairs, 0, packed=True))
+        whole.backward(loss)
+        got = budget_pair_backward(chunked, pairs, 0, BUDGET)
+        losses.append((sums["loss"], got["loss"], sums["pairs"], got["pairs"]))
+        whole.step()
+        chunked.step()
+    return {
+        "loss": losses,
+        "params": (_full_params(whole), _full_params(chunked)),
+        "counters": (_counters(whole), _counters(chunked)),
+    }
