@@ -70,8 +70,11 @@ def trim_experience(exp: Experience) -> Experience:
     )
 
 
-def _slots(attention_mask: torch.Tensor, packed: bool) -> int:
-    """Forward slots of a training mini-batch: its trimmed ``[b, t]`` or, packed, its packed rows."""
+def _slots(attention_mask: torch.Tensor, packed: bool, budgeted: bool = False) -> int:
+    """Forward slots of a training mini-batch: its trimmed ``[b, t]`` or, packed, its packed rows (with a token
+    budget each chunk is one row exactly as wide as its tokens: the real tokens)."""
+    if budgeted:
+        return int(attention_mask.bool().sum())
     return packed_slots(attention_mask) if packed else attention_mask.numel()
 
 
@@ -171,7 +174,8 @@ def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
                 padding = [
                     padding[0] + float(full.attention_mask.sum()),
                     padding[1] + float(full.attention_mask.numel()),
-                    padding[2] + float(_slots(mb.attention_mask, s.packing_samples)),
+                    padding[2]
+                    + float(_slots(mb.attention_mask, s.packing_samples, s.max_tokens_per_batch is not None)),
                 ]
                 mb_adv = adv[lo:hi]
                 if gb.rb.is_weights is not None:  # truncated IS (vLLM): w * A per token (w > 0, so = w * loss)
