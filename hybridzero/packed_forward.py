@@ -65,11 +65,16 @@ def _next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tenso
 
 
 def packed_logprobs(
-    model: Model, input_ids: torch.Tensor, attention_mask: torch.Tensor, dtype: torch.dtype | None = None
+    model: Model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B, T-1]`` fp32 next-token log-probs of a padded batch (each row's real tokens one contiguous run),
-    computed on packed rows; 0 where token ``t + 1`` is not a real token of the same row."""
-    packed = pack_padded(input_ids, attention_mask)
+    computed on packed rows of ``capacity`` tokens (default: the longest row); 0 where token ``t + 1`` is not a
+    real token of the same row."""
+    packed = pack_padded(input_ids, attention_mask, capacity=capacity)
     logits = model(**packed.model_kwargs(dtype or mask_dtype(model))).logits
     return unpack_next_token(_next_token_logprobs(logits, packed.input_ids), packed, input_ids.shape[1])
 
@@ -82,18 +87,26 @@ def _values(model: Model, packed: PackedBatch, dtype: torch.dtype) -> torch.Tens
 
 
 def packed_values(
-    model: Model, input_ids: torch.Tensor, attention_mask: torch.Tensor, dtype: torch.dtype | None = None
+    model: Model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B, T]`` values of a value-head model at every real token, from packed rows (0 on padding)."""
-    packed = pack_padded(input_ids, attention_mask)
+    packed = pack_padded(input_ids, attention_mask, capacity=capacity)
     return unpack_tokens(_values(model, packed, dtype or mask_dtype(model)), packed, input_ids.shape[1])
 
 
 def packed_last_values(
-    model: Model, input_ids: torch.Tensor, attention_mask: torch.Tensor, dtype: torch.dtype | None = None
+    model: Model,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    dtype: torch.dtype | None = None,
+    capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B]`` values at each row's last real token (a reward model's scores), from packed rows."""
-    packed = pack_padded(input_ids, attention_mask)
+    packed = pack_padded(input_ids, attention_mask, capacity=capacity)
     row, col = packed.last_token_slots()
     return _values(model, packed, dtype or mask_dtype(model))[row, col]
 

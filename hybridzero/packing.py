@@ -38,6 +38,7 @@ __all__ = [
     "packed_slots",
     "plan_rows",
     "shifted_labels",
+    "token_budget_chunks",
     "unpack_next_token",
     "unpack_tokens",
 ]
@@ -66,6 +67,25 @@ def plan_rows(lengths: Sequence[int], capacity: int | None = None) -> list[list[
             rows.append([i])
             fill.append(lengths[i])
     return rows
+
+
+def token_budget_chunks(lengths: Sequence[int], max_tokens: int, unit: str = "sequence") -> list[list[int]]:
+    """Sequence indices per forward chunk under a token budget (``--max_tokens_per_batch``).
+
+    First-fit-decreasing (:func:`plan_rows` with capacity ``max_tokens``): every index is in exactly one chunk, no
+    chunk's lengths sum above ``max_tokens``, and the plan depends on ``lengths`` alone (ties keep batch order).
+    Each chunk's indices are ascending. A ``unit`` (a sequence; a reward model's pair) longer than ``max_tokens`` is
+    a one-line ``ValueError``.
+    """
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens_per_batch must be >= 1, got {max_tokens}")
+    longest = max(lengths, default=0)
+    if longest > max_tokens:
+        raise ValueError(
+            f"max_tokens_per_batch {max_tokens} is below a {unit} of {longest} tokens: use "
+            f"max_tokens_per_batch >= {longest} (or max_seq_len / answer lengths <= {max_tokens})"
+        )
+    return [sorted(chunk) for chunk in plan_rows(lengths, max_tokens)]
 
 
 def block_causal_mask(segments: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -86,6 +86,21 @@ class StepSettings(BaseModel):
         description="training forwards on packed rows (sequences concatenated, block-causal attention, positions "
         "restarting per sequence): no padding, same per-sample results (README 'Sample packing')",
     )
+    max_tokens_per_batch: int | None = Field(
+        None,
+        ge=1,
+        description="with packing_samples: forward/backward each micro-batch (SFT) or training mini-batch (RL) in "
+        "packed chunks of at most this many tokens; same loss (README 'Sample packing')",
+    )
+
+    @model_validator(mode="after")
+    def _token_budget_needs_packing(self) -> StepSettings:
+        if self.max_tokens_per_batch is not None and not self.packing_samples:
+            raise ValueError(
+                f"max_tokens_per_batch={self.max_tokens_per_batch} needs packing_samples=true "
+                "(set --packing_samples or drop --max_tokens_per_batch)"
+            )
+        return self
 
 
 # --- DeepSpeed-Chat's LoRA flags (hybridzero.rlhf.lora reads them; defaults are DS-Chat's main.py) --------------

@@ -16,7 +16,8 @@ runtime/services.py and runtime/deepspeed_api.py, and what remains is constructi
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -91,6 +92,7 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         self.global_steps = 0
         self.micro_steps = 0
         self.boundary_override: bool | None = None  # set_gradient_accumulation_boundary (Accelerate drives it)
+        self._grouped_loss: float | None = None  # inside backward_group(): the summed losses of its backwards
         self.tput_timer = ThroughputTimer()  # DeepSpeed's engine.tput_timer (epoch count only)
         self.events: list[tuple[str, str, str]] | None = [] if record_events else None
         self.monitor = build_monitor(config.raw, comm.rank)  # tensorboard/csv_monitor/wandb/comet blocks (rank 0)
@@ -304,7 +306,10 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
         callers that divided already, as HF Trainer does); gradients land reduced in the fp32 shards."""
         with failure_guard(self.comm):
             gas = self.gradient_accumulation_steps if scale_wrt_gas else 1
-            self.train_meter.observe_loss(loss)
+            if self._grouped_loss is None:
+                self.train_meter.observe_loss(loss)
+            else:  # one micro-batch in parts: observed once, as their sum, when the group closes
+                self._grouped_loss += float(loss.detach().float().sum())
             if self.config.fp16.enabled:
                 loss = loss.float() * self.loss_scaler.scale
             try:
@@ -312,6 +317,25 @@ class Engine(EngineServices, DeepSpeedEngineAPI, nn.Module):  # type: ignore[mis
             except BaseException:
                 self.coordinator.abort()  # autograd skips queued callbacks when backward raises
                 raise
+
+    @contextmanager
+    def backward_group(self) -> Iterator[None]:
+        """Group several ``backward()`` calls into one micro-step (a micro-batch forwarded in token-budgeted parts).
+
+        Invariant: the group changes no accounting. Each ``backward()`` inside scales by ``gradient_accumulation_
+        steps`` as usual and its gradients add into the same fp32 shards, so parts whose losses *sum* to the
+        micro-batch loss leave exactly the gradients of one ``backward(micro-batch loss)`` (up to summation order).
+        ``micro_steps``, the boundary and ``step()`` are untouched: call ``step()`` once after the group, as after
+        one ``backward()``. The monitor observes one loss, the parts' sum, when the group closes. Groups don't nest.
+        """
+        if self._grouped_loss is not None:
+            raise RuntimeError("engine.backward_group(): groups don't nest (one group per micro-step)")
+        self._grouped_loss = 0.0
+        try:
+            yield
+            self.train_meter.observe_loss(self._grouped_loss)
+        finally:
+            self._grouped_loss = None
 
     def step(self) -> None:
         """At the accumulation boundary: clip, update master shards, propagate, zero gradients."""

@@ -34,6 +34,7 @@ from hybridzero.rlhf.models import last_token_index, position_ids
 from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.rollout.stops import StopOnStrings, cut_after_stop
 from hybridzero.runtime.engine import Engine
+from hybridzero.token_budget import maybe_chunked
 
 __all__ = [
     "Rollout",
@@ -205,22 +206,31 @@ def causal_kwargs(sequences: torch.Tensor, attention_mask: torch.Tensor) -> dict
 
 
 def sequence_logprobs(
-    engine: Engine, sequences: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False
+    engine: Engine,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    packed: bool = False,
+    capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B, T-1]`` fp32 log-probabilities of each next token under ``engine``'s causal LM (``packed``: on packed
-    rows, 0 where the next token is padding; :mod:`hybridzero.packed_forward`)."""
+    rows of ``capacity`` tokens, 0 where the next token is padding; :mod:`hybridzero.packed_forward`)."""
     if packed:
-        return packed_logprobs(engine, sequences, attention_mask)
+        return packed_logprobs(engine, sequences, attention_mask, capacity=capacity)
     logits = engine(**causal_kwargs(sequences, attention_mask)).logits
     return gather_logprobs(logits[:, :-1], sequences[:, 1:])
 
 
 def critic_values(
-    engine: Engine, sequences: torch.Tensor, attention_mask: torch.Tensor, packed: bool = False
+    engine: Engine,
+    sequences: torch.Tensor,
+    attention_mask: torch.Tensor,
+    packed: bool = False,
+    capacity: int | None = None,
 ) -> torch.Tensor:
-    """``[B, T-1]`` fp32 values of a value-head engine at positions ``0 .. T-2`` (``packed``: on packed rows)."""
+    """``[B, T-1]`` fp32 values of a value-head engine at positions ``0 .. T-2`` (``packed``: on packed rows of
+    ``capacity`` tokens)."""
     if packed:
-        return packed_values(engine, sequences, attention_mask)[:, :-1]
+        return packed_values(engine, sequences, attention_mask, capacity=capacity)[:, :-1]
     return engine(input_ids=sequences, attention_mask=attention_mask)[:, :-1]
 
 
@@ -241,30 +251,42 @@ def _widen(part: torch.Tensor, lo: int, width: int) -> torch.Tensor:
     return out
 
 
-def make_experience(roles: Roles, ro: Rollout, *, with_ref: bool = True, packed: bool = False) -> Experience:
+def make_experience(
+    roles: Roles, ro: Rollout, *, with_ref: bool = True, packed: bool = False, max_tokens: int | None = None
+) -> Experience:
     """Score a rollout with the old policy, the reference (``with_ref``; else its log-probs are the old policy's:
     a zero KL), the critic (zeros for GRPO) and the reward model (zeros without one).
 
     Every forward runs on the batch's used columns only (:func:`used_columns`): positions come from the attention
     mask, so cutting all-padding columns changes nothing but the work; the per-token results are put back at
     the fixed layout (zeros on the cut columns, which no mask selects). ``packed``: every forward on packed rows
-    (:mod:`hybridzero.packed_forward`); the per-sample tensors are the same."""
+    (:mod:`hybridzero.packed_forward`); the per-sample tensors are the same. ``max_tokens`` (with ``packed``):
+    every forward in chunks of at most that many tokens (:mod:`hybridzero.token_budget`)."""
     lo, hi = used_columns(ro.attention_mask)
     seq, mask = ro.sequences[:, lo:hi], ro.attention_mask[:, lo:hi]
     width = ro.sequences.shape[1] - 1
+
+    def run(engine: Engine, fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        return maybe_chunked(engine, fn, seq, mask, max_tokens)
+
     with torch.no_grad():
         for engine in (roles.actor, roles.ref, roles.reward, roles.critic):
             if engine is not None:
                 engine.eval()
-        logprobs = sequence_logprobs(roles.actor, seq, mask, packed)
-        ref_logprobs = sequence_logprobs(roles.ref, seq, mask, packed) if with_ref else logprobs.clone()
-        values = (
-            critic_values(roles.critic, seq, mask, packed) if roles.critic is not None else torch.zeros_like(logprobs)
+        actor, ref, critic, reward = roles.actor, roles.ref, roles.critic, roles.reward
+        logprobs = run(actor, lambda q, m: sequence_logprobs(actor, q, m, packed, max_tokens))
+        ref_logprobs = (
+            run(ref, lambda q, m: sequence_logprobs(ref, q, m, packed, max_tokens)) if with_ref else logprobs.clone()
         )
-        if roles.reward is not None and packed:
-            rewards = packed_last_values(roles.reward, seq, mask)
-        elif roles.reward is not None:
-            scores = roles.reward(input_ids=seq, attention_mask=mask)
+        values = (
+            run(critic, lambda q, m: critic_values(critic, q, m, packed, max_tokens))
+            if critic is not None
+            else torch.zeros_like(logprobs)
+        )
+        if reward is not None and packed:
+            rewards = run(reward, lambda q, m: packed_last_values(reward, q, m, capacity=max_tokens))
+        elif reward is not None:
+            scores = reward(input_ids=seq, attention_mask=mask)
             rewards = scores.gather(1, last_token_index(mask)[:, None]).squeeze(1)
         else:
             rewards = torch.zeros(seq.shape[0], device=seq.device)

@@ -37,6 +37,7 @@ from hybridzero.rlhf.runlog.metrics import open_runlog
 from hybridzero.rlhf.settings import RewardSettings
 from hybridzero.rlhf.steps.supervised import LoopSpec, run_loop, supervised_engine
 from hybridzero.runtime.engine import Engine
+from hybridzero.token_budget import budget_chunks
 
 __all__ = ["pair_batch", "pair_stats", "train_reward"]
 
@@ -72,6 +73,24 @@ def _scores(engine: Engine, pairs: list[Pair], pad_id: int, packed: bool = False
         values = engine(input_ids=ids, attention_mask=mask)
         scores = values.gather(1, last_token_index(mask)[:, None]).squeeze(1)
     return scores[: len(pairs)], scores[len(pairs) :]
+
+
+def budget_pair_backward(engine: Engine, pairs: list[Pair], pad_id: int, max_tokens: int) -> dict[str, float]:
+    """Forward and backward of a pairwise micro-batch in chunks of whole pairs (chosen + rejected: the loss's unit)
+    holding ``<= max_tokens`` tokens; each chunk's mean pair loss is weighted by its share of the micro-batch's pairs,
+    so the chunks' losses sum to the micro-batch's mean (:mod:`hybridzero.token_budget`). Returns the pair sums."""
+    lengths = [len(c) + len(r) for c, r in pairs]
+    total = dict.fromkeys(("loss", "correct", "chosen", "rejected", "pairs"), 0.0)
+    with engine.backward_group():
+        for chunk in budget_chunks(engine, lengths, max_tokens, "pair (chosen + rejected)"):
+            part = [pairs[i] for i in chunk.rows]
+            ids, mask = (t.to(engine.device) for t in pair_batch(part, pad_id))
+            scores = packed_last_values(engine, ids, mask, capacity=max_tokens)
+            loss, sums = pair_stats(scores[: len(part)], scores[len(part) :])
+            engine.backward(loss * (chunk.weight * len(part) / len(pairs)))
+            for key in total:
+                total[key] += chunk.weight * sums[key]
+    return total
 
 
 def _reduce(engine: Engine, sums: dict[str, float], prefix: str = "") -> dict[str, float]:
@@ -144,6 +163,10 @@ def train_reward(s: RewardSettings) -> dict[str, Any]:
         check_packable(model.config)
 
     def micro_step(indices: list[int]) -> dict[str, float]:
+        if s.max_tokens_per_batch is not None:
+            sums = budget_pair_backward(engine, [train_pairs[i] for i in indices], pad_id, s.max_tokens_per_batch)
+            engine.step()
+            return sums
         chosen, rejected = _scores(engine, [train_pairs[i] for i in indices], pad_id, s.packing_samples)
         loss, sums = pair_stats(chosen, rejected)
         engine.backward(loss)

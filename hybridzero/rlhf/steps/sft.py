@@ -28,6 +28,7 @@ from hybridzero.rlhf.runlog.metrics import open_runlog
 from hybridzero.rlhf.settings import SFTSettings
 from hybridzero.rlhf.steps.supervised import LoopSpec, run_loop, supervised_engine
 from hybridzero.runtime.engine import Engine
+from hybridzero.token_budget import budget_lm_backward
 
 __all__ = ["sft_batch", "train_sft"]
 
@@ -123,20 +124,26 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
 
     def micro_step(indices: list[int]) -> dict[str, float]:
         examples = [train_ex[i] for i in indices]
+        if s.max_tokens_per_batch is not None:  # packed chunks of <= N tokens, backwarded inside (same loss)
+            value, real, slots = budget_lm_backward(engine, examples, pad_id, s.max_tokens_per_batch, IGNORE_INDEX)
+            return _finish(value, real, slots)
         if s.packing_samples:  # same sequences, same token-mean loss, no padding (hybridzero.packed_forward)
             loss, real, slots = packed_lm_loss(engine, examples, pad_id)
         else:
             b = {n: v.to(engine.device) for n, v in sft_batch(examples, pad_id).items()}
             loss, real, slots = engine(**b).loss, int(b["attention_mask"].sum()), b["input_ids"].numel()
+        engine.backward(loss)
+        return _finish(float(loss.detach()), real, slots)
+
+    def _finish(value: float, real: int, slots: int) -> dict[str, float]:
         if s.print_loss:
             print(
                 f"Epoch: {engine.global_steps // max(total_per_epoch, 1)}, Step: {engine.global_steps}, "
-                f"Rank: {engine.comm.rank}, loss = {float(loss.detach())}",
+                f"Rank: {engine.comm.rank}, loss = {value}",
                 flush=True,
             )
-        engine.backward(loss)
         engine.step()
-        return {"loss": float(loss.detach()) / s.gradient_accumulation_steps, "real": real, "slots": slots}
+        return {"loss": value / s.gradient_accumulation_steps, "real": real, "slots": slots}
 
     spec = LoopSpec.from_settings(
         s,

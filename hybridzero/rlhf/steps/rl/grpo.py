@@ -38,6 +38,7 @@ from hybridzero.rlhf.steps.rl.step3 import (
     slice_experience,
     step_both,
 )
+from hybridzero.token_budget import row_chunks
 
 __all__ = ["advantages_of", "grpo_iteration", "grpo_update", "trim_experience"]
 
@@ -69,8 +70,11 @@ def trim_experience(exp: Experience) -> Experience:
     )
 
 
-def _slots(attention_mask: torch.Tensor, packed: bool) -> int:
-    """Forward slots of a training mini-batch: its trimmed ``[b, t]`` or, packed, its packed rows."""
+def _slots(attention_mask: torch.Tensor, packed: bool, budgeted: bool = False) -> int:
+    """Forward slots of a training mini-batch: its trimmed ``[b, t]`` or, packed, its packed rows (with a token
+    budget each chunk is one row exactly as wide as its tokens: the real tokens)."""
+    if budgeted:
+        return int(attention_mask.bool().sum())
     return packed_slots(attention_mask) if packed else attention_mask.numel()
 
 
@@ -85,25 +89,39 @@ def grpo_update(
     n_seqs, n_tokens = global_sum(actor, [float(counted.sum()), float(mask.sum())])
     if n_tokens == 0:
         return UpdateStats(0.0, 0.0, 0.0, 0.0, True)
-    logp = sequence_logprobs(actor, exp.sequences, exp.attention_mask, s.packing_samples)
-    out = clipped_policy_loss(
-        logp,
-        exp.logprobs,
-        exp.ref_logprobs if s.grpo_kl_coef else None,
-        adv,
-        mask,
-        eps_low=s.cliprange,
-        eps_high=s.clip_high,
-        level=s.importance_sampling_level,
-        beta=s.grpo_kl_coef,
-    )
-    loss = aggregate_loss(
-        out.per_token, mask, s.loss_type, num_seqs=n_seqs, num_tokens=n_tokens, max_len=s.max_answer_seq_len
-    )
-    actor.backward(loss * actor.comm.world_size)  # the engine averages over ranks; the shares sum to the loss
+    loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
+    with actor.backward_group():  # one chunk (the whole mini-batch) unless max_tokens_per_batch splits it
+        for chunk in row_chunks(actor, exp.attention_mask, s.max_tokens_per_batch):
+            rows = torch.tensor(chunk.rows, dtype=torch.long, device=exp.sequences.device)
+            logp = sequence_logprobs(
+                actor, exp.sequences[rows], exp.attention_mask[rows], s.packing_samples, s.max_tokens_per_batch
+            )
+            out = clipped_policy_loss(
+                logp,
+                exp.logprobs[rows],
+                exp.ref_logprobs[rows] if s.grpo_kl_coef else None,
+                adv[rows.to(adv.device)],
+                mask[rows],
+                eps_low=s.cliprange,
+                eps_high=s.clip_high,
+                level=s.importance_sampling_level,
+                beta=s.grpo_kl_coef,
+            )  # per-row terms over the mini-batch's global normalisers: the chunks' losses sum to the mini-batch's
+            loss = chunk.weight * aggregate_loss(
+                out.per_token,
+                mask[rows],
+                s.loss_type,
+                num_seqs=n_seqs,
+                num_tokens=n_tokens,
+                max_len=s.max_answer_seq_len,
+            )
+            actor.backward(loss * actor.comm.world_size)  # the engine averages over ranks; the shares sum to the loss
+            local = chunk.weight * float(mask[rows].sum())
+            loss_sum += float(loss.detach())
+            clip_sum += float(out.clip_fraction) * local
+            kl_sum += float(out.approx_kl) * local
     skipped = step_both(actor, None)
-    local = float(mask.sum())
-    sums = global_sum(actor, [float(loss.detach()), float(out.clip_fraction) * local, float(out.approx_kl) * local])
+    sums = global_sum(actor, [loss_sum, clip_sum, kl_sum])
     return UpdateStats(sums[0], 0.0, sums[1] / n_tokens, sums[2] / n_tokens, skipped)
 
 
@@ -156,7 +174,8 @@ def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
                 padding = [
                     padding[0] + float(full.attention_mask.sum()),
                     padding[1] + float(full.attention_mask.numel()),
-                    padding[2] + float(_slots(mb.attention_mask, s.packing_samples)),
+                    padding[2]
+                    + float(_slots(mb.attention_mask, s.packing_samples, s.max_tokens_per_batch is not None)),
                 ]
                 mb_adv = adv[lo:hi]
                 if gb.rb.is_weights is not None:  # truncated IS (vLLM): w * A per token (w > 0, so = w * loss)

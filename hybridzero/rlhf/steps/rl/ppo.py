@@ -17,6 +17,7 @@ The math is :mod:`hybridzero.rlhf.algorithms.ppo` (pure); this module only seque
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import torch
 
@@ -33,6 +34,7 @@ from hybridzero.rlhf.steps.rl.step3 import (
     slice_experience,
     step_both,
 )
+from hybridzero.token_budget import Chunk, row_chunks
 
 __all__ = ["compute_targets", "ppo_iteration", "ppo_update"]
 
@@ -56,32 +58,47 @@ def ppo_update(
     clip: float,
     clip_value: float,
     packed: bool = False,
+    max_tokens: int | None = None,
 ) -> UpdateStats:
     """One PPO training step of the actor and the critic on one mini-batch of experience (``packed``: both
-    forwards on packed rows)."""
-    assert roles.critic is not None, "PPO needs a critic engine"
+    forwards on packed rows; ``max_tokens``: in chunks of at most that many tokens, each chunk's token-mean loss
+    weighted by its share of the mini-batch's action tokens, so the chunks' losses sum to the mini-batch's)."""
+    critic = roles.critic
+    assert critic is not None, "PPO needs a critic engine"
     mask = exp.action_mask
     n_tokens = float(mask.sum())
-    logp = sequence_logprobs(roles.actor, exp.sequences, exp.attention_mask, packed)
-    actor_loss, stats = ppo_policy_loss(logp, exp.logprobs, advantages, mask, clip=clip)
     scale = global_scale(roles.actor, n_tokens)
-    roles.actor.backward(actor_loss * scale)
-    values = critic_values(roles.critic, exp.sequences, exp.attention_mask, packed)
-    critic_loss = clipped_value_loss(values, exp.values, returns, mask, clip=clip_value)
-    roles.critic.backward(critic_loss * scale)
-    skipped = step_both(roles.actor, roles.critic)
-    sums = global_sum(
-        roles.actor,
-        [
-            float(actor_loss.detach()) * n_tokens,
-            float(critic_loss.detach()) * n_tokens,
-            float(stats.clip_fraction) * n_tokens,
-            float(stats.approx_kl) * n_tokens,
-            n_tokens,
-        ],
-    )
+    chunks = row_chunks(roles.actor, exp.attention_mask, max_tokens)
+    local = [0.0, 0.0, 0.0, 0.0]  # actor loss, critic loss, clip fraction, approx KL; each * n_tokens
+    with roles.actor.backward_group():
+        for rows, share in _parts(chunks, mask, n_tokens):
+            logp = sequence_logprobs(roles.actor, exp.sequences[rows], exp.attention_mask[rows], packed, max_tokens)
+            actor_loss, stats = ppo_policy_loss(logp, exp.logprobs[rows], advantages[rows], mask[rows], clip=clip)
+            roles.actor.backward(actor_loss * (share * scale))
+            local[0] += float(actor_loss.detach()) * share * n_tokens
+            local[2] += float(stats.clip_fraction) * share * n_tokens
+            local[3] += float(stats.approx_kl) * share * n_tokens
+    with critic.backward_group():
+        for rows, share in _parts(chunks, mask, n_tokens):
+            values = critic_values(critic, exp.sequences[rows], exp.attention_mask[rows], packed, max_tokens)
+            critic_loss = clipped_value_loss(values, exp.values[rows], returns[rows], mask[rows], clip=clip_value)
+            critic.backward(critic_loss * (share * scale))
+            local[1] += float(critic_loss.detach()) * share * n_tokens
+    skipped = step_both(roles.actor, critic)
+    sums = global_sum(roles.actor, [*local, n_tokens])
     n = max(sums[4], 1.0)
     return UpdateStats(sums[0] / n, sums[1] / n, sums[2] / n, sums[3] / n, skipped)
+
+
+def _parts(chunks: list[Chunk], mask: torch.Tensor, n_tokens: float) -> Iterator[tuple[torch.Tensor, float]]:
+    """``(rows, share)``: a chunk's row index and its weight times its share of the mini-batch's action
+    tokens (1 for a single whole-batch chunk, as the unchunked token mean)."""
+    for chunk in chunks:
+        rows = torch.tensor(chunk.rows, dtype=torch.long, device=mask.device)
+        if len(chunks) == 1:
+            yield rows, chunk.weight
+        else:
+            yield rows, chunk.weight * float(mask[rows].sum()) / max(n_tokens, 1.0)
 
 
 def ppo_iteration(run: Step3, it: int) -> dict[str, float]:
@@ -114,6 +131,7 @@ def ppo_iteration(run: Step3, it: int) -> dict[str, float]:
                         clip=s.cliprange,
                         clip_value=s.cliprange_value,
                         packed=s.packing_samples,
+                        max_tokens=s.max_tokens_per_batch,
                     )
                 )
                 if run.ptx is not None:

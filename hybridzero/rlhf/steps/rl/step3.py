@@ -181,7 +181,9 @@ class Step3:
         """Score a rollout with every role; with the sampler's log-probs and the correction on, its IS weights."""
         s = self.s
         with_ref = not isinstance(s, GRPOSettings) or s.grpo_kl_coef > 0  # GRPO without a KL term: no reference pass
-        exp = make_experience(self.roles, ro, with_ref=with_ref, packed=s.packing_samples)
+        exp = make_experience(
+            self.roles, ro, with_ref=with_ref, packed=s.packing_samples, max_tokens=s.max_tokens_per_batch
+        )
         weights = None
         if sampler is not None and s.vllm_importance_sampling_correction:
             weights = truncated_is_weights(exp.logprobs, sampler, exp.action_mask, s.vllm_importance_sampling_cap)
