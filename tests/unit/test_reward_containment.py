@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from hybridzero.rlhf.rewards import containment as reward_containment
 from hybridzero.rlhf.rewards.containment import live_pids
 from hybridzero.rlhf.rewards.functions import RewardCallError, call_reward_function
-from hybridzero.rlhf.rewards import containment as reward_containment
 from hybridzero.rlhf.rewards.isolation import RewardWorker
 from tests.workers.leaky_rewards import SPAWNED, spawner
 
