@@ -31,7 +31,7 @@ from hybridzero.rlhf.models import position_ids
 def _config(shape: str, layers: int) -> transformers.LlamaConfig:
     if shape == "demo":
         dims = dict(vocab_size=40, hidden_size=64, intermediate_size=176, num_hidden_layers=2, num_attention_heads=4)
-        return transformers.LlamaConfig(num_key_value_heads=2, **dims)
+        return transformers.LlamaConfig(num_key_value_heads=2, head_dim=32, **dims)
     return transformers.LlamaConfig(
         vocab_size=49152,
         hidden_size=576,

@@ -359,11 +359,12 @@ def _demo(args: argparse.Namespace) -> int:
     out = args.output_dir or ("runs/demo" if args.task == "reverse" else "runs/demo_arith")
     if "RANK" not in os.environ and args.world_size > 1:
         argv = ["demo", "--task", args.task, "--output_dir", out, "--world_size", "1"]
+        argv += ["--rollout_engine", args.rollout_engine]
         return _relaunch(args.world_size, argv + (["--quick"] if args.quick else []))
     if args.task == "arithmetic":
-        run_arith_demo(out, quick=args.quick)
+        run_arith_demo(out, quick=args.quick, rollout_engine=args.rollout_engine)
     else:
-        run_demo(out, quick=args.quick)
+        run_demo(out, quick=args.quick, rollout_engine=args.rollout_engine)
     return 0
 
 
@@ -410,4 +411,12 @@ def add_rlhf_commands(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--world_size", "--world-size", type=int_range(1, MAX_LOCAL_RANKS), default=2)
     p.add_argument("--quick", action="store_true", help="a few steps per stage (smoke run)")
+    p.add_argument(
+        "--rollout_engine",
+        "--rollout-engine",
+        choices=("hf", "vllm"),
+        default="hf",
+        help="the RL step's rollouts: hf = the hybrid engine (default); vllm = a colocated vLLM engine per rank "
+        "(needs the vllm extra; evaluation always generates with hf)",
+    )
     p.set_defaults(func=_demo)

@@ -21,7 +21,7 @@ ITERATIONS = 2
 
 @pytest.mark.slow
 def test_grpo_at_world_2_on_vllm(world, tmp_path: Path) -> None:
-    actor, value = make_model_dirs(tmp_path / "models", head_dim=32)  # vLLM's CPU attention takes head size 32
+    actor, value = make_model_dirs(tmp_path / "models")  # the demo model: head size 32, which vLLM's CPU build takes
     settings = {
         "actor_model_name_or_path": actor,
         "critic_model_name_or_path": value,

@@ -4,34 +4,18 @@ and arithmetic) and a DeepSpeed-Chat-style step-3 command line at world 2."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.integration.demo_common import check_arith_quick_summary, run_cli
 from tests.workers.rlhf_runs import make_model_dirs
-
-_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HYBRIDZERO_TIMEOUT_S": "120"}
-
-
-def _run(argv: list[str], cwd: Path, timeout: int = 420) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "hybridzero", *argv],
-        cwd=cwd,
-        env=_ENV,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 @pytest.mark.slow
 def test_demo_quick_runs_all_three_steps_at_world_2(tmp_path: Path) -> None:
     out = tmp_path / "demo"
-    proc = _run(["demo", "--quick", "--output_dir", str(out)], tmp_path)
+    proc = run_cli(["demo", "--quick", "--output_dir", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2
@@ -47,24 +31,11 @@ def test_demo_quick_runs_all_three_steps_at_world_2(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_arithmetic_demo_quick_runs_sft_and_grpo_at_world_2(tmp_path: Path) -> None:
     out = tmp_path / "arith"
-    proc = _run(["demo", "--task", "arithmetic", "--quick", "--output_dir", str(out)], tmp_path)
+    proc = run_cli(["demo", "--task", "arithmetic", "--quick", "--output_dir", str(out)], tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["task"] == "arithmetic" and summary["world_size"] == 2 and summary["grpo_iterations"] == 2
-    for policy in ("sft (greedy)", "sft (sampled)", "grpo (greedy)", "grpo (sampled)"):
-        scores = summary["evaluation"][policy]
-        assert set(scores) == {"exact", "exact_carry", "dropped_carry", "format"}
-        assert all(0.0 <= v <= 1.0 for v in scores.values()), scores
-    gain = summary["gain_exact"]
-    assert gain["greedy"] == pytest.approx(
-        summary["evaluation"]["grpo (greedy)"]["exact"] - summary["evaluation"]["sft (greedy)"]["exact"]
-    )
-    last = summary["grpo_last"]
-    assert {"rewards/exact_answer", "rewards/answer_format", "reward"} <= set(last)  # the functions scored
-    assert last["reward"] == pytest.approx(last["rewards/exact_answer"] + 0.1 * last["rewards/answer_format"])
-    assert "critic" not in summary["models"] and (out / "step3_grpo" / "actor" / "config.json").is_file()
-    assert all(Path(p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in summary["plots"]) and summary["plots"]
-    assert "GRPO - SFT, greedy" in proc.stdout and "final models:" in proc.stdout
+    check_arith_quick_summary(summary, proc.stdout, out, world=2)
+    assert summary["rollout_engine"] == "hf" and summary["vllm_syncs"] is None  # the default engine
 
 
 @pytest.mark.slow
@@ -117,10 +88,10 @@ def test_deepspeed_chat_style_ppo_command_line(tmp_path: Path) -> None:
         "--progress",
         "false",
     ]
-    proc = _run(argv, tmp_path)
+    proc = run_cli(argv, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "End-to-End => Latency" in proc.stdout and "Average reward score" in proc.stdout
     lines = [json.loads(x) for x in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines] == [1, 2] and all(r["phase"] == "ppo" for r in lines)
-    plot = _run(["plot", str(tmp_path / "ppo")], tmp_path, timeout=120)
+    plot = run_cli(["plot", str(tmp_path / "ppo")], tmp_path, timeout=120)
     assert plot.returncode == 0 and "PNG" in plot.stdout, plot.stderr

@@ -168,3 +168,27 @@ def test_plot_without_matplotlib_is_one_line(
     err = capsys.readouterr().err
     assert err == "plot: error: plotting needs matplotlib: pip install 'hybridzero[plots]'\n"
     assert not (tmp_path / "plots").exists() or not list((tmp_path / "plots").iterdir())
+
+
+def test_demo_rollout_engine_flag(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import hybridzero.rlhf.cli as rlhf_cli
+    from hybridzero.rlhf.demo.arith_run import arith_grpo_settings, rollout_engine_settings
+    from hybridzero.rlhf.demo.run import demo_settings
+
+    assert build_parser().parse_args(["demo"]).rollout_engine == "hf"
+    assert build_parser().parse_args(["demo", "--rollout-engine", "vllm"]).rollout_engine == "vllm"
+    with pytest.raises(SystemExit) as exc:
+        main(["demo", "--task", "arithmetic", "--rollout_engine", "sglang"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "--rollout_engine" in err and "invalid choice: 'sglang'" in err and "'vllm'" in err
+    launched: list[list[str]] = []
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(rlhf_cli, "_relaunch", lambda world, argv: launched.append(argv) or 0)
+    assert main(["demo", "--task", "arithmetic", "--rollout_engine", "vllm", "--quick"]) == 0  # world 2: relaunch
+    assert launched[0][launched[0].index("--rollout_engine") + 1] == "vllm" and "--quick" in launched[0]
+    grpo = arith_grpo_settings(Path("out"), "sft", quick=True, world=2, rollout_engine="vllm")
+    assert grpo.rollout_engine == "vllm" and grpo.vllm_kv_cache_gb < 1.0
+    assert arith_grpo_settings(Path("out"), "sft").rollout_engine == "hf"
+    assert demo_settings(Path("out"), rollout_engine="vllm")[2].rollout_engine == "vllm"
+    with pytest.raises(ValueError, match="rollout_engine = 'sglang': valid values are 'hf' and 'vllm'"):
+        rollout_engine_settings("sglang")

@@ -93,6 +93,7 @@ def test_model_config_and_forward() -> None:
     config = demo_model_config(tok)
     assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (15, 64, 2)
     assert (config.num_attention_heads, config.num_key_value_heads, config.intermediate_size) == (4, 2, 176)
+    assert config.head_dim == 32  # vLLM's CPU attention takes head sizes 32, 64, ... (not hidden / heads = 16)
     assert config.max_position_embeddings == 64 and not config.tie_word_embeddings
     assert (config.pad_token_id, config.bos_token_id, config.eos_token_id) == (0, 1, 2)
     torch.manual_seed(0)
@@ -100,6 +101,7 @@ def test_model_config_and_forward() -> None:
     example = sft_example(tok, "3 8 1 =", "1 8 3", max_len=16)
     out = model(input_ids=torch.tensor([example.input_ids]), labels=torch.tensor([example.labels]))
     assert out.logits.shape == (1, 8, 15) and torch.isfinite(out.loss)
+    assert sum(p.numel() for p in model.parameters()) == 118_976
 
 
 # ------------------------------------------------------------------ the rule

@@ -65,10 +65,13 @@ def build_tokenizer(padding_side: Literal["left", "right"] = "right") -> transfo
 
 
 def demo_model_config(tokenizer: transformers.PreTrainedTokenizerBase) -> transformers.LlamaConfig:
-    """A tiny Llama for the demo: hidden 64, 2 blocks, 4 query heads sharing 2 kv heads, untied embeddings.
+    """A tiny Llama for the demo: hidden 64, 2 blocks, 4 query heads of size 32 sharing 2 kv heads, untied
+    embeddings (~119K parameters).
 
-    ``vocab_size`` is ``len(tokenizer)`` and the pad/bos/eos ids come from the tokenizer; the context is
-    :data:`MODEL_MAX_LENGTH` positions (a prompt is at most 6 tokens, an answer at most 5 plus eos).
+    The head size is set explicitly (not hidden / heads = 16): vLLM's CPU attention rejects head sizes 16 and 24
+    (32 and 64 run), and the demo also runs with ``--rollout_engine vllm``. ``vocab_size`` is ``len(tokenizer)``
+    and the pad/bos/eos ids come from the tokenizer; the context is :data:`MODEL_MAX_LENGTH` positions (a prompt is
+    at most 6 tokens, an answer at most 5 plus eos).
     """
     return transformers.LlamaConfig(
         vocab_size=len(tokenizer),
@@ -77,6 +80,7 @@ def demo_model_config(tokenizer: transformers.PreTrainedTokenizerBase) -> transf
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
+        head_dim=32,  # the attention is 128 wide (4 x 32) over a 64-wide residual stream; q/o project 64 <-> 128
         max_position_embeddings=MODEL_MAX_LENGTH,
         attention_dropout=0.0,
         tie_word_embeddings=False,

@@ -23,7 +23,7 @@ from hybridzero.rlhf.settings import GRPOSettings, SFTSettings
 from hybridzero.rlhf.steps.rl.trainer import train_step3
 from hybridzero.rlhf.steps.sft import train_sft
 
-__all__ = ["ARITH_REWARDS", "arith_grpo_settings", "arith_sft_settings", "run_arith_demo"]
+__all__ = ["ARITH_REWARDS", "arith_grpo_settings", "arith_sft_settings", "rollout_engine_settings", "run_arith_demo"]
 
 ARITH_REWARDS: tuple[str, ...] = (
     "hybridzero.rlhf.demo.rewards:exact_answer",
@@ -35,6 +35,18 @@ GROUP = 8  # completions per prompt
 
 
 _OWN: dict[str, Any] = {"dtype": "fp32", "enable_tensorboard": True, "lr_scheduler_type": "warmup_cosine"}
+DEMO_KV_CACHE_GB = 0.05  # the demo's KV cache is ~1 KiB a token (2 blocks x k, v x 2 kv heads x 32 x fp32)
+
+
+def rollout_engine_settings(rollout_engine: str) -> dict[str, Any]:
+    """The RL step's rollout-engine keys for the demos: ``hf`` (the hybrid engine, the default) or ``vllm`` (one
+    colocated vLLM engine a rank, fp32 like the training, with a KV cache sized for the demo's tiny model).
+    Evaluation always generates with the hybrid engine, so both engines' policies are scored the same way."""
+    if rollout_engine not in ("hf", "vllm"):
+        raise ValueError(f"rollout_engine = {rollout_engine!r}: valid values are 'hf' and 'vllm'")
+    if rollout_engine == "hf":
+        return {"rollout_engine": "hf"}
+    return {"rollout_engine": "vllm", "vllm_kv_cache_gb": DEMO_KV_CACHE_GB}
 
 
 def arith_sft_settings(out: Path, quick: bool = False, world: int = 2) -> SFTSettings:
@@ -57,13 +69,16 @@ def arith_sft_settings(out: Path, quick: bool = False, world: int = 2) -> SFTSet
     )
 
 
-def arith_grpo_settings(out: Path, sft_dir: str, quick: bool = False, world: int = 2) -> GRPOSettings:
+def arith_grpo_settings(
+    out: Path, sft_dir: str, quick: bool = False, world: int = 2, rollout_engine: str = "hf"
+) -> GRPOSettings:
     """The GRPO step from ``sft_dir`` with the reward functions only (no reward model, no critic, no KL): each
     iteration samples 8 completions of 16 prompts (128 sequences, whatever ``world`` dividing 16) and takes 2
-    updates of 64."""
+    updates of 64; the completions come from ``rollout_engine`` (:func:`rollout_engine_settings`)."""
     per_gen = GLOBAL_PROMPTS * GROUP // world
     return GRPOSettings(
         **_OWN,
+        **rollout_engine_settings(rollout_engine),
         data_path=[str(arith_data_dir() / "prompts.jsonl")],
         data_split="0,0,10",
         output_dir=str(out / "step3_grpo"),
@@ -103,15 +118,16 @@ def _verdict(results: dict[str, dict[str, float]], echo: Callable[[str], None]) 
         echo(f"GRPO - SFT, {mode}: exact {gain:+.3f}")
 
 
-def run_arith_demo(out_dir: str = "runs/demo_arith", quick: bool = False) -> dict[str, Any]:
-    """Both steps and the verdict on the current process group; returns the summary (every rank)."""
+def run_arith_demo(out_dir: str = "runs/demo_arith", quick: bool = False, rollout_engine: str = "hf") -> dict[str, Any]:
+    """Both steps and the verdict on the current process group, GRPO's rollouts from ``rollout_engine`` (``hf`` or
+    ``vllm``); returns the summary (every rank)."""
     comm = world_comm()
     world, rank = comm.world_size, comm.rank
     out = Path(out_dir)
     echo = echo_fn(False) if rank == 0 else (lambda line: None)
     sft_s = arith_sft_settings(out, quick, world)
     sft_m = train_sft(sft_s)
-    grpo_s = arith_grpo_settings(out, sft_s.output_dir, quick, world)
+    grpo_s = arith_grpo_settings(out, sft_s.output_dir, quick, world, rollout_engine)
     grpo_m = train_step3(grpo_s)
     prompts = eval_prompts(64 if quick else None)
     results = {
@@ -122,6 +138,8 @@ def run_arith_demo(out_dir: str = "runs/demo_arith", quick: bool = False) -> dic
     summary: dict[str, Any] = {
         "task": "arithmetic",
         "world_size": world,
+        "rollout_engine": grpo_s.rollout_engine,
+        "vllm_syncs": grpo_m["vllm_syncs"],
         "sft": sft_m,
         "grpo_last": grpo_m["history"][-1],
         "grpo_iterations": len(grpo_m["history"]),

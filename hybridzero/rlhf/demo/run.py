@@ -18,6 +18,7 @@ import torch
 
 from hybridzero.rlhf.data.demo_task import demo_data_dir, rule_is_copy, rule_partial, rule_score, rule_scores
 from hybridzero.rlhf.data.records import load_records
+from hybridzero.rlhf.demo.arith_run import rollout_engine_settings
 from hybridzero.rlhf.demo.report import held_out_answers, write_report
 from hybridzero.rlhf.engines import build_engine, ds_config, global_sum, load_actor_engine, world_comm
 from hybridzero.rlhf.models import last_token_index, load_tokenizer, load_value_model
@@ -41,9 +42,12 @@ def demo_monitor() -> Monitor:
     return monitor
 
 
-def demo_settings(out: Path, quick: bool = False, world: int = 2) -> tuple[SFTSettings, RewardSettings, PPOSettings]:
+def demo_settings(
+    out: Path, quick: bool = False, world: int = 2, rollout_engine: str = "hf"
+) -> tuple[SFTSettings, RewardSettings, PPOSettings]:
     """The three steps' settings (``quick``: a few steps each, for smoke tests). Global batches are 64 sequences
-    (per-device sizes = 64 / world), so any world size that divides 64 trains on the same batches.
+    (per-device sizes = 64 / world), so any world size that divides 64 trains on the same batches. PPO's rollouts
+    come from ``rollout_engine`` (``hf`` or ``vllm``).
 
     Chosen by measurement (``bench/demo_task_probe.py`` and full runs at world 2): ~1800 SFT steps with a decaying
     lr make nearly every sampled answer a correct reversal or a correct copy (the demonstrations' 50/50 mixture);
@@ -90,6 +94,7 @@ def demo_settings(out: Path, quick: bool = False, world: int = 2) -> tuple[SFTSe
     ppo = PPOSettings(
         **own,
         **stages,
+        **rollout_engine_settings(rollout_engine),
         output_dir=str(out / "step3_ppo"),
         actor_model_name_or_path=sft.output_dir,
         critic_model_name_or_path=reward.output_dir,
@@ -179,12 +184,13 @@ def _verdict(results: dict[str, dict[str, float]], echo: Callable[[str], None]) 
     )
 
 
-def run_demo(out_dir: str = "runs/demo", quick: bool = False) -> dict[str, Any]:
-    """All three steps and the verdict on the current process group; returns the summary (every rank)."""
+def run_demo(out_dir: str = "runs/demo", quick: bool = False, rollout_engine: str = "hf") -> dict[str, Any]:
+    """All three steps and the verdict on the current process group, PPO's rollouts from ``rollout_engine``;
+    returns the summary (every rank)."""
     comm = world_comm()
     world, rank = comm.world_size, comm.rank
     out = Path(out_dir)
-    sft_s, reward_s, ppo_s = demo_settings(out, quick, world)
+    sft_s, reward_s, ppo_s = demo_settings(out, quick, world, rollout_engine)
     echo = echo_fn(False) if rank == 0 else (lambda line: None)
     sft_m = train_sft(sft_s)
     reward_m = train_reward(reward_s)
@@ -202,6 +208,8 @@ def run_demo(out_dir: str = "runs/demo", quick: bool = False) -> dict[str, Any]:
                 results[label] = evaluate_policy(path, reward_s.output_dir, prompts, do_sample=sampled)
     summary = {
         "world_size": world,
+        "rollout_engine": ppo_s.rollout_engine,
+        "vllm_syncs": ppo_m["vllm_syncs"],
         "sft": sft_m,
         "reward": reward_m,
         "ppo_last": ppo_m["history"][-1],

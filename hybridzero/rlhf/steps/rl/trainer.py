@@ -106,7 +106,8 @@ def _loop(
 def train_step3(
     s: PPOSettings, monitor: Monitor | None = None, reward_funcs: Sequence[str | RewardFunction] | None = None
 ) -> dict[str, Any]:
-    """Run step 3 (PPO, or GRPO for :class:`GRPOSettings`); returns ``{"history", "models", "start"}``.
+    """Run step 3 (PPO, or GRPO for :class:`GRPOSettings`); returns ``{"history", "models", "start",
+    "vllm_syncs"}`` (``vllm_syncs``: weight syncs into this rank's vLLM engine, ``None`` with rollout_engine hf).
 
     ``reward_funcs`` (GRPO only): reward functions as callables or ``module:function`` specs, instead of
     ``s.reward_funcs`` (TRL's signature: :mod:`hybridzero.rlhf.rewards.functions`); ``s.reward_weights`` weighs them."""
@@ -120,4 +121,5 @@ def train_step3(
         history, models, start = _loop(run, name, iteration)
     finally:
         run.close()  # the reward worker ends with the run, by return or by exception
-    return {"history": history, "models": models, "start": start}
+    syncs = run.vllm.stats.syncs if run.vllm is not None else None
+    return {"history": history, "models": models, "start": start, "vllm_syncs": syncs}
