@@ -1,7 +1,8 @@
 """Our side of ``bench/bench_rl_peers.py`` (run under torchrun): the arithmetic demo's SFT, GRPO or evaluation.
 
     torchrun --nproc_per_node W bench/rl_peer_ours.py sft  --out DIR [--quick]
-    torchrun --nproc_per_node W bench/rl_peer_ours.py grpo --sft_dir DIR --out DIR --iterations N
+    torchrun --nproc_per_node W bench/rl_peer_ours.py grpo --sft_dir DIR --out DIR --iterations N \
+        [--rollout_engine hf|vllm] [--packing_samples]
     python bench/rl_peer_ours.py eval --model DIR [--limit N]
 
 ``sft`` trains the start checkpoint both trainers share (``DIR/step1_sft``). ``grpo`` runs the demo's GRPO step
@@ -30,9 +31,16 @@ from hybridzero.rlhf.steps.sft import train_sft
 
 
 def _grpo(a: argparse.Namespace, world: int, rank: int) -> None:
-    base = arith_grpo_settings(Path(a.out), a.sft_dir, world=world)
+    base = arith_grpo_settings(Path(a.out), a.sft_dir, world=world, rollout_engine=a.rollout_engine)
+    extra = {"packing_samples": True} if a.packing_samples else {}
     s = GRPOSettings(
-        **{**base.model_dump(exclude_unset=True), "max_steps": a.iterations, "progress": False, "print_every": 1000}
+        **{
+            **base.model_dump(exclude_unset=True),
+            **extra,
+            "max_steps": a.iterations,
+            "progress": False,
+            "print_every": 1000,
+        }
     )
     t0 = time.perf_counter()
     m = train_step3(s)
@@ -49,6 +57,9 @@ def _grpo(a: argparse.Namespace, world: int, rank: int) -> None:
             "completions": len(h) * GLOBAL_PROMPTS * GROUP,
             "model": m["models"]["actor"],
             "reward_last": h[-1]["reward"],
+            "pad_fraction": sum(x.get("pad_fraction", 0.0) for x in h) / len(h),
+            "rollout_engine": a.rollout_engine,
+            "packing_samples": bool(a.packing_samples),
         }
         (Path(a.out) / "ours_result.json").write_text(json.dumps(result, indent=1) + "\n")
 
@@ -62,6 +73,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=32)
     ap.add_argument("--limit", type=int, default=None, help="eval: the first N held-out prompts")
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--rollout_engine", choices=("hf", "vllm"), default="hf", help="grpo: where rollouts run")
+    ap.add_argument("--packing_samples", action="store_true", help="grpo: packed training forwards")
     a = ap.parse_args()
     torch.set_num_threads(1)
     hybridzero.init_distributed()

@@ -9,7 +9,7 @@ import torch
 
 from tests.workers.rlhf_runs import STEP3_DEFAULTS
 
-__all__ = ["failing_reward_run", "grpo_family_run"]
+__all__ = ["failing_reward_run", "grpo_family_run", "trainer_kill_run"]
 
 
 def grpo_family_run(runs: dict[str, dict[str, Any]]) -> dict[str, list[dict[str, float]]]:
@@ -58,3 +58,17 @@ def failing_reward_run(settings: dict[str, Any], fail_rank: int) -> dict[str, An
     weights = load_file(os.path.join(result["models"]["actor"], "model.safetensors"))
     finite = all(bool(torch.isfinite(w).all()) for w in weights.values())
     return {"error": None, "history": result["history"], "finite": finite, "left": left}
+
+
+def trainer_kill_run(settings: dict[str, Any], fail_rank: int, out_prefix: str) -> dict[str, Any]:
+    """:func:`failing_reward_run` whose reward function, on ``fail_rank``, kills this trainer process (its pid is in
+    ``TRAINER_PID``); each surviving rank writes its result to ``out_prefix.rank<R>.json`` (the pool reports the
+    dead rank and keeps no value of the others)."""
+    import json
+
+    os.environ["TRAINER_PID"] = str(os.getpid())
+    result = failing_reward_run(settings, fail_rank)
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else int(os.environ["RANK"])
+    with open(f"{out_prefix}.rank{rank}.json", "w") as f:
+        json.dump({"error": result["error"], "left": result["left"]}, f)
+    return result
