@@ -94,6 +94,7 @@ def main() -> None:
     if "hf" not in a.variants:
         ap.error("--variants must include hf (the ratios' baseline)")
     out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
     sft = a.sft_dir
     if sft is None:
         _torchrun(2, ["sft", "--out", str(out / "sft")], out / "sft.log")
