@@ -35,8 +35,8 @@ reaps it; so do a timeout and a death.
 dataset column holding tuples, bytes, numpy values, dicts with non-string keys...), since JSON would not give the
 function the same values it would get in-process; such a call keeps no state, as before the worker existed.
 
-Both paths flush stdout/stderr before forking (the child inherits unflushed buffers: nothing prints twice). Kept
-whole (just over 400 lines): both paths share the frame, payload and exit rules that make their messages identical.
+Both paths flush stdout/stderr before forking (the child inherits unflushed buffers: nothing prints twice). Both
+share the frame, payload and exit rules that make their messages identical: :mod:`hybridzero.rlhf.rewards.framing`.
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ import json
 import os
 import select
 import signal
-import struct
 import sys
 import threading
 import time
@@ -56,52 +55,27 @@ from typing import Any
 import torch
 
 from hybridzero.rlhf.rewards.containment import Containment, enter_containment, wait_for_go
+from hybridzero.rlhf.rewards.framing import (
+    _DEATH_POLL_S,
+    _HEAD,
+    RewardFunction,
+    _exit_text,
+    _flush,
+    _payload,
+    _read_exact,
+    _read_frame,
+    _send,
+    _values_of,
+    _write_all,
+)
 from hybridzero.rlhf.rewards.values import RewardCallError, as_values, is_plain, one_line
 
 __all__ = ["PARENT_POLL_S", "RewardCallError", "RewardWorker", "as_values", "call_forked", "is_plain"]
 
-RewardFunction = Callable[..., Sequence[float | None]]
 Step = tuple[str, Callable[[], object]]  # a worker's start-up step: its label in messages, and what to run
 PARENT_POLL_S = 1.0  # how often a worker checks that its parent is still alive
 DEFAULT_START_S = 60.0  # start-up deadline when none is given
-_READ_CHUNK = 1 << 16
-_HEAD = struct.Struct("!Q")  # frame = 8-byte big-endian length, then that many bytes of UTF-8 JSON
-_DEATH_POLL_S = 0.1  # while waiting for a frame, how often to check that the sender is still alive
 _PR_SET_PDEATHSIG = 1  # prctl option (linux/prctl.h)
-
-
-def _payload(fn: RewardFunction, kwargs: Mapping[str, Any], n: int) -> dict[str, Any]:
-    """What a child sends back for one call: ``{"values"}`` or ``{"error", "samples"}`` (never raises)."""
-    try:
-        return {"values": as_values(fn(**kwargs), n)}
-    except RewardCallError as exc:
-        return {"error": str(exc), "samples": exc.samples}
-    except BaseException as exc:  # noqa: BLE001 -- anything the function does is reported, never propagated
-        return {"error": one_line(f"raised {type(exc).__name__}: {exc}")}
-
-
-def _values_of(payload: Mapping[str, Any]) -> list[float | None]:
-    if "error" in payload:
-        raise RewardCallError(payload["error"], payload.get("samples"))
-    return list(payload["values"])
-
-
-def _exit_text(status: int) -> str:
-    return f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit status {os.WEXITSTATUS(status)}"
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # closed or broken: nothing to duplicate
-            pass
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view) :]
 
 
 # ---- fork per call ---------------------------------------------------------------------------------------------
@@ -155,29 +129,12 @@ def call_forked(fn: RewardFunction, kwargs: Mapping[str, Any], n: int, timeout: 
 # ---- persistent worker -----------------------------------------------------------------------------------------
 
 
-def _read_exact(fd: int, size: int) -> bytes | None:
-    """Exactly ``size`` bytes from a blocking ``fd``; ``None`` on EOF."""
-    buf = bytearray()
-    while len(buf) < size:
-        chunk = os.read(fd, min(size - len(buf), _READ_CHUNK))
-        if not chunk:
-            return None
-        buf += chunk
-    return bytes(buf)
-
-
 def _watch_parent(parent: int) -> None:
     """Worker thread: leave as soon as the parent is gone (we were re-parented), even mid-call."""
     while True:
         time.sleep(PARENT_POLL_S)
         if os.getppid() != parent:
             os._exit(0)
-
-
-def _send(fd: int, payload: Mapping[str, Any]) -> None:
-    data = json.dumps(payload).encode()
-    _write_all(fd, _HEAD.pack(len(data)) + data)
-    _flush()  # the function's prints show up call by call
 
 
 def _prepare(steps: Sequence[Step], rep_fd: int) -> bool:
@@ -238,40 +195,6 @@ def _worker_main(worker: RewardWorker, fds: tuple[int, int, int], parent: int) -
     finally:
         _flush()
         os._exit(code)
-
-
-def _exited(pid: int) -> bool:
-    """Whether child ``pid`` has exited, without reaping it (its containment's kill reaps it)."""
-    try:
-        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
-    except ChildProcessError:
-        return True
-
-
-def _read_frame(fd: int, pid: int, deadline: float, buf: bytearray | None = None) -> bytes | None:
-    """One length-prefixed frame from ``fd``; ``None`` on EOF or once ``pid`` has exited (a descendant that kept
-    the pipe open cannot hide the death); ``TimeoutError`` when ``deadline`` passes first. ``buf`` holds bytes read
-    past the frame (the start of the next one) between calls."""
-    buf = bytearray() if buf is None else buf
-    need = _HEAD.size + (_HEAD.unpack_from(buf)[0] if len(buf) >= _HEAD.size else 0)
-    while len(buf) < need:
-        left = deadline - time.monotonic()
-        ready, _, _ = select.select([fd], [], [], min(max(left, 0.0), _DEATH_POLL_S))
-        if not ready:
-            if _exited(pid):
-                return None
-            if left <= 0:
-                raise TimeoutError
-            continue
-        chunk = os.read(fd, _READ_CHUNK)
-        if not chunk:
-            return None
-        buf += chunk
-        if need == _HEAD.size and len(buf) >= _HEAD.size:
-            need += _HEAD.unpack_from(buf)[0]
-    frame = bytes(buf[_HEAD.size : need])
-    del buf[:need]
-    return frame
 
 
 class _Exchange:
