@@ -158,22 +158,24 @@ class Step3:
         generate: Callable[..., torch.Tensor] = (
             actor.generate if s.enable_hybrid_engine else cast(Any, actor.module).generate
         )
-        ro = rollout(
-            generate,
-            ids.to(actor.device),
-            mask.to(actor.device),
-            sample_ids=sample_ids,
-            run_seed=run_seed,
-            prompt_width=s.max_prompt_seq_len,
-            answer_len=s.max_answer_seq_len,
-            pad_id=self.pad_id,
-            eos_id=self.eos_id,
-            do_sample=s.do_sample,
-            temperature=s.temperature,
-            top_k=s.top_k,
-            stop=(self.tok, s.stop_strings) if isinstance(s, GRPOSettings) and s.stop_strings else None,
-        )
+        ro = rollout(generate, ids.to(actor.device), mask.to(actor.device), **self._decoding(sample_ids, run_seed))
         return self._scored(ro, prompt_ids, sample_ids)
+
+    def _decoding(self, sample_ids: list[int], run_seed: int) -> dict[str, Any]:
+        """The decoding keywords both rollout engines take (seeds, widths, special ids, sampling, stop strings)."""
+        s = self.s
+        return {
+            "sample_ids": sample_ids,
+            "run_seed": run_seed,
+            "prompt_width": s.max_prompt_seq_len,
+            "answer_len": s.max_answer_seq_len,
+            "pad_id": self.pad_id,
+            "eos_id": self.eos_id,
+            "do_sample": s.do_sample,
+            "temperature": s.temperature,
+            "top_k": s.top_k,
+            "stop": (self.tok, s.stop_strings) if isinstance(s, GRPOSettings) and s.stop_strings else None,
+        }
 
     def _scored(
         self, ro: Rollout, prompt_ids: list[int], sample_ids: list[int], sampler: torch.Tensor | None = None
@@ -193,23 +195,10 @@ class Step3:
         self, ids: torch.Tensor, mask: torch.Tensor, prompt_ids: list[int], sample_ids: list[int], run_seed: int
     ) -> RolloutBatch:
         """:meth:`sample` on the colocated vLLM engine (synced from the actor first if it has stepped)."""
-        s, actor = self.s, self.roles.actor
+        actor = self.roles.actor
         assert self.vllm is not None
         ro, sampler = vllm_rollout(
-            self.vllm,
-            actor,
-            ids.to(actor.device),
-            mask.to(actor.device),
-            sample_ids=sample_ids,
-            run_seed=run_seed,
-            prompt_width=s.max_prompt_seq_len,
-            answer_len=s.max_answer_seq_len,
-            pad_id=self.pad_id,
-            eos_id=self.eos_id,
-            do_sample=s.do_sample,
-            temperature=s.temperature,
-            top_k=s.top_k,
-            stop=(self.tok, s.stop_strings) if isinstance(s, GRPOSettings) and s.stop_strings else None,
+            self.vllm, actor, ids.to(actor.device), mask.to(actor.device), **self._decoding(sample_ids, run_seed)
         )
         return self._scored(ro, prompt_ids, sample_ids, sampler)
 
