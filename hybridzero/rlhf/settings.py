@@ -25,6 +25,10 @@ Special values: ``data_path`` entry ``"demo"`` is the dataset that ships with th
 local
 saved copy under ``data_root`` (:mod:`hybridzero.rlhf.data.dschat`); ``model_name_or_path`` ``"demo"`` builds the
 demo's tiny Llama from its config and trains it from scratch (with the demo tokenizer).
+
+
+Size: over ~400 lines on purpose: every default, bound and cross-field rule of the RL steps is written once,
+here, and the models share fields by inheritance; splitting them would spread one step's rules over files.
 """
 
 from __future__ import annotations
