@@ -33,10 +33,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SIDES = ("ours", "trl")
 
 
-def _torchrun(world: int, script: str, args: list[str], log: Path) -> float:
-    """Run ``script`` under torch.distributed.run with ``world`` ranks; returns its wall seconds (raises on failure)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+def _torchrun(world: int, script: str, args: list[str], log: Path, python: str = sys.executable) -> float:
+    """Run ``script`` under torch.distributed.run with ``world`` ranks (one thread each) in ``python``; returns its
+    wall seconds (raises on failure)."""
+    cmd = [python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(world)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(ROOT)}
     t0 = time.perf_counter()
     with log.open("w") as f:
         rc = subprocess.run([*cmd, str(ROOT / "bench" / script), *args], stdout=f, stderr=subprocess.STDOUT, env=env)

@@ -15,6 +15,11 @@
   layers fails half-way on the CPU build; ``reload_weights`` re-runs that post-processing.) Every sync is timed and
   recorded in the actor's ledger (``collective="weight_sync"``, phase ``rollout_sync``, its bytes), next to the
   gathers it issued.
+* **Tied embeddings** (SmolLM2, Qwen2.5-0.5B, ...): vLLM's LM head then *is* the embedding's parameter, so no tensor
+  of the sync is addressed to it and ``reload_weights`` restores its post-processed state from before the sync. On
+  the CPU build that state is a packed copy of the matrix the logits are computed with, so the head kept computing
+  with the engine's dummy start weights while the embedding moved on (greedy tokens matched neither model). After
+  every sync the head's post-processing is re-run on the shared, just-loaded matrix (:func:`_refresh_tied_head`).
 * **Limits.** vLLM's CPU attention takes only some head sizes (:data:`CPU_HEAD_SIZES`); another model fails at
   start in one line naming the model, the size and ``--rollout_engine hf``. The CPU build has no sleep mode.
 """
@@ -92,6 +97,19 @@ def _check_supported(config: PretrainedConfig, opts: VLLMOptions, on_cpu: bool) 
             raise RolloutEngineError("--vllm_enable_sleep_mode: vLLM's CPU build has no sleep mode; leave it off")
         if opts.dtype == "fp16":
             raise RolloutEngineError("--dtype fp16 with --rollout_engine vllm: vLLM on CPU runs fp32 or bf16")
+
+
+def _refresh_tied_head(model: torch.nn.Module) -> bool:
+    """Re-run the post-processing of a vLLM model's LM head when it shares the input embedding's matrix (module
+    docstring, *Tied embeddings*); ``True`` when it did. A model without that layout is left alone."""
+    head = getattr(model, "lm_head", None)
+    weight = getattr(head, "weight", None)
+    if weight is None or not any(m is not head and getattr(m, "weight", None) is weight for m in model.modules()):
+        return False
+    method = getattr(head, "quant_method", None)
+    if method is not None and hasattr(method, "process_weights_after_loading"):
+        method.process_weights_after_loading(head)
+    return True
 
 
 class VLLMEngine:
@@ -175,6 +193,8 @@ class VLLMEngine:
         self.start()
         t0 = time.perf_counter()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(actor)})
+        if getattr(self.hf_config, "tie_word_embeddings", False):
+            self.llm.apply_model(_refresh_tied_head)
         dt = time.perf_counter() - t0
         self.stats.syncs += 1
         self.stats.seconds += dt
