@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from hybridzero.packed_forward import mask_dtype
-from hybridzero.packing import pack_lists, shifted_labels, token_budget_chunks
+from hybridzero.packed_forward import packed_lm_sums
+from hybridzero.packing import token_budget_chunks
 
 __all__ = ["Chunk", "budget_chunks", "budget_lm_backward", "chunked_rows", "maybe_chunked", "row_chunks"]
 
@@ -103,7 +103,9 @@ def budget_lm_backward(
     real_tokens, slots)`` like :func:`~hybridzero.packed_forward.packed_lm_loss`, the loss already backwarded.
 
     Each chunk's loss is its summed cross-entropy over the micro-batch's label-token count (HF's token mean,
-    unpacked), so the chunks' losses sum to the micro-batch's loss. Backwards run in one ``backward_group``.
+    unpacked), so the chunks' losses sum to the micro-batch's loss. Backwards run in one ``backward_group``. Under
+    sequence parallelism each chunk's row is split over the SP group (:func:`~hybridzero.packed_forward.
+    packed_lm_sums`); every rank of a group passes the same examples, so the group plans the same chunks.
     """
     lengths = [len(e[0]) for e in examples]
     n_labels = sum(sum(1 for y in e[1][1:] if y != ignore_index) for e in examples)
@@ -111,14 +113,7 @@ def budget_lm_backward(
     with engine.backward_group():
         for chunk in budget_chunks(engine, lengths, max_tokens):
             part = [examples[i] for i in chunk.rows]
-            packed = pack_lists([e[0] for e in part], pad_id, capacity=max_tokens)
-            labels = shifted_labels(packed, [e[1] for e in part], ignore_index).to(engine.device)
-            kwargs = packed.model_kwargs(mask_dtype(engine))
-            logits = engine(**{k: v.to(engine.device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
-            flat = logits.logits[:, :-1].float().flatten(0, 1)
-            nll = torch.nn.functional.cross_entropy(
-                flat, labels[:, 1:].flatten(), ignore_index=ignore_index, reduction="sum"
-            )
+            nll, _, packed = packed_lm_sums(engine, part, pad_id, capacity=max_tokens)
             loss = nll * (chunk.weight / max(n_labels, 1))
             engine.backward(loss)
             total += float(loss.detach())
