@@ -20,8 +20,10 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -150,6 +152,21 @@ class SequenceParallel:
     def attached(self) -> bool:
         """Whether a model runs this group's attention (between :meth:`attach` and :meth:`detach`)."""
         return bool(self._restore)
+
+    @contextlib.contextmanager
+    def local_attention(self) -> Iterator[None]:
+        """Inside: the model runs its own attention on whole, unsplit sequences (generation: a decode step's one
+        token cannot be split over ranks, so each rank generates for its own prompts on the gathered weights, with
+        no exchange); on exit it runs this group's Ulysses attention again (training forwards keep SP). Nothing is
+        re-registered; a no-op while detached."""
+        held = list(self._restore)
+        for cfg, impl in held:
+            cfg._attn_implementation = impl
+        try:
+            yield
+        finally:
+            for cfg, _ in held:
+                cfg._attn_implementation = self.name
 
     def detach(self) -> None:
         """Give the model its own attention implementation back (idempotent)."""
