@@ -28,7 +28,7 @@ from hybridzero.rlhf.runlog.metrics import open_runlog
 from hybridzero.rlhf.settings import SFTSettings
 from hybridzero.rlhf.steps.supervised import LoopSpec, data_rank, run_loop, supervised_engine
 from hybridzero.runtime.engine import Engine
-from hybridzero.token_budget import budget_lm_backward
+from hybridzero.token_budget import budget_lm_backward, budget_lm_sums
 
 __all__ = ["sft_batch", "train_sft"]
 
@@ -72,8 +72,26 @@ def _sums(engine: Engine, b: dict[str, torch.Tensor], pad_id: int) -> tuple[torc
     return total, (labels != IGNORE_INDEX).sum().to(total.dtype)
 
 
-def _evaluate(engine: Engine, examples: list[tuple[list[int], list[int]]], pad_id: int, batch: int) -> dict[str, float]:
-    """Token-mean loss and perplexity over ``examples`` (this data rank's strided share, summed over ranks).
+def _eval_sums(
+    engine: Engine, part: list[tuple[list[int], list[int]]], pad_id: int, max_tokens: int | None
+) -> tuple[float, float]:
+    """``(nll sum, label tokens)`` of one eval batch: padded (SP: sliced) or, under a token budget, packed chunks."""
+    if max_tokens is not None:
+        return budget_lm_sums(engine, part, pad_id, max_tokens)
+    total, count = _sums(engine, sft_batch(part, pad_id), pad_id)
+    return float(total), float(count)
+
+
+def _evaluate(
+    engine: Engine,
+    examples: list[tuple[list[int], list[int]]],
+    pad_id: int,
+    batch: int,
+    max_tokens: int | None = None,
+) -> dict[str, float]:
+    """Token-mean loss and perplexity over ``examples`` (this data rank's strided share, summed over ranks);
+    ``max_tokens`` (``--max_tokens_per_batch``): each eval batch forwarded in packed chunks of at most that many
+    tokens (:func:`~hybridzero.token_budget.budget_lm_sums`, the same sums).
 
     Every rank runs the same number of forwards (ZeRO-3 forwards are collective): a rank whose share ran out
     scores a stand-in batch with weight 0; so do all but one rank of each SP group (they hold the group's sums).
@@ -88,9 +106,9 @@ def _evaluate(engine: Engine, examples: list[tuple[list[int], list[int]]], pad_i
         for i in range(rounds):
             chunk = mine[i * batch : (i + 1) * batch]
             weight = 1 if chunk and counted else 0
-            total, count = _sums(engine, sft_batch(chunk or examples[:1], pad_id), pad_id)
-            nll += weight * float(total)
-            tokens += weight * float(count)
+            part_nll, part_tokens = _eval_sums(engine, chunk or examples[:1], pad_id, max_tokens)
+            nll += weight * part_nll
+            tokens += weight * part_tokens
     engine.train()
     total_nll, total_tokens = global_sum(engine, [nll, tokens])
     mean = total_nll / max(total_tokens, 1.0)
@@ -166,7 +184,7 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
         total_steps=total,
         micro_step=micro_step,
         reduce=lambda sums: _reduce(engine, sums),
-        evaluate=lambda: _evaluate(engine, eval_ex, pad_id, s.per_device_eval_batch_size),
+        evaluate=lambda: _evaluate(engine, eval_ex, pad_id, s.per_device_eval_batch_size, s.max_tokens_per_batch),
         step_line=lambda step, n, epoch, m: f"sft step {step}/{n} epoch {epoch} loss {m['loss']:.4f} lr {m['lr']:.2e}",
         eval_line=lambda epoch, ev: (
             f"sft epoch {epoch}: eval loss {ev['eval_loss']:.4f} perplexity {ev['perplexity']:.3f}"
