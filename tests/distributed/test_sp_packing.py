@@ -46,7 +46,8 @@ def test_packed_rows_at_sp2_equal_unpacked_and_packed_s1(world, world_size: int)
 
 
 def test_sft_step_with_sequence_parallel_equals_s1(world, tmp_path) -> None:
-    """``sft --sequence_parallel_size 2`` (packed and padded) at world 2 trains on the global batches of the s = 1
+    """``sft --sequence_parallel_size 2`` (packed, padded, and packed under ``--max_tokens_per_batch 24``: training
+    and evaluation in chunks) at world 2 trains on the global batches of the s = 1
     run at world 1 (the two ranks of the SP group share each micro-batch) and reports its losses: two AdamW steps of
     the demo Llama (fp32, eager), tolerance 2e-5 as ``tests/distributed/test_packing.py``'s end-to-end run (the
     forwards differ by summation order only)."""
@@ -55,8 +56,9 @@ def test_sft_step_with_sequence_parallel_equals_s1(world, tmp_path) -> None:
     base = {"per_device_train_batch_size": 4, "max_seq_len": 24, "max_steps": 2, "progress": False}
     base.update(eval_fraction=0.02, print_every=1000, enable_tensorboard=False, learning_rate=3e-3)
     ref = world(1).run(sft_run, {**base, "output_dir": str(tmp_path / "ref")})[0]
-    for packed in (True, False):
-        run = {**base, "output_dir": str(tmp_path / f"sp{packed}"), "packing_samples": packed}
-        for got in world(2).run(sft_run, {**run, "sequence_parallel_size": 2}, timeout=420):
+    for packed, budget in ((True, None), (False, None), (True, 24)):
+        run = {**base, "output_dir": str(tmp_path / f"sp{packed}{budget}"), "packing_samples": packed}
+        run.update(sequence_parallel_size=2, max_tokens_per_batch=budget)
+        for got in world(2).run(sft_run, run, timeout=420):
             for key in ("loss", "eval_loss"):
-                assert abs(got[key] - ref[key]) <= 2e-5 * abs(ref[key]), (packed, key, got[key], ref[key])
+                assert abs(got[key] - ref[key]) <= 2e-5 * abs(ref[key]), (packed, budget, key, got[key], ref[key])
