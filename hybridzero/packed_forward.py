@@ -32,6 +32,7 @@ __all__ = [
     "check_packable",
     "mask_dtype",
     "packed_lm_loss",
+    "packed_lm_sums",
     "packed_logprobs",
     "packed_values",
     "packed_last_values",
@@ -117,14 +118,44 @@ def packed_lm_loss(
     pad_id: int,
     dtype: torch.dtype | None = None,
     device: torch.device | str | None = None,
+    capacity: int | None = None,
 ) -> tuple[torch.Tensor, int, int]:
     """``(loss, real_tokens, slots)``: HF's causal-LM loss (mean over non-ignored labels, as unpacked) of
-    ``(input_ids, labels)`` examples on packed rows; ``slots`` is ``R * W`` (the padding share is
-    ``1 - real_tokens / slots``)."""
-    packed = pack_lists([e[0] for e in examples], pad_id)
+    ``(input_ids, labels)`` examples on packed rows of ``capacity`` tokens (default: the longest example); ``slots``
+    is ``R * W`` (the padding share is ``1 - real_tokens / slots``).
+
+    An engine with sequence parallelism (``model.sequence_parallel`` set; every rank of an SP group passes the same
+    examples) forwards this rank's slice of the rows with the whole rows' block-causal mask and returns the same
+    loss on every rank of the group (:meth:`~hybridzero.runtime.sequence_parallel.SequenceParallel.loss`)."""
+    loss_sum, count, packed = packed_lm_sums(model, examples, pad_id, dtype, device, capacity)
+    return loss_sum / count.clamp(min=1.0), packed.token_count(), int(packed.input_ids.numel())
+
+
+def packed_lm_sums(
+    model: Model,
+    examples: Sequence[tuple[Sequence[int], Sequence[int]]],
+    pad_id: int,
+    dtype: torch.dtype | None = None,
+    device: torch.device | str | None = None,
+    capacity: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, PackedBatch]:
+    """``(summed cross-entropy, predicted-token count, packed batch)`` of :func:`packed_lm_loss`'s forward (the
+    sum and count over the whole rows, on every rank of an SP group)."""
+    packed = pack_lists([e[0] for e in examples], pad_id, capacity)
     labels = shifted_labels(packed, [e[1] for e in examples])
     where = device if device is not None else getattr(model, "device", "cpu")
-    kwargs = packed.model_kwargs(dtype or mask_dtype(model))
-    moved = {k: v.to(where) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
-    loss = model(**moved, labels=labels.to(where)).loss
-    return loss, packed.token_count(), int(packed.input_ids.numel())
+    mdtype = dtype or mask_dtype(model)
+    sp = getattr(model, "sequence_parallel", None)
+    if sp is not None:
+        batch = {k: v.to(where) for k, v in sp.shard_packed(packed, labels, pad_id, mdtype).items()}
+        targets = batch.pop("shift_labels")
+        logits = model(**batch, use_cache=False).logits
+        total, count = sp.token_sums(logits, targets)
+        return total, count, packed
+    moved = {k: v.to(where) if isinstance(v, torch.Tensor) else v for k, v in packed.model_kwargs(mdtype).items()}
+    logits = model(**moved).logits
+    targets = labels[:, 1:].to(where)
+    total = torch.nn.functional.cross_entropy(
+        logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"
+    )
+    return total, (targets != -100).sum().to(total.dtype), packed

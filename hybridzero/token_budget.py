@@ -23,10 +23,18 @@ from typing import Any
 
 import torch
 
-from hybridzero.packed_forward import mask_dtype
-from hybridzero.packing import pack_lists, shifted_labels, token_budget_chunks
+from hybridzero.packed_forward import packed_lm_sums
+from hybridzero.packing import token_budget_chunks
 
-__all__ = ["Chunk", "budget_chunks", "budget_lm_backward", "chunked_rows", "maybe_chunked", "row_chunks"]
+__all__ = [
+    "Chunk",
+    "budget_chunks",
+    "budget_lm_backward",
+    "budget_lm_sums",
+    "chunked_rows",
+    "maybe_chunked",
+    "row_chunks",
+]
 
 
 @dataclass(frozen=True)
@@ -98,12 +106,16 @@ def budget_lm_backward(
     pad_id: int,
     max_tokens: int,
     ignore_index: int = -100,
+    scale: float = 1.0,
 ) -> tuple[float, int, int]:
     """Forward and backward of a causal-LM micro-batch in chunks of ``<= max_tokens`` tokens; returns ``(loss,
     real_tokens, slots)`` like :func:`~hybridzero.packed_forward.packed_lm_loss`, the loss already backwarded.
 
     Each chunk's loss is its summed cross-entropy over the micro-batch's label-token count (HF's token mean,
-    unpacked), so the chunks' losses sum to the micro-batch's loss. Backwards run in one ``backward_group``.
+    unpacked), so the chunks' losses sum to the micro-batch's loss. Backwards run in one ``backward_group``. Under
+    sequence parallelism each chunk's row is split over the SP group (:func:`~hybridzero.packed_forward.
+    packed_lm_sums`); every rank of a group passes the same examples, so the group plans the same chunks.
+    ``scale`` multiplies what is backwarded (e.g. ptx's ``coef`` and global token weighting), not the returned loss.
     """
     lengths = [len(e[0]) for e in examples]
     n_labels = sum(sum(1 for y in e[1][1:] if y != ignore_index) for e in examples)
@@ -111,17 +123,24 @@ def budget_lm_backward(
     with engine.backward_group():
         for chunk in budget_chunks(engine, lengths, max_tokens):
             part = [examples[i] for i in chunk.rows]
-            packed = pack_lists([e[0] for e in part], pad_id, capacity=max_tokens)
-            labels = shifted_labels(packed, [e[1] for e in part], ignore_index).to(engine.device)
-            kwargs = packed.model_kwargs(mask_dtype(engine))
-            logits = engine(**{k: v.to(engine.device) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()})
-            flat = logits.logits[:, :-1].float().flatten(0, 1)
-            nll = torch.nn.functional.cross_entropy(
-                flat, labels[:, 1:].flatten(), ignore_index=ignore_index, reduction="sum"
-            )
+            nll, _, packed = packed_lm_sums(engine, part, pad_id, capacity=max_tokens)
             loss = nll * (chunk.weight / max(n_labels, 1))
-            engine.backward(loss)
+            engine.backward(loss * scale)
             total += float(loss.detach())
             real += int(chunk.weight) * packed.token_count()
             slots += int(chunk.weight) * int(packed.input_ids.numel())
     return total, real, slots
+
+
+def budget_lm_sums(
+    engine: Any, examples: Sequence[tuple[Sequence[int], Sequence[int]]], pad_id: int, max_tokens: int
+) -> tuple[float, float]:
+    """``(summed next-token cross-entropy, label-token count)`` of causal-LM ``examples``, forwarded (no backward:
+    evaluation) in packed chunks of ``<= max_tokens`` tokens; the same sums as one forward of them all, up to
+    summation order. Every rank runs the same number of chunk forwards (stand-ins count 0)."""
+    nll, count = 0.0, 0.0
+    for chunk in budget_chunks(engine, [len(e[0]) for e in examples], max_tokens):
+        part_nll, part_count, _ = packed_lm_sums(engine, [examples[i] for i in chunk.rows], pad_id, capacity=max_tokens)
+        nll += chunk.weight * float(part_nll)
+        count += chunk.weight * float(part_count)
+    return nll, count

@@ -183,6 +183,13 @@ class SFTSettings(SupervisedSettings):
     output_dir: str = "runs/step1_sft"
     sft_only_data_path: list[str] = Field(default_factory=list, description="datasets used whole in step 1 only")
     print_loss: bool = Field(False, description="print every rank's loss at every step")
+    sequence_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Ulysses sequence parallelism: groups of this many ranks share each micro-batch, every rank "
+        "holding a slice of each (packed or padded) row; must divide the world and the model's attention heads "
+        "(README 'Sequence parallelism')",
+    )
 
 
 class RewardSettings(SupervisedSettings):

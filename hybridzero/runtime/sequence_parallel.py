@@ -20,8 +20,10 @@ Invariants:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,6 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from hybridzero.comm.collectives import Comm
+from hybridzero.packing import PackedBatch
+from hybridzero.runtime.sp_packing import shard_packed
 from hybridzero.runtime.ulysses import UlyssesAttention
 
 IGNORE_INDEX = -100
@@ -149,6 +153,21 @@ class SequenceParallel:
         """Whether a model runs this group's attention (between :meth:`attach` and :meth:`detach`)."""
         return bool(self._restore)
 
+    @contextlib.contextmanager
+    def local_attention(self) -> Iterator[None]:
+        """Inside: the model runs its own attention on whole, unsplit sequences (generation: a decode step's one
+        token cannot be split over ranks, so each rank generates for its own prompts on the gathered weights, with
+        no exchange); on exit it runs this group's Ulysses attention again (training forwards keep SP). Nothing is
+        re-registered; a no-op while detached."""
+        held = list(self._restore)
+        for cfg, impl in held:
+            cfg._attn_implementation = impl
+        try:
+            yield
+        finally:
+            for cfg, _ in held:
+                cfg._attn_implementation = self.name
+
     def detach(self) -> None:
         """Give the model its own attention implementation back (idempotent)."""
         while self._restore:
@@ -188,10 +207,28 @@ class SequenceParallel:
         positions = torch.arange(lo, hi, device=ids.device).expand(ids.shape[0], -1)
         return {"input_ids": ids[:, lo:hi], "position_ids": positions, "shift_labels": targets[:, lo:hi]}
 
+    def shard_packed(
+        self,
+        packed: PackedBatch,
+        labels: torch.Tensor | None = None,
+        pad_token_id: int = 0,
+        dtype: torch.dtype = torch.float32,
+    ) -> dict[str, torch.Tensor]:
+        """This rank's slice of packed rows (every rank of the SP group passes the same ``packed``): ``input_ids``,
+        per-sequence ``position_ids``, ``shift_labels`` and the whole row's block-causal ``attention_mask``
+        (:func:`hybridzero.runtime.sp_packing.shard_packed`). ``labels``: HF's per-slot labels (None: the tokens)."""
+        return shard_packed(packed, self.rank, self.size, labels, pad_token_id, dtype)
+
     # --- the loss ----------------------------------------------------------------------------------------------
     def loss(self, logits: torch.Tensor, shift_labels: torch.Tensor) -> torch.Tensor:
         """Per-token mean cross-entropy over the whole sequence, on every rank of the SP group (equal to the
         ``s = 1`` loss up to summation order): one all-reduce of (sum, count) in forward and one in backward."""
+        total, count = self.token_sums(logits, shift_labels)
+        return total / count.clamp(min=1.0)
+
+    def token_sums(self, logits: torch.Tensor, shift_labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(summed cross-entropy, target count)`` over the whole sequences, on every rank of the SP group: one
+        all-reduce in forward and one in backward (the gradient of the sum, as :meth:`loss`)."""
         total = F.cross_entropy(
             logits.float().reshape(-1, logits.shape[-1]),
             shift_labels.reshape(-1),
@@ -200,7 +237,7 @@ class SequenceParallel:
         )
         count = (shift_labels != IGNORE_INDEX).sum().to(total.dtype)
         both = _SumOverGroup.apply(torch.stack([total, count]), self.comm)
-        return both[0] / both[1].clamp(min=1.0)
+        return both[0], both[1]
 
 
 def _no_local_mask(*args: Any, **kwargs: Any) -> None:

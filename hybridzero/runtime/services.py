@@ -8,6 +8,7 @@ entry point over the module that does the work (:mod:`.hybrid`, :mod:`.checkpoin
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from typing import Any, cast
 
 import torch
@@ -21,6 +22,7 @@ from hybridzero.runtime.checkpointing import Checkpointable
 from hybridzero.runtime.failures import failure_guard, leave_synced_generation
 from hybridzero.runtime.hybrid import check_out_tokens, gathered_bytes, generation_mode, hybrid_generate
 from hybridzero.runtime.memory import memory_report
+from hybridzero.runtime.sequence_parallel import SequenceParallel
 from hybridzero.runtime.tp_generate import TensorParallelGenerator
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.gathered import GatheredParameters, HasParamOwner
@@ -41,6 +43,7 @@ class EngineServices:
     swapper: StateSwapper | None
     device: torch.device
     tp_generator: TensorParallelGenerator | None
+    sequence_parallel: SequenceParallel | None
 
     def release_held(self) -> None:
         """Provided by the engine (declared here for the type checker)."""
@@ -52,17 +55,23 @@ class EngineServices:
     def generate(self, *args: Any, max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
         """Hybrid-engine generation (HF ``generate`` arguments): parameters gathered once, no collective while
         decoding, shards untouched. See :mod:`hybridzero.runtime.hybrid`; with ``hybrid_engine.inference_tp_size``
-        > 1 the model is split over groups of ranks instead (:mod:`hybridzero.runtime.tp_generate`)."""
+        > 1 the model is split over groups of ranks instead (:mod:`hybridzero.runtime.tp_generate`). Under sequence
+        parallelism the model runs its own attention meanwhile: every rank generates for the prompts it passes, as
+        without SP (forwards outside keep the Ulysses attention)."""
+        with self._local_attention():  # SP: a decode step cannot be split; each rank generates for its own prompts
+            return self._generate(*args, max_gathered_bytes=max_gathered_bytes, **kwargs)
+
+    def _local_attention(self) -> contextlib.AbstractContextManager[None]:
+        """Under sequence parallelism: the model's own attention inside (``SequenceParallel.local_attention``)."""
+        sp = self.sequence_parallel
+        return sp.local_attention() if sp is not None else contextlib.nullcontext()
+
+    def _generate(self, *args: Any, max_gathered_bytes: int | None = None, **kwargs: Any) -> Any:
+        """:meth:`generate` with the attention as it is (local under SP)."""
         # Full mode exchanges nothing until exit, so an exception there (a stopping criterion, a logits processor) is
         # local: it reaches the caller unchanged and the engine stays usable. Bucketed mode (the same test as
         # generation_mode's) is HF's synced generation over the ZeRO-3 hooks: peers wait in collectives this rank
         # left, so an exception there is fatal to the group and reaches every peer as PeerFailure.
-        sp = self.config.sequence_parallel_size  # the same on every rank: refused before any collective
-        if sp > 1:
-            raise ValueError(
-                f"engine.generate is not supported with sequence_parallel_size = {sp} (the model runs Ulysses "
-                "attention over split sequences); generate with an engine built with sequence_parallel_size = 1"
-            )
         limit = self.config.hybrid_engine.max_out_tokens
         check_out_tokens(limit, args, kwargs)  # before the guard: a too-long request is not a group failure
         if self.tp_generator is not None:  # tensor-parallel: the group decodes one joint batch
@@ -82,10 +91,13 @@ class EngineServices:
                     leave_synced_generation(self.comm, exc, self.device)
                 raise
 
-    def generation_mode(self, max_gathered_bytes: int | None = None, keep_mode: bool = False) -> Any:
+    @contextlib.contextmanager
+    def generation_mode(self, max_gathered_bytes: int | None = None, keep_mode: bool = False) -> Iterator[str]:
         """``with engine.generation_mode():`` — the module runs on fully gathered parameters inside the block (in eval
-        mode; ``keep_mode``: in the mode it is in; every submodule's mode is restored on exit)."""
-        return generation_mode(self.coordinator, max_gathered_bytes, keep_mode)
+        mode; ``keep_mode``: in the mode it is in; every submodule's mode is restored on exit). Under sequence
+        parallelism the module runs its own attention inside, on whole sequences (as :meth:`generate`)."""
+        with self._local_attention(), generation_mode(self.coordinator, max_gathered_bytes, keep_mode) as mode:
+            yield mode
 
     def save_checkpoint(
         self,

@@ -96,12 +96,37 @@ def causal_mask(length: int, dtype: torch.dtype, device: torch.device, additive:
     return torch.where(allowed, zero, torch.finfo(dtype).min)[None, None]
 
 
+def core_mask(
+    given: torch.Tensor | None, length: int, dtype: torch.dtype, device: torch.device, additive: bool
+) -> torch.Tensor:
+    """The mask the core sees over a sequence of ``length`` keys: the causal mask when ``given`` is None, else
+    ``given`` (``[B or 1, 1, L, L]`` over the *whole* row, queries and keys: e.g. a packed row's block-causal mask,
+    identical on every rank of the group) as the core wants it: additive in ``dtype`` (0 = attend) or boolean.
+    A 4D mask over the local slice's queries (the model's own, which this module cannot use) is a ``ValueError``."""
+    if given is None:
+        return causal_mask(length, dtype, device, additive)
+    if given.ndim != 4 or tuple(given.shape[-2:]) != (length, length):
+        raise ValueError(
+            f"the attention mask under sequence parallelism must be 4D [batch, 1, {length}, {length}] over the whole "
+            f"(padded) row, identical on every rank of the group; got shape {tuple(given.shape)} "
+            "(SequenceParallel.shard_packed builds it for packed rows)"
+        )
+    if given.dtype == torch.bool:
+        if not additive:
+            return given
+        zero = torch.zeros((), dtype=dtype, device=given.device)
+        return torch.where(given, zero, torch.finfo(dtype).min)
+    return given.to(dtype)
+
+
 class UlyssesAttention:
     """An attention function for transformers' ``AttentionInterface``: exchange, core on the full sequence, exchange.
 
     ``core`` is the model's own kernel with HF's signature ``core(module, q, k, v, mask, scaling=..., dropout=...,
     **kwargs) -> (out [B, L, h, D], weights)``; ``additive_mask`` says whether it wants an additive float mask
-    (eager) or a boolean one (SDPA). ``local_in_eval``: a module in eval mode attends over its own (whole, unsplit)
+    (eager) or a boolean one (SDPA). A 4D mask the model passes through (a packed row's block-causal mask over the
+    whole row, :func:`core_mask`) replaces the causal one; without it the core is causal over the whole row.
+    ``local_in_eval``: a module in eval mode attends over its own (whole, unsplit)
     sequence without any exchange (DeepSpeed's ``disable_in_eval``). Holds no tensors between calls."""
 
     def __init__(self, comm: Comm, core: CoreAttention, additive_mask: bool, local_in_eval: bool = False) -> None:
@@ -121,12 +146,13 @@ class UlyssesAttention:
         **kwargs: Any,
     ) -> tuple[torch.Tensor, Any]:
         """``query [B, H, Lloc, D]``, ``key``/``value [B, H_kv, Lloc, D]`` -> ``([B, Lloc, H, D], None)``. The model's
-        mask (built for the local slice) is ignored: the causal mask of the full sequence replaces it."""
+        own mask is never built (:func:`~hybridzero.runtime.sequence_parallel.SequenceParallel.attach` registers none):
+        ``attention_mask`` is None (causal over the full sequence) or a 4D full-row mask given by the caller."""
         s = self.size
         b, heads, lloc, d = query.shape
         kv_heads = key.shape[1]
         if self.local_in_eval and not module.training:
-            mask = causal_mask(lloc, query.dtype, query.device, self.additive_mask)
+            mask = core_mask(attention_mask, lloc, query.dtype, query.device, self.additive_mask)
             kwargs.pop("position_ids", None)
             out, _ = self.core(_CoreView(module, heads // kv_heads), query, key, value, mask, **kwargs)
             return out, None
@@ -144,7 +170,7 @@ class UlyssesAttention:
         ).view(b, -1, lloc, d)
         full = seq_to_heads(qkv, s, self.comm)  # [B, (H + 2 H_kv) / s, L, D]
         q, k, v = full.split([heads // s, kv_heads // s, kv_heads // s], dim=1)
-        mask = causal_mask(s * lloc, q.dtype, q.device, self.additive_mask)
+        mask = core_mask(attention_mask, s * lloc, q.dtype, q.device, self.additive_mask)
         core_module = _CoreView(module, heads // kv_heads)
         kwargs.pop("position_ids", None)  # local positions: meaningless (and unused) on the full sequence
         out, _ = self.core(core_module, q, k, v, mask, **kwargs)

@@ -6,9 +6,12 @@ batches and then trains on them one after the other, all ranks together: the ``j
 ``r`` is slice ``r`` of rank ``j``'s batch (so one pass over the wrapped loader is ``s`` times as many micro-batches,
 and ``len`` says so). Per batch ``[B, L]``:
 
-* ``position_ids`` are the global positions ``0 .. L-1`` when the batch has none (given ones must count up by one
-  along each row: hybridzero's Ulysses attention is causal over the whole row, so packed rows whose positions restart
-  are refused rather than attended across);
+* ``position_ids`` are the global positions ``0 .. L-1`` when the batch has none. Given ones may restart inside a row
+  (packed rows, e.g. from ``DataCollatorWithFlattening``): as in Hugging Face, a position that does not count on by
+  one from its left neighbour starts a new sequence. A packed batch then also gets ``attention_mask``, the boolean
+  block-causal mask ``[B, 1, L, L]`` of the whole (padded) row, the same on every rank (a token sees only earlier
+  tokens of its own sequence; the Ulysses attention uses it in place of its causal mask), and a target that would
+  cross into the next sequence is ignored;
 * ``L`` is right-padded to a multiple of ``s``: ``input_ids`` with ``pad_token_id``, ``labels`` with ``-100``,
   ``position_ids`` counting on, other sequence tensors with 0;
 * ``labels`` are replaced by ``shift_labels`` (position ``t`` predicts ``labels[t + 1]``; the last position ``-100``),
@@ -18,7 +21,8 @@ and ``len`` says so). Per batch ``[B, L]``:
   are passed on whole. Yielded tensors are on the CPU (as DeepSpeed queues them); the caller moves them.
 
 ``attention_mask`` may only mark right padding (whose labels the collator sets to ``-100``): the attention is causal
-over the whole row and ignores the mask, so left padding or holes would be attended; they are refused.
+over the whole row (block-causal for packed rows) and ignores a 2D mask, so left padding or holes would be attended;
+they are refused.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ import torch.nn.functional as F
 
 IGNORE_INDEX = -100
 
-__all__ = ["UlyssesDataLoaderAdapter", "move_to_device", "shard_gathered"]
+__all__ = ["UlyssesDataLoaderAdapter", "move_to_device", "packed_segments", "shard_gathered"]
 
 
 def _checked_batch(batch: Any) -> dict[str, Any]:
@@ -48,10 +52,9 @@ def _checked_batch(batch: Any) -> dict[str, Any]:
     positions = out.get("position_ids")
     if positions is None:
         out["position_ids"] = torch.arange(ids.shape[1], device=ids.device).expand(ids.shape[0], -1).clone()
-    elif positions.shape != ids.shape or bool((positions[:, 1:] - positions[:, :-1] != 1).any()):
+    elif not torch.is_tensor(positions) or positions.shape != ids.shape:
         raise ValueError(
-            "position_ids must have input_ids' shape and count up by one along each row under hybridzero's Ulysses "
-            "sequence parallelism (causal attention over the whole row): packed rows are not supported"
+            f"position_ids must be a tensor of input_ids' shape {tuple(ids.shape)} under Ulysses sequence parallelism"
         )
     mask = out.get("attention_mask")
     if torch.is_tensor(mask) and bool((mask[:, 1:] > mask[:, :-1]).any()):
@@ -70,6 +73,23 @@ def _pad(key: str, t: torch.Tensor, extra: int, pad_token_id: int) -> torch.Tens
     return F.pad(t, (0, 0) * (t.ndim - 2) + (0, extra), value=value)
 
 
+def packed_segments(positions: torch.Tensor) -> torch.Tensor | None:
+    """``[B, L]`` sequence index of every position when some row's ``positions`` restart (a position that is not
+    its left neighbour's plus one starts a sequence), else None (pure)."""
+    starts = torch.ones_like(positions, dtype=torch.bool)
+    starts[:, 1:] = positions[:, 1:] != positions[:, :-1] + 1
+    if not bool(starts[:, 1:].any()):
+        return None
+    return starts.long().cumsum(dim=1)
+
+
+def _block_causal(segments: torch.Tensor) -> torch.Tensor:
+    """``[B, 1, L, L]`` boolean: query ``i`` may see key ``j`` iff ``j <= i`` in the same sequence (pure)."""
+    length = segments.shape[1]
+    causal = torch.ones(length, length, dtype=torch.bool, device=segments.device).tril()
+    return ((segments[:, :, None] == segments[:, None, :]) & causal)[:, None]
+
+
 def shard_gathered(batch: dict[str, Any], rank: int, size: int, pad_token_id: int = 0) -> dict[str, Any]:
     """Slice ``rank`` of ``size`` of one whole (checked) batch, with ``shift_labels`` instead of ``labels`` (pure;
     the module docstring says how)."""
@@ -85,6 +105,13 @@ def shard_gathered(batch: dict[str, Any], rank: int, size: int, pad_token_id: in
     labels = out.pop("labels")
     shifted = torch.full_like(labels, IGNORE_INDEX)
     shifted[:, :-1] = labels[:, 1:]
+    segments = packed_segments(out["position_ids"])
+    if segments is not None:  # packed rows: no target crosses into the next sequence; the whole row's mask
+        shifted[:, :-1] = shifted[:, :-1].masked_fill(segments[:, 1:] != segments[:, :-1], IGNORE_INDEX)
+        if extra:  # the padding continues each row's last sequence (its targets are ignored)
+            segments = torch.cat([segments, segments[:, -1:].expand(-1, extra)], dim=1)
+        out["attention_mask"] = _block_causal(segments).cpu()  # replaces a 2D mask (right padding only, checked)
+        seq_keys = [k for k in seq_keys if k != "attention_mask"]
     out["shift_labels"] = shifted
     seq_keys = [k if k != "labels" else "shift_labels" for k in seq_keys]
     local = (length + extra) // size

@@ -20,7 +20,17 @@ from __future__ import annotations
 
 import pytest
 
-from tests.workers.sequence_parallel import CASES, LAYERS, MICRO, SEQ, reference_gradients, sp_errors, sp_gradients
+from tests.workers.sequence_parallel import (
+    CASES,
+    LAYERS,
+    MICRO,
+    SEQ,
+    reference_generation,
+    reference_gradients,
+    sp_errors,
+    sp_generate,
+    sp_gradients,
+)
 
 
 def _a2a_bytes(kv: int, s: int = 2, heads: int = 4, head_dim: int = 6) -> int:
@@ -67,7 +77,20 @@ def test_sp_errors_name_value_and_fix(world) -> None:
         assert "'sdpa', 'eager'" in got["impl"]
         assert got["short"].startswith("sequence length 1 is shorter than sequence_parallel_size = 2"), got
         assert "pad on the right" in got["left_pad"], got
-        assert got["generate"].startswith("engine.generate is not supported with sequence_parallel_size = 2"), got
+
+
+def test_generate_under_sp_equals_s1(world) -> None:
+    """``engine.generate`` at s = 2 (world 2): each rank generates for its own prompts with the model's own attention
+    on the gathered weights (a one-token decode step cannot be split), full and bucketed; the greedy tokens equal the
+    plain model's (s = 1, no engine: the same weights and arithmetic, so exactly equal). The Ulysses attention is off
+    inside ``generation_mode`` and back after, and a training forward after generation runs SP (its all-to-alls)."""
+    for rank, got in enumerate(world(2).run(sp_generate, 2, timeout=300)):
+        want = reference_generation(rank)
+        for impl, kv in CASES:
+            case, res = f"{impl}/{kv}", got[f"{impl}/{kv}"]
+            assert res["tokens"] == want[case] and res["bucketed"] == want[case], (case, rank, res, want[case])
+            assert res["during"] == impl and res["after"].startswith("hybridzero_ulysses_"), (case, res)
+            assert res["a2a"] == 4 * LAYERS, (case, rank)
 
 
 def _example_run(seq_len: int, budget_mib: float) -> dict[str, object]:

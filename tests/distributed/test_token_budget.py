@@ -118,3 +118,22 @@ def test_max_tokens_per_batch_end_to_end_at_world_2(world, tmp_path) -> None:
         for key in ("actor_loss", "critic_loss", "reward", "kl"):
             if key in runs[0]:
                 _close(runs[0][key], runs[1][key], f"{'GRPO' if grpo else 'PPO'} {key}")
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_ptx_and_evaluation_token_budget_equal_whole(world, world_size: int) -> None:
+    """``--max_tokens_per_batch`` also chunks the ptx step (``ptx_update``: same loss, same parameters after two
+    steps, one micro-step each) and the SFT and reward-model evaluations (same metrics); tolerance as above."""
+    from tests.workers.token_budget import ptx_eval_budget_run
+
+    for rank, r in enumerate(world(world_size).run(ptx_eval_budget_run, "llama", timeout=300)):
+        where = f"world {world_size} rank {rank}"
+        for i, (a, b) in enumerate(r["ptx"]):
+            _close(a, b, f"{where} ptx loss of step {i}")
+        _same_tensors(r["params"], f"{where} parameter after 2 ptx steps")
+        assert r["counters"][0] == r["counters"][1] == (2, 1), f"{where} (micro_steps, global_steps)"
+        _close(*r["sft_eval"], f"{where} SFT eval_loss")
+        whole, chunked = r["reward_eval"]
+        assert whole.keys() == chunked.keys()
+        for key in whole:
+            _close(whole[key], chunked[key], f"{where} reward {key}")

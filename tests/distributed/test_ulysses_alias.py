@@ -27,7 +27,16 @@ from __future__ import annotations
 import torch
 
 from tests.conftest import WorldFactory
-from tests.workers.ulysses_alias import SEQ, STEPS, ds_named_run, loader_batches, reference_run, state_module_run
+from tests.workers.ulysses_alias import (
+    SEQ,
+    STEPS,
+    ds_named_packed_run,
+    ds_named_run,
+    loader_batches,
+    packed_reference,
+    reference_run,
+    state_module_run,
+)
 
 
 def test_deepspeed_named_ulysses_matches_s1(world: WorldFactory) -> None:
@@ -71,3 +80,13 @@ def test_parallel_state_sp_module_as_the_mpu(world: WorldFactory) -> None:
         assert r["again"].startswith("Ulysses sequence parallelism is already registered in this process"), r
         assert r["impl"].startswith("hybridzero_ulysses_") and r["sizes"] == (2, 1) and r["after"] == 0, r
         assert abs(r["loss"] - want) <= 1e-5 * abs(want), (r["loss"], want)
+
+
+def test_packed_rows_through_the_adapter_match_unpacked(world: WorldFactory) -> None:
+    """Packed loader batches (``DataCollatorWithFlattening``'s layout: positions restarting inside a row) through
+    ``UlyssesSPDataLoaderAdapter`` at s = 2 give each micro-batch's unpacked s = 1 loss (every sequence forwarded
+    alone), tolerance 1e-5 as above: the block-causal mask excludes exactly the keys the sequences lack alone."""
+    for r in world(2).run(ds_named_packed_run, timeout=300):
+        want = [packed_reference(0), packed_reference(1)]
+        for g, w in zip(r["losses"], want, strict=True):
+            assert abs(g - w) <= 1e-5 * abs(w), (r["losses"], want)

@@ -81,6 +81,20 @@ def test_unsupported_deepspeed_chat_flags_are_named(
     assert flag in err and reason in err
 
 
+@pytest.mark.parametrize("command", ["reward", "ppo", "grpo"])
+def test_sequence_parallel_size_is_sft_only(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([command, "--sequence_parallel_size", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--sequence_parallel_size 2 is not supported by this step: only sft runs with sequence parallelism" in err
+    from hybridzero.rlhf.settings import GRPOSettings, RewardSettings, SFTSettings
+
+    model = {"reward": RewardSettings, "ppo": PPOSettings, "grpo": GRPOSettings}[command]
+    off = settings_from_args(model, build_parser().parse_args([command, "--sequence_parallel_size", "1"]))
+    assert not hasattr(off, "sequence_parallel_size")  # the "off" value is accepted and changes nothing
+    sft = settings_from_args(SFTSettings, build_parser().parse_args(["sft", "--sequence_parallel_size", "2"]))
+    assert isinstance(sft, SFTSettings) and sft.sequence_parallel_size == 2
+
+
 def test_bad_values_and_batch_arithmetic(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["ppo", "--actor_zero_stage", "5"])

@@ -3,7 +3,8 @@
 * the data loader adapter's sharding of one whole batch (``shard_gathered``): right-padding to a multiple of s with
   the right fill per key, global ``position_ids``, ``shift_labels`` shifted on the whole row before the split, other
   values passed whole; concatenated over the ranks it is the padded, shifted batch;
-* what it refuses, naming the key and the fix: packed ``position_ids``, left padding, missing labels;
+* packed rows (restarting ``position_ids``): the whole row's block-causal mask, no target across sequences;
+* what it refuses, naming the key and the fix: position_ids of another shape, left padding, missing labels;
 * ``register_with_transformers``' refusals before any group is formed (a hub name, a core implementation that is not
   the model's, an unsplittable one) and the config's ``sequence_parallel_size`` against the mpu's.
 """
@@ -14,7 +15,7 @@ import pytest
 import torch
 
 from hybridzero.runtime.initialize import with_sequence_parallel
-from hybridzero.runtime.ulysses_data import _checked_batch, move_to_device, shard_gathered
+from hybridzero.runtime.ulysses_data import _checked_batch, move_to_device, packed_segments, shard_gathered
 from hybridzero.runtime.ulysses_hf import REGISTRY, register_with_transformers
 from tests.harness.models import tiny_llama
 
@@ -41,10 +42,27 @@ def test_shards_concatenate_to_the_padded_shifted_batch() -> None:
     assert torch.equal(torch.cat([p["attention_mask"] for p in parts], dim=1)[:, 13:], torch.zeros(2, 2).long())
 
 
+def test_packed_rows_get_the_whole_rows_block_causal_mask() -> None:
+    """Positions restarting inside a row (two sequences of 3 and 4 tokens, 7 -> 8 positions at s = 2): per-sequence
+    positions sliced, the boolean block-causal mask of the whole padded row on every rank, no target across."""
+    ids = torch.arange(10, 17)[None]
+    positions = torch.tensor([[0, 1, 2, 0, 1, 2, 3]])
+    whole = _checked_batch({"input_ids": ids, "labels": ids, "position_ids": positions})
+    parts = [shard_gathered(whole, r, 2) for r in range(2)]
+    assert torch.equal(torch.cat([p["position_ids"] for p in parts], dim=1), torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4]]))
+    targets = torch.cat([p["shift_labels"] for p in parts], dim=1)
+    assert targets.tolist() == [[11, 12, -100, 14, 15, 16, -100, -100]]
+    segments = torch.tensor([0, 0, 0, 1, 1, 1, 1, 1])
+    want = (segments[:, None] == segments[None, :]) & torch.ones(8, 8, dtype=torch.bool).tril()
+    for p in parts:
+        assert p["attention_mask"].dtype == torch.bool and torch.equal(p["attention_mask"], want[None, None])
+    assert packed_segments(torch.arange(5)[None]) is None
+
+
 def test_refusals_name_the_key_and_the_fix() -> None:
     ids = torch.ones(1, 6, dtype=torch.long)
-    with pytest.raises(ValueError, match="packed rows are not supported"):
-        _checked_batch({"input_ids": ids, "labels": ids, "position_ids": torch.tensor([[0, 1, 2, 0, 1, 2]])})
+    with pytest.raises(ValueError, match="position_ids must be a tensor of input_ids' shape"):
+        _checked_batch({"input_ids": ids, "labels": ids, "position_ids": torch.tensor([[0, 1, 2]])})
     with pytest.raises(ValueError, match="pad on the right"):
         _checked_batch({"input_ids": ids, "labels": ids, "attention_mask": torch.tensor([[0, 1, 1, 1, 1, 1]])})
     with pytest.raises(ValueError, match="need tensor labels"):

@@ -127,9 +127,67 @@ def sp_errors() -> dict[str, str]:
         engine.sequence_parallel.shard_batch(torch.ones(1, 4, dtype=torch.long), attention_mask=mask)
     except ValueError as exc:
         got["left_pad"] = str(exc)
-    try:
-        engine.generate(torch.ones(1, 4, dtype=torch.long), max_new_tokens=1)
-    except ValueError as exc:
-        got["generate"] = str(exc)
     engine.destroy()
     return got
+
+
+def generation_prompts(rank: int, vocab: int = 113) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(input_ids, attention_mask)`` of rank ``rank``'s own three prompts of 5 slots (one left-padded to 3 real
+    tokens): different on every rank."""
+    g = torch.Generator().manual_seed(77 + rank)
+    ids = torch.randint(3, vocab, (3, 5), generator=g)
+    mask = torch.ones_like(ids)
+    ids[2, :2], mask[2, :2] = 0, 0
+    return ids, mask
+
+
+GEN_TOKENS = 6
+
+
+def sp_generate(sp: int) -> dict[str, Any]:
+    """Per case: the greedy tokens ``engine.generate`` gives for this rank's own prompts at ``sequence_parallel_size``
+    ``sp`` (bucketed too), and the attention implementation during and after generation, with an SP training forward
+    after it (its all-to-all count)."""
+    import hybridzero
+
+    hybridzero.init_distributed()
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    out: dict[str, Any] = {}
+    for impl, kv in CASES:
+        model = sp_model(kv, impl)
+        engine, _, _, _ = hybridzero.initialize(model=model, config=sp_config(world, sp))
+        ids, mask = generation_prompts(rank)
+        kwargs = {"attention_mask": mask, "max_new_tokens": GEN_TOKENS, "do_sample": False, "pad_token_id": 0}
+        tokens = engine.generate(ids, **kwargs)
+        bucketed = engine.generate(ids, max_gathered_bytes=1, **kwargs)
+        with engine.generation_mode():
+            during = model.config._attn_implementation
+        ledger = engine.comm_ledger()
+        ledger.reset()
+        batch = engine.sequence_parallel.shard_batch(global_batches(world // sp)[0, rank // sp]) if sp > 1 else None
+        if batch is not None:
+            logits = engine(input_ids=batch["input_ids"], position_ids=batch["position_ids"]).logits
+            engine.backward(engine.sequence_parallel.loss(logits, batch["shift_labels"]))
+        out[f"{impl}/{kv}"] = {
+            "tokens": tokens.tolist(),
+            "bucketed": bucketed.tolist(),
+            "during": during,
+            "after": model.config._attn_implementation,
+            "a2a": ledger.total("sp_all_to_all", "sp").calls,
+        }
+        engine.destroy()
+    return out
+
+
+def reference_generation(rank: int) -> dict[str, list[list[int]]]:
+    """Per case: the plain model's greedy tokens (HF ``generate``, no engine) for rank ``rank``'s prompts."""
+    out = {}
+    for impl, kv in CASES:
+        model = sp_model(kv, impl).eval()
+        ids, mask = generation_prompts(rank)
+        with torch.no_grad():
+            tokens = model.generate(
+                ids, attention_mask=mask, max_new_tokens=GEN_TOKENS, do_sample=False, pad_token_id=0
+            )
+        out[f"{impl}/{kv}"] = tokens.tolist()
+    return out

@@ -222,3 +222,44 @@ def reward_budget_run(name: str) -> dict[str, Any]:
         "params": (_full_params(whole), _full_params(chunked)),
         "counters": (_counters(whole), _counters(chunked)),
     }
+
+
+def _lm_batch(examples: list[tuple[list[int], list[int]]]) -> dict[str, torch.Tensor]:
+    """A right-padded ptx batch (labels: the tokens, -100 on padding) of the examples' token lists."""
+    from hybridzero.rlhf.data.tokens import pad_sequences
+
+    ids = pad_sequences([e[0] for e in examples], 0)
+    mask = pad_sequences([[1] * len(e[0]) for e in examples], 0)
+    return {"input_ids": ids, "attention_mask": mask, "labels": ids.masked_fill(mask == 0, -100)}
+
+
+def ptx_eval_budget_run(name: str) -> dict[str, Any]:
+    """One rank, whole vs chunked by :data:`BUDGET`: two ptx steps (``ptx_update``: losses, parameters after, the
+    counters), SFT evaluation (``eval_loss``) and reward-model evaluation (all metrics) of held-out data."""
+    from hybridzero.rlhf.steps.reward_model import _evaluate as reward_eval
+    from hybridzero.rlhf.steps.rl.step3 import ptx_update
+    from hybridzero.rlhf.steps.sft import _evaluate as sft_eval
+
+    rank = torch.distributed.get_rank()
+    whole, chunked = _engines(name, seed=7)
+    vocab = int(whole.module.config.vocab_size)
+    ptx = []
+    for step in range(2):
+        batch = _lm_batch(_examples(vocab, rank, 10 + step))
+        ptx.append((ptx_update(whole, batch, 0.5), ptx_update(chunked, batch, 0.5, BUDGET)))
+    held_out = _examples(vocab, 0, 20) + _examples(vocab, 1, 21)  # the same list on every rank, strided by rank
+    sft = (sft_eval(whole, held_out, 0, 3)["eval_loss"], sft_eval(chunked, held_out, 0, 3, BUDGET)["eval_loss"])
+    out = {
+        "ptx": ptx,
+        "params": (_full_params(whole), _full_params(chunked)),
+        "counters": (_counters(whole), _counters(chunked)),
+        "sft_eval": sft,
+    }
+    critics = _engines(name, seed=8, value_head=True)
+    g = torch.Generator().manual_seed(31)
+    pairs = [
+        tuple(torch.randint(3, vocab, (n,), generator=g).tolist() for n in lengths)
+        for lengths in ((5, 4), (3, 6), (2, 7), (4, 4), (6, 5))
+    ]
+    out["reward_eval"] = (reward_eval(critics[0], pairs, 0, 3), reward_eval(critics[1], pairs, 0, 3, BUDGET))
+    return out

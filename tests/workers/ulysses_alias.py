@@ -199,3 +199,78 @@ def state_module_run() -> dict[str, Any]:
         }
     finally:
         uninstall()
+
+
+PACKED_LENGTHS = ((5, 8), (4, 6, 3))  # each row's sequences (13 slots: padded to 14, a sequence crosses slot 7)
+
+
+def packed_loader_batches(rank: int) -> list[dict[str, torch.Tensor]]:
+    """Rank ``rank``'s one packed batch, as ``DataCollatorWithFlattening`` builds rows: sequences concatenated,
+    ``position_ids`` restarting at 0, each sequence's first label -100; the sequences as a list too (not a tensor of
+    the batch's shape, so the adapter passes it on whole)."""
+    gen = torch.Generator().manual_seed(555 + rank)
+    ids, positions, labels, seqs = [], [], [], []
+    for lengths in PACKED_LENGTHS:
+        parts = [torch.randint(3, 113, (n,), generator=gen) for n in lengths]
+        seqs.extend(p.tolist() for p in parts)
+        ids.append(torch.cat(parts))
+        positions.append(torch.cat([torch.arange(n) for n in lengths]))
+        labels.append(torch.cat([torch.cat([torch.tensor([-100]), p[1:]]) for p in parts]))
+    return [{"input_ids": torch.stack(ids), "position_ids": torch.stack(positions), "labels": torch.stack(labels)}]
+
+
+def packed_reference(rank: int) -> float:
+    """The s = 1 loss of rank ``rank``'s packed batch, unpacked: every sequence forwarded alone by the plain model,
+    the per-token mean of all their next-token losses."""
+    model = ulysses_model()
+    total, count = 0.0, 0
+    batch = packed_loader_batches(rank)[0]
+    with torch.no_grad():
+        for row, lengths in enumerate(PACKED_LENGTHS):
+            start = 0
+            for n in lengths:
+                seq = batch["input_ids"][row, start : start + n][None]
+                logits = model(input_ids=seq).logits[0, :-1]
+                total += float(torch.nn.functional.cross_entropy(logits, seq[0, 1:], reduction="sum"))
+                count += n - 1
+                start += n
+    return total / count
+
+
+def ds_named_packed_run() -> dict[str, Any]:
+    """s = 2 through DeepSpeed's names with packed loader batches: this rank's losses of the group's two
+    micro-batches (rank 0's batch, then rank 1's; one optimizer step after both, so both precede any update)."""
+    from hybridzero.deepspeed_alias import install, uninstall
+
+    assert install()
+    try:
+        import deepspeed
+        from deepspeed.runtime.sequence_parallel.ulysses_sp import UlyssesSPAttentionHF, UlyssesSPDataLoaderAdapter
+        from transformers.integrations.deepspeed import deepspeed_sp_compute_loss
+
+        deepspeed.init_distributed()
+        world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+        model = ulysses_model()
+        mpu = UlyssesSPAttentionHF.register_with_transformers(
+            model_name_or_path=model,
+            core_attn_implementation="sdpa",
+            sequence_parallel_size=2,
+            micro_batch_size=MICRO,
+            seq_length=None,
+            seq_length_is_variable=True,
+        )
+        engine, *_ = deepspeed.initialize(model=model, config=ds_config(world, 2, 2), mpu=mpu)
+        dl = UlyssesSPDataLoaderAdapter(
+            packed_loader_batches(rank), rank, mpu.get_sequence_parallel_group(), 2, torch.device("cpu")
+        )
+        pc = SimpleNamespace(sp_backend="deepspeed", sp_size=2)
+        losses = []
+        for _ in range(2):
+            loss = deepspeed_sp_compute_loss(None, engine, next(dl), False, pc)
+            engine.backward(loss)
+            losses.append(loss.item())
+        engine.step()
+        engine.destroy()
+        return {"losses": losses}
+    finally:
+        uninstall()

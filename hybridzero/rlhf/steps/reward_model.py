@@ -106,8 +106,26 @@ def _reduce(engine: Engine, sums: dict[str, float], prefix: str = "") -> dict[st
     }
 
 
-def _evaluate(engine: Engine, pairs: list[Pair], pad_id: int, batch: int) -> dict[str, float]:
-    """Held-out metrics; every rank runs the same number of forwards (a finished rank scores weight-0 stand-ins)."""
+def _budget_scores(
+    engine: Engine, pairs: list[Pair], pad_id: int, max_tokens: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`_scores` forwarded in packed chunks of whole pairs holding ``<= max_tokens`` tokens (evaluation under
+    ``--max_tokens_per_batch``); stand-in chunks' scores are dropped."""
+    chosen, rejected = torch.zeros(len(pairs)), torch.zeros(len(pairs))
+    for chunk in budget_chunks(engine, [len(c) + len(r) for c, r in pairs], max_tokens, "pair (chosen + rejected)"):
+        ids, mask = (t.to(engine.device) for t in pair_batch([pairs[i] for i in chunk.rows], pad_id))
+        scores = packed_last_values(engine, ids, mask, capacity=max_tokens).float().cpu()
+        if chunk.weight:
+            rows = torch.tensor(chunk.rows)
+            chosen[rows], rejected[rows] = scores[: len(rows)], scores[len(rows) :]
+    return chosen, rejected
+
+
+def _evaluate(
+    engine: Engine, pairs: list[Pair], pad_id: int, batch: int, max_tokens: int | None = None
+) -> dict[str, float]:
+    """Held-out metrics; every rank runs the same number of forwards (a finished rank scores weight-0 stand-ins).
+    ``max_tokens``: each eval batch scored in packed chunks (:func:`_budget_scores`)."""
     rank, world = engine.comm.rank, engine.comm.world_size
     mine = pairs[rank::world]
     rounds = math.ceil(math.ceil(len(pairs) / world) / batch)
@@ -116,7 +134,11 @@ def _evaluate(engine: Engine, pairs: list[Pair], pad_id: int, batch: int) -> dic
     with torch.no_grad():
         for i in range(rounds):
             chunk = mine[i * batch : (i + 1) * batch]
-            chosen, rejected = _scores(engine, chunk or pairs[:1], pad_id)
+            part = chunk or pairs[:1]
+            if max_tokens is not None:
+                chosen, rejected = _budget_scores(engine, part, pad_id, max_tokens)
+            else:
+                chosen, rejected = _scores(engine, part, pad_id)
             if chunk:
                 for k, v in pair_stats(chosen, rejected)[1].items():
                     sums[k] += v
@@ -180,7 +202,7 @@ def train_reward(s: RewardSettings) -> dict[str, Any]:
         total_steps=total,
         micro_step=micro_step,
         reduce=lambda sums: _reduce(engine, sums),
-        evaluate=lambda: _evaluate(engine, eval_pairs, pad_id, s.per_device_eval_batch_size),
+        evaluate=lambda: _evaluate(engine, eval_pairs, pad_id, s.per_device_eval_batch_size, s.max_tokens_per_batch),
         step_line=lambda step, n, epoch, m: (
             f"reward step {step}/{n} loss {m['loss']:.4f} "
             f"acc {m['accuracy']:.3f} chosen {m['chosen_score']:.3f} "

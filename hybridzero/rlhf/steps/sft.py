@@ -26,9 +26,9 @@ from hybridzero.rlhf.engines import global_sum
 from hybridzero.rlhf.models import add_eot_token, load_causal_lm, load_tokenizer, save_causal_lm
 from hybridzero.rlhf.runlog.metrics import open_runlog
 from hybridzero.rlhf.settings import SFTSettings
-from hybridzero.rlhf.steps.supervised import LoopSpec, run_loop, supervised_engine
+from hybridzero.rlhf.steps.supervised import LoopSpec, data_rank, run_loop, supervised_engine
 from hybridzero.runtime.engine import Engine
-from hybridzero.token_budget import budget_lm_backward
+from hybridzero.token_budget import budget_lm_backward, budget_lm_sums
 
 __all__ = ["sft_batch", "train_sft"]
 
@@ -53,34 +53,62 @@ def _tokenize(
     return out, truncated
 
 
-def _evaluate(engine: Engine, examples: list[tuple[list[int], list[int]]], pad_id: int, batch: int) -> dict[str, float]:
-    """Token-mean loss and perplexity over ``examples`` (this rank's strided share, summed over ranks).
+def _sums(engine: Engine, b: dict[str, torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(summed next-token cross-entropy, label-token count)`` of a padded SFT batch; under sequence parallelism
+    over the whole rows (this rank's slice forwarded; the same numbers on every rank of the SP group)."""
+    dev = engine.device
+    sp = engine.sequence_parallel
+    if sp is not None:
+        part = {
+            k: v.to(dev) for k, v in sp.shard_batch(b["input_ids"], b["labels"], b["attention_mask"], pad_id).items()
+        }
+        logits = engine(input_ids=part["input_ids"], position_ids=part["position_ids"], use_cache=False).logits
+        return sp.token_sums(logits, part["shift_labels"])
+    logits = engine(input_ids=b["input_ids"].to(dev), attention_mask=b["attention_mask"].to(dev)).logits.float()
+    labels = b["labels"][:, 1:].to(dev)
+    total = torch.nn.functional.cross_entropy(
+        logits[:, :-1].reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=IGNORE_INDEX, reduction="sum"
+    )
+    return total, (labels != IGNORE_INDEX).sum().to(total.dtype)
+
+
+def _eval_sums(
+    engine: Engine, part: list[tuple[list[int], list[int]]], pad_id: int, max_tokens: int | None
+) -> tuple[float, float]:
+    """``(nll sum, label tokens)`` of one eval batch: padded (SP: sliced) or, under a token budget, packed chunks."""
+    if max_tokens is not None:
+        return budget_lm_sums(engine, part, pad_id, max_tokens)
+    total, count = _sums(engine, sft_batch(part, pad_id), pad_id)
+    return float(total), float(count)
+
+
+def _evaluate(
+    engine: Engine,
+    examples: list[tuple[list[int], list[int]]],
+    pad_id: int,
+    batch: int,
+    max_tokens: int | None = None,
+) -> dict[str, float]:
+    """Token-mean loss and perplexity over ``examples`` (this data rank's strided share, summed over ranks);
+    ``max_tokens`` (``--max_tokens_per_batch``): each eval batch forwarded in packed chunks of at most that many
+    tokens (:func:`~hybridzero.token_budget.budget_lm_sums`, the same sums).
 
     Every rank runs the same number of forwards (ZeRO-3 forwards are collective): a rank whose share ran out
-    scores a stand-in batch with weight 0.
+    scores a stand-in batch with weight 0; so do all but one rank of each SP group (they hold the group's sums).
     """
-    rank, world = engine.comm.rank, engine.comm.world_size
+    rank, world = data_rank(engine)
+    counted = engine.sequence_parallel is None or engine.sequence_parallel.rank == 0
     mine = examples[rank::world]
     rounds = math.ceil(math.ceil(len(examples) / world) / batch)
-    nll, tokens = 0.0, 0
+    nll, tokens = 0.0, 0.0
     engine.eval()
     with torch.no_grad():
         for i in range(rounds):
             chunk = mine[i * batch : (i + 1) * batch]
-            weight = 1 if chunk else 0
-            b = sft_batch(chunk or examples[:1], pad_id)
-            logits = engine(
-                input_ids=b["input_ids"].to(engine.device), attention_mask=b["attention_mask"].to(engine.device)
-            ).logits.float()
-            labels = b["labels"][:, 1:].to(engine.device)
-            loss = torch.nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.shape[-1]),
-                labels.reshape(-1),
-                ignore_index=IGNORE_INDEX,
-                reduction="sum",
-            )
-            nll += weight * float(loss)
-            tokens += weight * int((labels != IGNORE_INDEX).sum())
+            weight = 1 if chunk and counted else 0
+            part_nll, part_tokens = _eval_sums(engine, chunk or examples[:1], pad_id, max_tokens)
+            nll += weight * part_nll
+            tokens += weight * part_tokens
     engine.train()
     total_nll, total_tokens = global_sum(engine, [nll, tokens])
     mean = total_nll / max(total_tokens, 1.0)
@@ -101,6 +129,8 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
         add_eot_token(tok, s.eot_token)
     pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
     model, hf_config = load_causal_lm(s.model_name_or_path, tok, s.seed, s.dropout)
+    if s.packing_samples:  # before the engine: under sequence parallelism it switches the attention to Ulysses
+        check_packable(hf_config)
     train_recs, eval_recs = phase_train_eval(
         s.data_path, s.data_split, 1, None, s.seed, s.data_root, s.eval_fraction
     )  # a DeepSpeed-Chat dataset's own test split where it has one, else a held-out eval_fraction
@@ -117,10 +147,8 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
     log.print(
         f"SFT: {len(train_ex)} train / {len(eval_ex)} eval examples ({cut} truncated to {s.max_seq_len} "
         f"tokens), {total} steps of {global_batch} sequences at world {engine.comm.world_size}"
+        f"{f' (sequence_parallel_size {s.sequence_parallel_size})' if s.sequence_parallel_size > 1 else ''}"
     )
-
-    if s.packing_samples:
-        check_packable(hf_config)
 
     def micro_step(indices: list[int]) -> dict[str, float]:
         examples = [train_ex[i] for i in indices]
@@ -129,6 +157,10 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
             return _finish(value, real, slots)
         if s.packing_samples:  # same sequences, same token-mean loss, no padding (hybridzero.packed_forward)
             loss, real, slots = packed_lm_loss(engine, examples, pad_id)
+        elif engine.sequence_parallel is not None:  # each rank a slice of the padded rows, the whole rows' loss
+            b = sft_batch(examples, pad_id)
+            total, count = _sums(engine, b, pad_id)
+            loss, real, slots = total / count.clamp(min=1.0), int(b["attention_mask"].sum()), b["input_ids"].numel()
         else:
             b = {n: v.to(engine.device) for n, v in sft_batch(examples, pad_id).items()}
             loss, real, slots = engine(**b).loss, int(b["attention_mask"].sum()), b["input_ids"].numel()
@@ -152,7 +184,7 @@ def train_sft(s: SFTSettings) -> dict[str, Any]:
         total_steps=total,
         micro_step=micro_step,
         reduce=lambda sums: _reduce(engine, sums),
-        evaluate=lambda: _evaluate(engine, eval_ex, pad_id, s.per_device_eval_batch_size),
+        evaluate=lambda: _evaluate(engine, eval_ex, pad_id, s.per_device_eval_batch_size, s.max_tokens_per_batch),
         step_line=lambda step, n, epoch, m: f"sft step {step}/{n} epoch {epoch} loss {m['loss']:.4f} lr {m['lr']:.2e}",
         eval_line=lambda epoch, ev: (
             f"sft epoch {epoch}: eval loss {ev['eval_loss']:.4f} perplexity {ev['perplexity']:.3f}"

@@ -1,10 +1,11 @@
 """The optimizer-step loop steps 1 and 2 share: epochs of seeded global batches, per-step global metrics,
 periodic and per-epoch evaluation, logs, a progress bar.
 
-A step consumes one global batch of ``micro x W x accumulation`` items; rank ``r`` takes its contiguous slice and
-runs ``accumulation`` micro-steps through ``micro_step(indices) -> local sums``; ``reduce(sums) -> metrics`` turns
-the summed local numbers into global means (one counted all-reduce). Evaluation is collective too (every rank calls
-``evaluate``), so every rank returns the same numbers.
+A step consumes one global batch of ``micro x D x accumulation`` items (``D`` data-parallel ranks: the world
+``W``, or ``W / s`` under sequence parallelism, whose ``s`` ranks share a slice); data rank ``r`` takes its
+contiguous slice and runs ``accumulation`` micro-steps through ``micro_step(indices) -> local sums``;
+``reduce(sums) -> metrics`` turns the summed local numbers into global means (one counted all-reduce). Evaluation
+is collective too (every rank calls ``evaluate``), so every rank returns the same numbers.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from hybridzero.rlhf.runlog.metrics import RunLog
 from hybridzero.rlhf.settings import SupervisedSettings
 from hybridzero.runtime.engine import Engine
 
-__all__ = ["LoopSpec", "run_loop", "supervised_engine"]
+__all__ = ["LoopSpec", "data_rank", "run_loop", "supervised_engine"]
 
 Sums = dict[str, float]
 
@@ -70,10 +71,19 @@ class LoopSpec:
         )
 
 
+def data_rank(engine: Engine) -> tuple[int, int]:
+    """``(rank, size)`` of this rank in the batch dealing: its data-parallel rank and size (under sequence
+    parallelism the ranks of one SP group share each micro-batch), else its world rank and size."""
+    sp = engine.sequence_parallel
+    return (sp.dp_rank, sp.dp_size) if sp is not None else (engine.comm.rank, engine.comm.world_size)
+
+
 def supervised_engine(model: nn.Module, s: SupervisedSettings, n_train: int, what: str) -> tuple[Engine, int, int]:
-    """``(engine, total_steps, global_batch)`` for step 1 or 2 settings ``s`` over ``n_train`` training items."""
+    """``(engine, total_steps, global_batch)`` for step 1 or 2 settings ``s`` over ``n_train`` training items
+    (``global_batch`` counts data-parallel ranks: the world over ``sequence_parallel_size``, a step 1 key)."""
     world = world_comm().world_size
-    global_batch = s.per_device_train_batch_size * world * s.gradient_accumulation_steps
+    sp = int(getattr(s, "sequence_parallel_size", 1))
+    global_batch = s.per_device_train_batch_size * max(world // sp, 1) * s.gradient_accumulation_steps
     total = steps_per_epoch(n_train, global_batch, what) * s.num_train_epochs
     if s.max_steps is not None:
         total = min(total, s.max_steps)
@@ -88,6 +98,9 @@ def supervised_engine(model: nn.Module, s: SupervisedSettings, n_train: int, wha
         clipping=s.gradient_clipping,
         offload=s.offload,  # DeepSpeed-Chat's --offload: ZeRO-Offload of the optimizer (and stage-3 parameters)
     )
+    if sp > 1:  # the engine checks it divides the world and the heads (one line naming the key)
+        cfg["sequence_parallel_size"] = sp
+        cfg["train_batch_size"] = global_batch
     head = ("v_head",) if isinstance(model, ValueHeadModel) else ()  # step 2 trains its head (DS-Chat)
     lora = LoRASpec(s.lora_dim, s.lora_module_name, s.only_optimize_lora, s.lora_learning_rate, s.seed, head)
     engine = build_engine(model, cfg, checkpointing=s.gradient_checkpointing, optim=optim, lora=lora)
@@ -107,9 +120,9 @@ def _one_step(engine: Engine, spec: LoopSpec, mine: list[int]) -> dict[str, floa
 def run_loop(engine: Engine, spec: LoopSpec, log: RunLog) -> dict[str, float]:
     """Train for ``spec.total_steps`` steps over at most ``spec.epochs`` epochs; returns the last metrics merged
     with the last evaluation."""
-    rank, world = engine.comm.rank, engine.comm.world_size
+    rank, world = data_rank(engine)
     span = spec.micro * world * spec.accumulation
-    bar = tqdm(total=spec.total_steps, desc=spec.phase, disable=not (spec.progress and rank == 0))
+    bar = tqdm(total=spec.total_steps, desc=spec.phase, disable=not (spec.progress and engine.comm.rank == 0))
     step, metrics = 0, {}
     for epoch in range(spec.epochs):
         if step >= spec.total_steps:

@@ -183,7 +183,9 @@ def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
                     mb_adv = mb_adv[:, None] * gb.rb.is_weights[lo:hi, c_lo : c_hi - 1]
                 stats.append(grpo_update(run, mb, mb_adv, gb.trains[lo:hi], ~gb.skipped[lo:hi]))
                 if run.ptx is not None:
-                    ptx_losses.append(ptx_update(roles.actor, run.ptx.next_batch(), s.unsup_coef))
+                    ptx_losses.append(
+                        ptx_update(roles.actor, run.ptx.next_batch(), s.unsup_coef, s.max_tokens_per_batch)
+                    )
     train_s = time.perf_counter() - t1
     if roles.ema is not None:  # 5. EMA
         roles.ema.ema_update_from(roles.actor, s.ema_beta)

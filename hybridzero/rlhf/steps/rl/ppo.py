@@ -135,7 +135,9 @@ def ppo_iteration(run: Step3, it: int) -> dict[str, float]:
                     )
                 )
                 if run.ptx is not None:
-                    ptx_losses.append(ptx_update(roles.actor, run.ptx.next_batch(), s.unsup_coef))
+                    ptx_losses.append(
+                        ptx_update(roles.actor, run.ptx.next_batch(), s.unsup_coef, s.max_tokens_per_batch)
+                    )
     train_s = time.perf_counter() - t1
     if roles.ema is not None:  # 4. EMA
         roles.ema.ema_update_from(roles.actor, s.ema_beta)

@@ -36,6 +36,7 @@ from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.rollout.generate import Rollout, make_experience, rollout, rollout_stats
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
 from hybridzero.runtime.engine import Engine
+from hybridzero.token_budget import budget_lm_backward
 
 __all__ = [
     "Monitor",
@@ -264,16 +265,25 @@ def step_both(actor: Engine, critic: Engine | None) -> bool:
     return any(overflow)
 
 
-def ptx_update(actor: Engine, batch: dict[str, torch.Tensor], coef: float) -> float:
+def ptx_update(actor: Engine, batch: dict[str, torch.Tensor], coef: float, max_tokens: int | None = None) -> float:
     """DeepSpeed-Chat's unsupervised step: ``coef x`` the LM loss (global token mean) as a separate actor step;
-    returns the global mean LM loss (before ``coef``)."""
-    batch = {k: v.to(actor.device) for k, v in batch.items()}
+    returns the global mean LM loss (before ``coef``). ``max_tokens`` (``--max_tokens_per_batch``): the batch's
+    sequences forwarded and backwarded in packed chunks of at most that many tokens, the same loss
+    (:func:`~hybridzero.token_budget.budget_lm_backward`)."""
     labels = batch["labels"]
     n_tokens = float((labels[:, 1:] != -100).sum())
-    loss = actor(**batch).loss
-    actor.backward(coef * loss * global_scale(actor, n_tokens))
+    scale = coef * global_scale(actor, n_tokens)
+    if max_tokens is not None:
+        lengths = batch["attention_mask"].sum(dim=1).tolist()
+        examples = [(batch["input_ids"][b, :n].tolist(), labels[b, :n].tolist()) for b, n in enumerate(lengths)]
+        value = budget_lm_backward(actor, examples, 0, max_tokens, scale=scale)[0]
+    else:
+        moved = {k: v.to(actor.device) for k, v in batch.items()}
+        loss = actor(**moved).loss
+        actor.backward(loss * scale)
+        value = float(loss.detach())
     step_both(actor, None)
-    total, count = global_sum(actor, [float(loss.detach()) * n_tokens, n_tokens])
+    total, count = global_sum(actor, [value * n_tokens, n_tokens])
     return total / max(count, 1.0)
 
 
