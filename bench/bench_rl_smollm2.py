@@ -42,13 +42,8 @@ PER_ITERATION = 8 * 4
 
 def _ours(a: argparse.Namespace, variant: str, world: int, out: Path) -> dict[str, Any]:
     args = ["chat", "--model", a.model, "--prompts", str(a.prompts), "--out", str(out)]
-    wall = _torchrun(
-        sys.executable,
-        world,
-        "rl_peer_ours.py",
-        [*args, "--iterations", str(a.iterations), *VARIANTS[variant]],
-        out / "run.log",
-    )
+    extra = ["--iterations", str(a.iterations), *VARIANTS[variant]]
+    wall = _torchrun(world, "rl_peer_ours.py", [*args, *extra], out / "run.log")
     r = json.loads((out / "ours_result.json").read_text())
     its, gens = r["iteration_s"], r["generation_iteration_s"]
     return {

@@ -2,10 +2,13 @@
 a ZeRO-3 engine) and the ``vllm`` rollout engine (colocated, weights synced from that engine), same prompts.
 
     python bench/bench_rollout.py [--shape demo|smollm2|both] [--new_tokens N] [--prompts N] [--samples K]
+    python bench/bench_rollout.py --model DIR [--new_tokens N] [--prompts N] [--samples K]
 
 Shapes: ``demo`` (a tiny Llama: hidden 64, 2 layers, head size 32 so vLLM's CPU attention takes it) and
 ``smollm2`` (SmolLM2-135M's exact architecture: hidden 576, 30 layers, 9 heads / 3 kv heads, vocab 49152,
-*randomly initialised*: no weights can be downloaded here, and speed does not depend on their values). Sampling at
+*randomly initialised*: speed does not depend on the weights' values). ``--model DIR`` measures a real model
+instead (e.g. SmolLM2-135M-Instruct as ``examples/gguf_import.py`` writes it) on the chat prompts of
+``bench/rl_chat_task.py`` rendered with its own template and tokenizer. Sampling at
 temperature 1 with ``ignore EOS`` (every answer has exactly ``new_tokens`` tokens, so all three do the same work).
 Prints tokens/s of each (generated tokens / wall seconds, the engine start and weight sync excluded and reported
 apart) as a Markdown table.
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,19 +57,33 @@ def _hf_tokens_per_s(generate: Any, prompts: list[list[int]], samples: int, new:
     return len(rows) * new / dt
 
 
-def run_shape(name: str, n_prompts: int, samples: int, new: int) -> dict[str, float]:
+def _real(model_dir: str, n_prompts: int) -> tuple[Any, list[list[int]]]:
+    """A real model (fp32) and ``n_prompts`` chat prompts as token ids from its own tokenizer and template."""
+    from rl_chat_task import chat_prompts
+
+    tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return model, [list(tok(p)["input_ids"]) for p in chat_prompts(n_prompts, tok)]
+
+
+def run_shape(name: str, n_prompts: int, samples: int, new: int, model_dir: str | None = None) -> dict[str, float]:
     import hybridzero
     from hybridzero.rlhf.rollout.backends import SamplingSpec, VLLMEngine, VLLMOptions
 
-    config = transformers.LlamaConfig(**SHAPES[name])
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    prompts = _prompts(n_prompts, config.vocab_size, torch.Generator().manual_seed(1))
+    if model_dir is not None:
+        model, prompts = _real(model_dir, n_prompts)
+    else:
+        config = transformers.LlamaConfig(**SHAPES[name])
+        torch.manual_seed(0)
+        model = transformers.AutoModelForCausalLM.from_config(config).eval()
+        prompts = _prompts(n_prompts, config.vocab_size, torch.Generator().manual_seed(1))
     res = {"plain_hf": _hf_tokens_per_s(model.generate, prompts, samples, new)}
     cfg = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3}}
     engine, *_ = hybridzero.initialize(model=model, config=cfg)
     res["hf_engine"] = _hf_tokens_per_s(engine.generate, prompts, samples, new)
-    vllm = VLLMEngine(engine.module.config, VLLMOptions(kv_cache_gb=1.0, max_model_len=256), 1, 0)
+    vllm = VLLMEngine(
+        engine.module.config, VLLMOptions(kv_cache_gb=1.0, max_model_len=max(map(len, prompts)) + new), 1, 0
+    )
     t0 = time.perf_counter()
     vllm.start()
     res["vllm_start_s"] = time.perf_counter() - t0
@@ -83,17 +101,18 @@ def run_shape(name: str, n_prompts: int, samples: int, new: int) -> dict[str, fl
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False)
     ap.add_argument("--shape", choices=["demo", "smollm2", "both"], default="both")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--samples", type=int, default=4)
     ap.add_argument("--new_tokens", type=int, default=64)
+    ap.add_argument("--model", default=None, help="a real model directory (replaces --shape)")
     a = ap.parse_args()
-    shapes = ["demo", "smollm2"] if a.shape == "both" else [a.shape]
+    shapes = [Path(a.model).name] if a.model else ["demo", "smollm2"] if a.shape == "both" else [a.shape]
     print("| shape | sequences x tokens | plain HF tok/s | hf engine tok/s | vllm tok/s | vllm/hf | vllm start s |"
           " sync s |\n|---|---|---:|---:|---:|---:|---:|---:|")  # fmt: skip
     for name in shapes:
-        r = run_shape(name, a.prompts, a.samples, a.new_tokens)
+        r = run_shape(name, a.prompts, a.samples, a.new_tokens, a.model)
         print(f"| {name} | {a.prompts * a.samples} x {a.new_tokens} | {r['plain_hf']:.0f} | {r['hf_engine']:.0f} | "
               f"{r['vllm']:.0f} | {r['vllm'] / r['hf_engine']:.2f}x | {r['vllm_start_s']:.1f} | "
               f"{r['vllm_sync_s']:.2f} |", flush=True)  # fmt: skip
