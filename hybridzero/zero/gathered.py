@@ -13,10 +13,14 @@ Semantics of one owner's block (:meth:`ZeroParamOwner.gathered`):
 * On exit with ``modifier_rank=r`` each affected group's full buffer is broadcast from rank ``r`` and the values of
   exactly the named parameters are written into the master through :meth:`ShardedGroup.absorb_full`, the one
   write path (so every derived copy — compute shard, whole buffers, the hpZ secondary — is refreshed).
-* On exit without a modifier the named parameters must be unchanged: a content checksum taken on entry is compared
-  on exit and the ranks agree (one all-reduce) on whether any of them edited. An edit is an error raised on every
-  rank (DeepSpeed's sanity check), after every rank restored the values from the master — never a silent discard
-  on some ranks and a silent divergence on others.
+* On exit without a modifier a content checksum of the named parameters taken on entry is compared on exit and the
+  ranks agree (one all-reduce) on whether any of them edited. An edit that leaves the named parameters identical on
+  every rank (their checksums agree: a second all-reduce) is kept, as with ``modifier_rank=0`` — the case of code
+  that computes the same update from the gathered values on every rank, as DeepSpeed-Chat's ZeRO-3 EMA
+  (``param_ema.data.copy_(torch.lerp(...))``; DeepSpeed discards that write to partitioned parameters silently,
+  its version check does not see ``.data`` writes). Any other edit is an error raised on every rank (DeepSpeed's
+  sanity check), after every rank restored the values from the master — never a silent discard on some ranks and
+  a silent divergence on others.
 
 Every rank must enter and leave the block together (the gathers, broadcasts and the agreement are collectives).
 """
@@ -178,13 +182,13 @@ class ZeroParamOwner:
             for group, _ in touched:
                 group.pins -= 1
             if modifier_rank is not None and not failed:
-                for group, slots in touched:
-                    assert group.full is not None
-                    self.comm.broadcast(group.full, modifier_rank, phase=_PHASE)
-                    group.absorb_full(slots)
+                self._keep(touched, modifier_rank)
             elif sums is not None and not failed:
                 editors = self._editors(touched, sums)
-                if editors:
+                if editors and self._same_on_every_rank(touched):
+                    self._keep(touched, 0)  # the one edit every rank made (DeepSpeed-Chat's ZeRO-3 EMA update)
+                    editors = []
+                elif editors:
                     self._restore(touched, editors, was_gathered)
             for group, _ in touched:
                 group.drop_secondary()  # a forward inside the block may have cached values that are gone now
@@ -210,6 +214,22 @@ class ZeroParamOwner:
         flags[self.comm.rank] = float(mine)
         self.comm.all_reduce(flags, phase=_PHASE)
         return [r for r in range(self.comm.world_size) if flags[r] > 0]
+
+    def _keep(self, touched: list[tuple[ShardedGroup, list[Slot]]], src: int) -> None:
+        """Write the named parameters' values as rank ``src`` holds them into every rank's master."""
+        for group, slots in touched:
+            assert group.full is not None
+            self.comm.broadcast(group.full, src, phase=_PHASE)
+            group.absorb_full(slots)
+
+    def _same_on_every_rank(self, touched: list[tuple[ShardedGroup, list[Slot]]]) -> bool:
+        """Whether every rank holds the same values of the named parameters now (their checksums agree; one
+        all-reduce of each rank's row). Every rank gets the same answer."""
+        mine = torch.cat([_slots_checksum(g, slots) for g, slots in touched])
+        rows = torch.zeros(self.comm.world_size, mine.numel(), dtype=torch.int64, device=mine.device)
+        rows[self.comm.rank] = mine
+        self.comm.all_reduce(rows, phase=_PHASE)
+        return bool((rows == rows[0]).all())
 
     def _restore(
         self, touched: list[tuple[ShardedGroup, list[Slot]]], editors: list[int], was_gathered: set[int]

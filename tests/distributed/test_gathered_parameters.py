@@ -34,7 +34,7 @@ def _edit_without_modifier_raises() -> tuple[bool, bool, bool, bool]:
     try:
         with engine.gathered_parameters([weight]), torch.no_grad():
             full_inside = weight.shape == before.shape and torch.equal(weight, before)
-            weight.zero_()
+            weight.fill_(float(torch.distributed.get_rank()))  # edits differ by rank (identical ones are kept)
             engine(input_ids=ids)  # the block's post-forward must not release a pinned group
             still_pinned = weight.numel() == before.numel()
     except RuntimeError as exc:
@@ -45,6 +45,6 @@ def _edit_without_modifier_raises() -> tuple[bool, bool, bool, bool]:
 
 
 def test_edit_without_modifier_raises_on_every_rank_and_is_undone(world) -> None:
-    """Every rank edits without a modifier rank: every rank raises (DeepSpeed's sanity check, never a silent
-    discard) and the master is untouched."""
+    """Every rank edits without a modifier rank, each differently: every rank raises (DeepSpeed's sanity check, never a
+    silent discard) and the master is untouched."""
     assert world(2).run(_edit_without_modifier_raises) == [(True, True, True, True)] * 2

@@ -14,6 +14,7 @@ from tests.harness.spawn import WorldPool
 from tests.workers.phases import (
     LARGE_BUCKET,
     Phase,
+    block_output,
     direct_calls_probe,
     event_probe,
     generate_bytes_probe,
@@ -163,7 +164,7 @@ def test_directly_called_submodules(world: Any) -> None:
         def rank_loss(rank: int) -> torch.Tensor:
             """The unsharded twin of ``rank``'s direct calls (its loss must equal the engine's bit for bit)."""
             embedded = model.get_input_embeddings()(phase_data(0, rank))
-            loss = decoder.layers[1](decoder.project_in(embedded)).pow(2).mean()
+            loss = block_output(decoder.layers[1](decoder.project_in(embedded))).pow(2).mean()
             assert torch.equal(loss.detach(), results[rank]["loss"])
             return loss
 

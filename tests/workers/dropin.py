@@ -144,7 +144,7 @@ def edit_without_modifier(spec: RunSpec, editors: tuple[int, ...]) -> dict[str, 
     try:
         with deepspeed.zero.GatheredParameters(targets), torch.no_grad():
             if rank in editors:
-                targets[0].add_(1.0)
+                targets[0].add_(1.0 + rank)  # edits differ by rank (an identical edit on every rank is kept)
     except RuntimeError as exc:
         message = str(exc)
     engine.assert_quiescent()

@@ -41,6 +41,11 @@ _PAD = 1
 LARGE_BUCKET = 10**9
 
 
+def block_output(out: torch.Tensor | tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """A decoder block's hidden states: transformers 5 blocks return the tensor, 4.x blocks a tuple led by it."""
+    return out[0] if isinstance(out, tuple) else out
+
+
 class RepeatBlockOPT(transformers.OPTForCausalLM):
     """OPT whose forward, given ``repeat_block=True``, calls decoder block 0 a second time inside the same forward
     (on block 0's own output) and adds ``0.01 · mean(second output²)`` to the loss. Otherwise plain OPT."""
@@ -56,7 +61,7 @@ class RepeatBlockOPT(transformers.OPTForCausalLM):
         if not repeat_block:
             return super().forward(input_ids=input_ids, labels=labels, **kwargs)
         out = super().forward(input_ids=input_ids, labels=labels, output_hidden_states=True, **kwargs)
-        again = self.model.decoder.layers[0](out.hidden_states[1])
+        again = block_output(self.model.decoder.layers[0](out.hidden_states[1]))
         extra = again.float().pow(2).mean() * 0.01
         out.loss = extra if out.loss is None else out.loss + extra
         return out
@@ -149,7 +154,7 @@ def _submodule(engine: Any, ids: torch.Tensor) -> torch.Tensor:
     """Embedding, ``project_in`` and block 1 called directly (outside any root forward), with grad, then a step."""
     decoder = engine.module.model.decoder
     hidden = decoder.project_in(engine.module.get_input_embeddings()(ids))
-    loss = decoder.layers[1](hidden).pow(2).mean()
+    loss = block_output(decoder.layers[1](hidden)).pow(2).mean()
     engine.backward(loss)
     engine.step()
     return loss.detach()
@@ -286,7 +291,7 @@ def direct_calls_probe(lr: float) -> dict[str, Any]:
         embedded = engine.module.get_input_embeddings()(ids)
     engine.assert_quiescent()
     decoder = engine.module.model.decoder
-    loss = decoder.layers[1](decoder.project_in(engine.module.get_input_embeddings()(ids))).pow(2).mean()
+    loss = block_output(decoder.layers[1](decoder.project_in(engine.module.get_input_embeddings()(ids)))).pow(2).mean()
     engine.backward(loss)
     engine.assert_quiescent()
     engine.step()
