@@ -39,6 +39,7 @@ __all__ = [
     "Roles",
     "build_engine",
     "build_roles",
+    "data_sum",
     "decay_groups",
     "ds_config",
     "engine_numel",
@@ -298,12 +299,16 @@ def build_roles(s: PPOSettings, world: int, total_steps: int, with_reward_model:
         actor_cfg.setdefault("hybrid_engine", {})["rollout_engine"] = s.rollout_engine
     if s.enable_mixed_precision_lora and actor_lora.enabled:
         actor_cfg["zero_optimization"]["zero_quantized_nontrainable_weights"] = True  # DS-Chat's meaning
+    ref_cfg = frozen(s.stage_of("reference"), s.offload_reference_model)
+    sp = int(getattr(s, "sequence_parallel_size", 1))  # GRPO only (settings); the engines check it divides the world
+    if sp > 1:  # the actor's and the reference's forwards split by sequence; they count data-parallel ranks
+        for cfg, accum in ((actor_cfg, s.gradient_accumulation_steps), (ref_cfg, 1)):
+            cfg["sequence_parallel_size"] = sp
+            cfg["train_batch_size"] = train * accum * max(world // sp, 1)
     actor = load_actor_engine(
         s.actor_model_name_or_path, actor_cfg, s.actor_gradient_checkpointing, actor_optim, actor_lora
     )
-    ref = load_actor_engine(
-        s.actor_model_name_or_path, frozen(s.stage_of("reference"), s.offload_reference_model), False
-    )
+    ref = load_actor_engine(s.actor_model_name_or_path, ref_cfg, False)
     ema = None  # the EMA copy has the actor's adapters and the same group membership, so the same layout
     if s.enable_ema:
         ema = load_actor_engine(
@@ -336,6 +341,14 @@ def global_sum(engine: Engine, values: Sequence[float] | torch.Tensor) -> list[f
     t = torch.as_tensor(values, dtype=torch.float64).reshape(-1).clone().to(engine.device)
     engine.comm.all_reduce(t, phase="metrics")
     return [float(v) for v in t.cpu()]
+
+
+def data_sum(engine: Engine, values: Sequence[float]) -> list[float]:
+    """:func:`global_sum` over the data: under sequence parallelism the ``s`` ranks of an SP group hold the same
+    rows, so only SP rank 0 of each group contributes (the same sums as the ``s = 1`` run, on every rank)."""
+    sp = engine.sequence_parallel
+    weight = 1.0 if sp is None or sp.rank == 0 else 0.0
+    return global_sum(engine, [weight * float(v) for v in values])
 
 
 def engine_numel(engine: Engine) -> int:

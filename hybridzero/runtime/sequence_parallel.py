@@ -220,6 +220,12 @@ class SequenceParallel:
         return shard_packed(packed, self.rank, self.size, labels, pad_token_id, dtype)
 
     # --- the loss ----------------------------------------------------------------------------------------------
+    def sum_over_group(self, t: torch.Tensor) -> torch.Tensor:
+        """``t`` summed over the SP group, on every rank; differentiable: the backward all-reduces the gradient
+        (so a loss every rank computes alike from the sum gives each rank ``s`` times its own part's gradient)."""
+        out: torch.Tensor = _SumOverGroup.apply(t, self.comm)
+        return out
+
     def loss(self, logits: torch.Tensor, shift_labels: torch.Tensor) -> torch.Tensor:
         """Per-token mean cross-entropy over the whole sequence, on every rank of the SP group (equal to the
         ``s = 1`` loss up to summation order): one all-reduce of (sum, count) in forward and one in backward."""

@@ -39,7 +39,8 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
 SFT_ONLY: dict[str, tuple[Any, str]] = {
     "sequence_parallel_size": (
         1,
-        "only sft runs with sequence parallelism; the reward, ppo and grpo forwards are not split by sequence yet",
+        "only sft and grpo run with sequence parallelism; the reward and ppo forwards are not split by sequence "
+        "yet (value heads: the reward model, ppo's critic)",
     ),
 }
 # LoRA flags of the other steps (step 3's on sft/reward and vice versa): DS-Chat's scripts only pass their own

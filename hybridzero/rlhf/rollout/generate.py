@@ -32,6 +32,7 @@ from hybridzero.rlhf.algorithms.ppo import gather_logprobs
 from hybridzero.rlhf.engines import Roles
 from hybridzero.rlhf.models import last_token_index, position_ids
 from hybridzero.rlhf.rollout.experience import Experience
+from hybridzero.rlhf.rollout.sp_logprobs import sp_logprobs
 from hybridzero.rlhf.rollout.stops import StopOnStrings, cut_after_stop
 from hybridzero.runtime.engine import Engine
 from hybridzero.token_budget import maybe_chunked
@@ -213,7 +214,11 @@ def sequence_logprobs(
     capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B, T-1]`` fp32 log-probabilities of each next token under ``engine``'s causal LM (``packed``: on packed
-    rows of ``capacity`` tokens, 0 where the next token is padding; :mod:`hybridzero.packed_forward`)."""
+    rows of ``capacity`` tokens, 0 where the next token is padding; :mod:`hybridzero.packed_forward`). An engine
+    with sequence parallelism always forwards packed rows split over its SP group (:mod:`.sp_logprobs`; the
+    token budget is refused with it by the settings)."""
+    if getattr(engine, "sequence_parallel", None) is not None:
+        return sp_logprobs(engine, sequences, attention_mask)
     if packed:
         return packed_logprobs(engine, sequences, attention_mask, capacity=capacity)
     logits = engine(**causal_kwargs(sequences, attention_mask)).logits

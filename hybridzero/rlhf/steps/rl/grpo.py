@@ -15,6 +15,20 @@
 5. **EMA.** The EMA actor moves towards the actor (:meth:`Engine.ema_update_from`).
 
 Every prompt's group lives on one rank and in one training mini-batch (checked by the settings).
+
+**Sequence parallelism** (``sequence_parallel_size`` s > 1). The prompts are dealt to the ``W / s`` data-parallel
+ranks; the ``s`` ranks of an SP group all generate the same seeded samples of their data rank's prompts (each
+sample's answer depends only on its own seed and logits: :mod:`hybridzero.rlhf.rollout.generate`) and take SP rank
+0's rows and scores (broadcasts, so they are bitwise equal). Generation cannot be split by sequence (a decode step
+has one token), so this costs no more wall time than one rank generating while the others wait, keeps every rank's
+calls in step (generation gathers parameters) and needs no gather of answers afterwards. Every log-prob forward
+(old policy, reference, the update) is split over the group by sequence and summed back to whole rows
+(:mod:`hybridzero.rlhf.rollout.sp_logprobs`), so the GRPO loss, its normalisers and every metric are computed from
+whole sequences, identically on the ``s`` ranks: sums over ranks count each SP group once
+(:func:`~hybridzero.rlhf.engines.data_sum`) and the loss is scaled by the data-parallel size, not the world (the
+log-probs' backward gives each rank ``s`` times its slice's part, which the engine's division by ``W`` turns into
+the ``s = 1`` gradient). So every loss type and importance-sampling level (GSPO's per-sequence ratio needs the whole
+answer) runs unchanged.
 """
 
 from __future__ import annotations
@@ -25,7 +39,7 @@ import torch
 
 from hybridzero.packing import packed_slots
 from hybridzero.rlhf.algorithms.grpo import aggregate_loss, batch_std, clipped_policy_loss, group_advantages
-from hybridzero.rlhf.engines import global_sum
+from hybridzero.rlhf.engines import data_sum
 from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.rollout.generate import sequence_logprobs, used_columns
 from hybridzero.rlhf.settings import GRPOSettings
@@ -51,7 +65,7 @@ def advantages_of(run: Step3, gb: GroupBatch) -> torch.Tensor:
     scale = None
     if s.scale_rewards == "batch":
         kept = rewards[~gb.skipped].double()
-        n, total, sq = global_sum(run.roles.actor, [float(kept.numel()), float(kept.sum()), float((kept**2).sum())])
+        n, total, sq = data_sum(run.roles.actor, [float(kept.numel()), float(kept.sum()), float((kept**2).sum())])
         scale = batch_std(n, total, sq)
     adv = group_advantages(rewards, s.group_size, baseline=s.baseline, scale=s.scale_rewards, batch_scale=scale)
     return adv.to(gb.rb.exp.rewards.device)
@@ -86,7 +100,8 @@ def grpo_update(
     s, actor = run.s, run.roles.actor
     assert isinstance(s, GRPOSettings)
     mask = exp.action_mask.bool() & trains.to(exp.action_mask.device)[:, None]
-    n_seqs, n_tokens = global_sum(actor, [float(counted.sum()), float(mask.sum())])
+    n_seqs, n_tokens = data_sum(actor, [float(counted.sum()), float(mask.sum())])
+    data_ranks = actor.comm.world_size // (actor.sequence_parallel.size if actor.sequence_parallel else 1)
     if n_tokens == 0:
         return UpdateStats(0.0, 0.0, 0.0, 0.0, True)
     loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
@@ -115,13 +130,13 @@ def grpo_update(
                 num_tokens=n_tokens,
                 max_len=s.max_answer_seq_len,
             )
-            actor.backward(loss * actor.comm.world_size)  # the engine averages over ranks; the shares sum to the loss
+            actor.backward(loss * data_ranks)  # the engine averages over ranks; the shares sum to the loss (SP: above)
             local = chunk.weight * float(mask[rows].sum())
             loss_sum += float(loss.detach())
             clip_sum += float(out.clip_fraction) * local
             kl_sum += float(out.approx_kl) * local
     skipped = step_both(actor, None)
-    sums = global_sum(actor, [loss_sum, clip_sum, kl_sum])
+    sums = data_sum(actor, [loss_sum, clip_sum, kl_sum])
     return UpdateStats(sums[0], 0.0, sums[1] / n_tokens, sums[2] / n_tokens, skipped)
 
 
@@ -142,7 +157,7 @@ def _rollout_metrics(run: Step3, batches: list[GroupBatch], padding: list[float]
             scored = ~torch.isnan(gb.per_source[j])
             local[6 + 2 * j] += float(gb.per_source[j][scored].sum())
             local[7 + 2 * j] += float(scored.sum())
-    total = global_sum(run.roles.actor, local + padding)
+    total = data_sum(run.roles.actor, local + padding)
     out = {
         "reward": total[0] / max(total[1], 1.0),
         "skipped_samples": total[2],

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from hybridzero.rlhf.algorithms.grpo import degenerate_groups, overlong_penalty
-from hybridzero.rlhf.engines import global_sum
+from hybridzero.rlhf.engines import data_sum
 from hybridzero.rlhf.rewards.sources import Scored
 from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.settings import GRPOSettings
@@ -63,6 +63,7 @@ def score_rollout(run: Step3, rb: RolloutBatch) -> Scored:
     scored = rewarder.score(
         run.roles.actor, prompts, completions, _completion_ids(run, rb.exp), columns, rb.exp.rewards
     )
+    scored = _same_in_sp_group(run, scored)
     if s.overlong_buffer_length == 0:
         return scored
     shaping = overlong_penalty(
@@ -73,6 +74,22 @@ def score_rollout(run: Step3, rb: RolloutBatch) -> Scored:
     )
     rewards = torch.where(scored.skipped, scored.rewards, scored.rewards + shaping)
     return replace(scored, rewards=rewards)
+
+
+def _same_in_sp_group(run: Step3, scored: Scored) -> Scored:
+    """SP rank 0's scores on every rank of its SP group (the group's ranks scored the same rows; a reward function
+    that is not deterministic must not give them different rewards, skips or per-source values)."""
+    actor = run.roles.actor
+    sp = actor.sequence_parallel
+    if sp is None:
+        return scored
+    out = {}
+    for name in ("rewards", "skipped", "per_source"):
+        t = getattr(scored, name)
+        held = t.to(device=actor.device, dtype=torch.float64).contiguous()
+        sp.comm.broadcast(held, 0, phase="rewards")
+        out[name] = held.to(device=t.device, dtype=t.dtype)
+    return Scored(**out)
 
 
 def _with_rows(old: RolloutBatch, new: RolloutBatch, rows: list[int], src: list[int]) -> RolloutBatch:
@@ -113,7 +130,7 @@ def _refill(run: Step3, rb: RolloutBatch, scored: Scored) -> tuple[RolloutBatch,
     k, resampled = s.group_size, 0
     for round_ in range(1, s.max_resample_rounds + 1):
         dead = degenerate_groups(_masked(scored), k).nonzero().flatten().tolist()
-        (total,) = global_sum(run.roles.actor, [float(len(dead))])
+        (total,) = data_sum(run.roles.actor, [float(len(dead))])
         if total == 0:
             break
         groups = dead or [0]  # a placeholder keeps this rank in step with the others

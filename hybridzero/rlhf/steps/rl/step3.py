@@ -15,8 +15,9 @@ Conventions of every update:
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import torch
@@ -27,7 +28,7 @@ from hybridzero.packed_forward import check_packable
 from hybridzero.rlhf.data.dealing import Plan, epoch_order, make_plan, rank_prompts
 from hybridzero.rlhf.data.ptx import PtxStream
 from hybridzero.rlhf.data.tokens import load_prompt_rows, pad_token_id, prompt_tensors
-from hybridzero.rlhf.engines import Roles, build_roles, global_sum, world_comm
+from hybridzero.rlhf.engines import Roles, build_roles, data_sum, global_sum, world_comm
 from hybridzero.rlhf.models import load_tokenizer
 from hybridzero.rlhf.rewards.sources import RewardSet
 from hybridzero.rlhf.rollout.backends import VLLMEngine, build_vllm_engine, truncated_is_weights
@@ -102,7 +103,11 @@ class Step3:
         self.prompts, self.prompt_extras, self.prompt_counts = load_prompt_rows(
             s, self.tok, model_context(self.hf_config)
         )
-        self.plan: Plan = make_plan(s, self.world, len(self.prompts))
+        # the prompts are dealt to data-parallel ranks: under sequence parallelism the s ranks of an SP group
+        # (consecutive ranks) share one rank's share, all generating the same seeded samples (:meth:`sample`)
+        self.sp_size = int(getattr(s, "sequence_parallel_size", 1))
+        self.data_world, self.data_rank = max(self.world // self.sp_size, 1), self.rank // self.sp_size
+        self.plan: Plan = make_plan(s, self.data_world, len(self.prompts))
         # GRPO's reward sources (functions loaded here: a bad spec fails before any engine exists); their worker is
         # forked now, while this process is small (RewardSet.start), and closed by close() -- here too on failure
         self.rewarder = RewardSet.build(s, reward_funcs or []) if isinstance(s, GRPOSettings) else None
@@ -144,7 +149,7 @@ class Step3:
         plan, s = self.plan, self.s
         epoch, pos = divmod(it, plan.iterations_per_epoch)
         order = epoch_order(plan.n_prompts, s.seed, epoch)
-        positions = rank_prompts(order, plan, pos, batch, self.rank)
+        positions = rank_prompts(order, plan, pos, batch, self.data_rank)
         prompt_ids = [order[q] for q in positions for _ in range(plan.k)]
         return self.sample(prompt_ids, plan.sample_ids(positions, epoch), s.seed)
 
@@ -159,8 +164,11 @@ class Step3:
         generate: Callable[..., torch.Tensor] = (
             actor.generate if s.enable_hybrid_engine else cast(Any, actor.module).generate
         )
-        ro = rollout(generate, ids.to(actor.device), mask.to(actor.device), **self._decoding(sample_ids, run_seed))
-        return self._scored(ro, prompt_ids, sample_ids)
+        sp = actor.sequence_parallel
+        local = sp.local_attention() if sp is not None and not s.enable_hybrid_engine else contextlib.nullcontext()
+        with local:  # a decode step cannot be split over the SP group (engine.generate does this itself)
+            ro = rollout(generate, ids.to(actor.device), mask.to(actor.device), **self._decoding(sample_ids, run_seed))
+        return self._scored(same_in_sp_group(actor, ro), prompt_ids, sample_ids)
 
     def _decoding(self, sample_ids: list[int], run_seed: int) -> dict[str, Any]:
         """The decoding keywords both rollout engines take (seeds, widths, special ids, sampling, stop strings)."""
@@ -222,7 +230,7 @@ class Step3:
                     extra[k] = extra.get(k, 0.0) + v
         names = list(keys) + sorted(extra)
         total = dict(
-            zip(names, global_sum(self.roles.actor, [local[k] for k in keys] + [extra[k] for k in sorted(extra)]))
+            zip(names, data_sum(self.roles.actor, [local[k] for k in keys] + [extra[k] for k in sorted(extra)]))
         )
         n, tokens = max(total["samples"], 1.0), max(total["tokens"], 1.0)
         out = {"reward": total["reward"] / n, "kl": total["kl"] / tokens, "answer_len": total["tokens"] / n}
@@ -239,6 +247,29 @@ class Step3:
             for row, m in zip(rb.exp.sequences.cpu(), rb.exp.attention_mask.cpu())
         ]
         return [self.prompts[i] for i in rb.prompt_ids], answers
+
+
+def same_in_sp_group(actor: Engine, ro: Rollout) -> Rollout:
+    """``ro`` as SP rank 0 of this rank's SP group generated it (every rank of the group generated the same seeded
+    samples of the same prompts; the broadcast makes them bitwise equal even where kernels are not deterministic,
+    since the group's split forwards need identical rows). Without sequence parallelism: ``ro``."""
+    sp = actor.sequence_parallel
+    if sp is None:
+        return ro
+
+    def rank0(t: torch.Tensor) -> torch.Tensor:
+        held = t.to(device=actor.device, dtype=torch.long).contiguous()
+        sp.comm.broadcast(held, 0, phase="rollout")
+        return held.to(device=t.device, dtype=t.dtype)
+
+    finished = rank0(ro.finished) if ro.finished is not None else None
+    return replace(
+        ro,
+        sequences=rank0(ro.sequences),
+        attention_mask=rank0(ro.attention_mask),
+        action_mask=rank0(ro.action_mask),
+        finished=finished,
+    )
 
 
 def slice_experience(exp: Experience, lo: int, hi: int) -> Experience:

@@ -79,9 +79,10 @@ def _loop(
     log = open_runlog(s.output_dir, run.rank, s.enable_tensorboard, s.progress, run.roles.actor.monitor)
     reporter = Reporter(log, name, *_shapes(run), timing_template(run), s.print_every)
     total = run.plan.total_iterations
+    sp = f" (sequence_parallel_size {run.sp_size})" if run.sp_size > 1 else ""
     log.print(
         f"{name.upper()}: {len(run.prompts)} prompts (prompt filter {run.prompt_counts}), {total} iterations "
-        f"at world {run.world}, hybrid engine {'on' if s.enable_hybrid_engine else 'off'}"
+        f"at world {run.world}{sp}, hybrid engine {'on' if s.enable_hybrid_engine else 'off'}"
     )
     checkpoints = RoleCheckpoints(Path(s.output_dir) / "checkpoints", run.roles.trained())
     start = checkpoints.resume(log.print) if s.resume else 0

@@ -1,0 +1,137 @@
+"""``grpo --sequence_parallel_size 2`` trains as the ``s = 1`` run on the same global batch (real gloo worlds).
+
+World 1 (s = 1) against world 2 (s = 2, dp 1) and world 4 (s = 2, dp 2), each with the same global generation
+batch (16 sequences) and training mini-batch (8), ZeRO-3, fp32, two iterations of a tiny Llama with eager attention
+(hidden 44 = 4 x 11, intermediate 67, vocabulary 15: matrices such as 44 x 67 and 15 x 44 have numels not divisible
+by 3 or 4, so shards are padded; the hidden size is a multiple of the 4 query heads, as transformers requires; the
+4 query heads of 32 over 2 kv heads are split by s = 2). Three algorithms cover what the split must keep whole:
+``grpo`` (the KL term: the reference forward is split too; the per-answer length normaliser; batch-scaled std; two
+passes per batch, so the second sees ratios != 1), ``gspo`` (the sequence-level importance ratio, a mean over the
+whole answer; stop strings; the non-hybrid generate path) and ``dapo`` (the token normaliser, clip-higher, dynamic
+sampling: regenerated groups).
+
+Checked: the same rewards, answer lengths and sample counts (the SP group generates the s = 1 samples), the same
+losses, clip fractions, KLs and gradient norms, and the same parameters after training.
+
+Tolerances. The split forwards differ from the s = 1 forwards only in summation order (the Ulysses exchanges move
+values; the packed block-causal mask excludes the same keys as the padded causal mask; each slot's log-prob is one
+rank's value plus exact zeros), as in ``tests/distributed/test_sp_packing.py``: ~1e-6 relative per log-prob. A
+loss is a mean over <= 48 answer tokens of O(1) terms, its reassociation error <= 48 u max|term| ~ 3e-6:
+``abs_tol = rel_tol = 2e-5`` (the first pass's loss is ~0, the group advantages summing to 0, so the bound must be
+absolute too). Rewards and counts are functions of the sampled tokens (the same tokens): counts are exact, reward
+means fp32 sums of <= 16 rewards, per data rank at dp 2 (<= 16 u ~ 1e-6 relative). The gradient norm (pre-clipping,
+of each iteration's last step) sums squares of gradients carrying that rounding: 2e-5 relative. Parameters (full
+fp32, after 4-6 AdamW steps of lr 3e-3, entries O(1)): a step moves an entry by ``lr m / sqrt(v)``, which the
+gradients' 2e-5 relative rounding moves by about as much, so the drift is <= 6 x 2e-5 x lr ~ 4e-7 plus the entries'
+own fp32 rounding (u |p| ~ 1.2e-7): ``rtol`` 2e-5, ``atol`` 1e-6. Measured: losses within 3e-8, parameters within
+1.2e-7 (one ulp). An entry whose gradient is within rounding of 0 could flip Adam's sign and move by ~lr: not seen.
+What bites: a loss scaled for the world instead of the data-parallel ranks (which AdamW's update would hide) doubles
+the gradient norm and moves the clipped second-pass losses; an SP rank counted twice in the normalisers halves the
+losses.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from hybridzero.rlhf.data.demo_task import demo_data_dir
+from tests.workers.grpo_sp import grpo_params_run
+from tests.workers.rlhf_runs import make_model_dirs
+
+GLOBAL_GEN, GLOBAL_TRAIN = 16, 8
+R = "tests.workers.rlvr_rewards:"
+EXACT = ("reward", "answer_len", "skipped_samples", "resampled_groups", "truncated_fraction")
+CLOSE = ("actor_loss", "clip_fraction", "approx_kl", "kl", "grad_norm")
+TOL = 2e-5
+SUM_TOL = 1e-6  # fp32 sums of <= 16 rewards split over dp ranks: <= 16 u ~ 1e-6 relative
+LR = 3e-3
+PARAM_ATOL = 1e-6
+RUNS: dict[str, dict[str, Any]] = {
+    "grpo": {
+        "reward_funcs": [R + "digit_share", R + "matches_target"],
+        "scale_rewards": "batch",
+        "beta": 0.05,
+        "num_iterations": 2,
+    },
+    "gspo": {
+        "reward_funcs": [R + "digit_share", R + "nothing_after_equals"],
+        "stop_strings": ["="],
+        "enable_hybrid_engine": False,
+    },
+    "dapo": {"reward_funcs": [R + "first_is_digit"], "overlong_buffer_length": 2, "max_resample_rounds": 2},
+}
+
+
+@pytest.fixture(scope="module")
+def dirs(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, str]:
+    return make_model_dirs(tmp_path_factory.mktemp("grpo_sp_models"), hidden_size=44, intermediate_size=67)
+
+
+@pytest.fixture(scope="module")
+def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
+    rows = [json.loads(line) for line in (demo_data_dir() / "prompts.jsonl").read_text().splitlines()[:64]]
+    for row in rows[::2]:
+        row["target"] = " ".join(reversed(row["prompt"].rstrip("=").split()))
+    path = tmp_path_factory.mktemp("grpo_sp_data") / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def _runs(dirs: tuple[str, str], data: str, out: Path, world: int, sp: int) -> dict[str, dict[str, Any]]:
+    dp = world // sp
+    base = {
+        "actor_model_name_or_path": dirs[0],
+        "critic_model_name_or_path": dirs[1],
+        "data_path": [data],
+        "data_split": "0,0,1",
+        "per_device_generation_batch_size": GLOBAL_GEN // dp,
+        "per_device_training_batch_size": GLOBAL_TRAIN // dp,
+        "group_size": 2,
+        "max_prompt_seq_len": 8,
+        "max_answer_seq_len": 6,
+        "actor_learning_rate": LR,
+        "max_steps": 2,
+        "progress": False,
+        "enable_tensorboard": False,
+        "print_every": 1000,
+        "resume": False,
+        "seed": 5,
+        "enable_hybrid_engine": True,
+        "reward_model": False,
+        "sequence_parallel_size": sp,
+    }
+    return {
+        name: {**base, "algorithm": name, "output_dir": str(out / f"{name}-w{world}-s{sp}"), **knobs}
+        for name, knobs in RUNS.items()
+    }
+
+
+def _check(got: dict[str, Any], want: dict[str, Any], where: str) -> None:
+    assert len(got["history"]) == len(want["history"]) == 2, where
+    for it, (g, w) in enumerate(zip(got["history"], want["history"])):
+        for key in (*EXACT, *(k for k in w if k.startswith("rewards/"))):
+            assert math.isclose(g[key], w[key], rel_tol=SUM_TOL, abs_tol=SUM_TOL), (where, it, key, g[key], w[key])
+        for key in CLOSE:
+            assert math.isclose(g[key], w[key], rel_tol=TOL, abs_tol=TOL), (where, it, key, g[key], w[key])
+    assert got["params"].keys() == want["params"].keys(), where
+    for name, w in want["params"].items():
+        torch.testing.assert_close(got["params"][name], w, rtol=TOL, atol=PARAM_ATOL, msg=f"{where} {name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_grpo_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: int) -> None:
+    base = world(1).run(grpo_params_run, _runs(dirs, prompts, tmp_path, 1, 1), timeout=400)[0]
+    assert sum(m["resampled_groups"] for m in base["dapo"]["history"]) > 0  # dynamic sampling was exercised
+    assert base["grpo"]["history"][1]["clip_fraction"] >= 0.0
+    results = world(world_size).run(grpo_params_run, _runs(dirs, prompts, tmp_path, world_size, 2), timeout=500)
+    for rank, res in enumerate(results):
+        for name in RUNS:
+            assert res[name]["sp"] and not base[name]["sp"], (rank, name)  # the actor's forwards were split
+            _check(res[name], base[name], f"world {world_size} rank {rank} {name}")
