@@ -83,6 +83,16 @@ def test_ppo_epochs_and_generation_batches() -> None:
     assert thr["gen_per_token_latency_ms"] == pytest.approx(0.5 / (2 * 4) * 1e3)
 
 
+def test_sequence_parallel_counts_each_group_once() -> None:
+    # world 2, s = 2: both ranks hold the same 2 sequences, so the global batch is 2, not 4; FLOPs per rank are
+    # those of the 2 sequences spread over both ranks
+    thr = step3_throughput(SHAPE, None, _timing(sequence_parallel=2))
+    assert thr["global_batch_size"] == 2 and thr["samples_per_s"] == pytest.approx(1.0)
+    assert thr["gen_tflops"] == pytest.approx(2 * ONE_SEQ / (0.5 * 2 * 1e12))
+    with pytest.raises(ValueError, match="sequence_parallel"):
+        _timing(sequence_parallel=0)
+
+
 def test_fix_a_ptx_does_not_change_samples_per_s() -> None:
     off = step3_throughput(SHAPE, SHAPE, _timing())
     on = step3_throughput(SHAPE, SHAPE, _timing(unsup_batch_size=2))

@@ -117,7 +117,9 @@ class Step3Timing:
     * ``training_s``: wall time of the update(s) of this step (all PPO epochs).
     * ``batch_size``: generated sequences (experience samples) **per rank** this step.
     * ``prompt_len`` / ``answer_len``: padded prompt width and maximum answer length (tokens).
-    * ``world_size``: ranks that each generated ``batch_size`` sequences.
+    * ``world_size``: ranks (each generated ``batch_size`` sequences; with sequence parallelism the ``s`` ranks of a
+      group generated the same ones, so distinct sequences are ``batch_size * world_size / sequence_parallel``).
+    * ``sequence_parallel``: ranks that share each sequence (Ulysses ``s``; 1 without).
     * ``dtype_bytes``: element size of the compute dtype used for generation (:func:`element_size`).
     * ``unsup_batch_size``: unsupervised (ptx) sequences per rank the actor also trained on this step.
     * ``generation_batches``: ``generate`` calls that produced ``batch_size`` (per-token latency is per call).
@@ -139,6 +141,7 @@ class Step3Timing:
     unsup_batch_size: int = 0
     generation_batches: int = 1
     ppo_epochs: int = 1
+    sequence_parallel: int = 1
 
     def __post_init__(self) -> None:
         for name in ("e2e_s", "generation_s", "training_s"):
@@ -148,7 +151,7 @@ class Step3Timing:
         for name in ("batch_size", "prompt_len", "answer_len", "unsup_batch_size"):
             if int(getattr(self, name)) < 0:
                 raise ValueError(f"Step3Timing.{name} must be >= 0, got {getattr(self, name)!r}")
-        for name in ("world_size", "dtype_bytes", "generation_batches", "ppo_epochs"):
+        for name in ("world_size", "dtype_bytes", "generation_batches", "ppo_epochs", "sequence_parallel"):
             if int(getattr(self, name)) <= 0:
                 raise ValueError(f"Step3Timing.{name} must be positive, got {getattr(self, name)!r}")
         if self.prompt_len + self.answer_len <= 0:
@@ -191,9 +194,10 @@ def step3_throughput(actor: ModelShape, critic: ModelShape | None, t: Step3Timin
     during experience making are not counted as FLOPs (their time is inside ``e2e_s``).
     """
     seq_len = t.prompt_len + t.answer_len
-    global_batch = t.batch_size * t.world_size
+    data_world = max(t.world_size // t.sequence_parallel, 1)  # distinct sequences: one copy per SP group
+    global_batch = t.batch_size * data_world
     trained = global_batch * t.ppo_epochs
-    ptx_trained = t.unsup_batch_size * t.world_size * t.ppo_epochs
+    ptx_trained = t.unsup_batch_size * data_world * t.ppo_epochs
     factor = checkpoint_factor(t.gradient_checkpointing)
 
     actor_train = megatron_flops(actor, trained + ptx_trained, seq_len, factor)

@@ -51,6 +51,7 @@ def timing_template(run: Step3) -> Step3Timing:
         unsup_batch_size=ptx_rows,
         generation_batches=s.generation_batches,
         ppo_epochs=s.ppo_epochs,
+        sequence_parallel=run.sp_size,
     )
 
 
