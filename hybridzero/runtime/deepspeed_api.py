@@ -47,19 +47,6 @@ class CallableInt(int):
         return int(self)
 
 
-class ThroughputTimer:
-    """The part of DeepSpeed's ``engine.tput_timer`` that user code calls: ``update_epoch_count()`` at the end of
-    an epoch (DeepSpeed-Chat's steps 1-2). hybridzero does not time steps here (``wall_clock_breakdown`` and the
-    comm ledger do); ``epoch_count`` counts the calls."""
-
-    def __init__(self) -> None:
-        self.epoch_count = 0
-
-    def update_epoch_count(self) -> None:
-        """Mark the end of an epoch."""
-        self.epoch_count += 1
-
-
 class DeepSpeedEngineAPI:
     """DeepSpeed-named engine methods over the engine's public state (see the module docstring)."""
 
