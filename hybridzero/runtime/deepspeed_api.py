@@ -181,6 +181,13 @@ class DeepSpeedEngineAPI:
         Accelerate's ``get_state_dict``): :meth:`module_state_dict`, on every rank (DeepSpeed: rank 0 only)."""
         return self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
 
+    @property
+    def sparse_tensor_module_names(self) -> set[str]:
+        """DeepSpeed's set of modules whose gradients it all-reduces as sparse tensors (``sparse_gradients``):
+        always empty, as hybridzero reduces every gradient dense (``sparse_gradients`` is accepted, without effect).
+        A fresh set each time, so editing it changes nothing."""
+        return set()
+
     def _get_optimizer_ckpt_name(self, checkpoints_path: str | os.PathLike[str], tag: Any, expp_rank: int = 0) -> str:
         """DeepSpeed's name for the file a checkpoint's optimizer state is read from: here the tag's ``state.json``
         (hyperparameters and per-group state; the per-element tensors are in the rank files it lists).

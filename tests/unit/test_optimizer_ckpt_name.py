@@ -36,6 +36,7 @@ def test_name_is_the_state_file_and_asked_only_when_optimizer_state_loads(tmp_pa
         saved._get_optimizer_ckpt_name(str(tmp_path), "t1", expp_rank=1)
 
     loaded = _engine()
+    assert saved.sparse_tensor_module_names == loaded.sparse_tensor_module_names == set()  # every reduction is dense
     with patch.object(loaded, "_get_optimizer_ckpt_name", wraps=loaded._get_optimizer_ckpt_name) as asked:
         loaded.load_checkpoint(str(tmp_path), tag="t1", load_optimizer_states=False)
         asked.assert_not_called()
