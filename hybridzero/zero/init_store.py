@@ -216,13 +216,17 @@ class InitStore:
         for p in mine:
             self.open(p)
             self._entries[p].pins += 1
-        before = [content_checksum(p.data) for p in mine] if modifier_rank is None else []
+        # an in-place op bumps the tensor's version even when it leaves the values alone (``add_(0.0)``), as
+        # DeepSpeed's check sees it; the checksum catches writes that bypass the version (``p.data[...] = ...``)
+        before = [(p._version, content_checksum(p.data)) for p in mine] if modifier_rank is None else []
         failed = True
         try:
             yield
             failed = False
         finally:
-            edited = bool(before) and any(not torch.equal(content_checksum(p.data), b) for p, b in zip(mine, before))
+            edited = any(
+                p._version != v or not torch.equal(content_checksum(p.data), c) for p, (v, c) in zip(mine, before)
+            )
             for p in mine:
                 self._entries[p].pins -= 1
                 if self._entries[p].pins == 0:

@@ -25,7 +25,7 @@ def init_edit_without_modifier(editors: tuple[int, ...]) -> dict[str, Any]:
     try:
         with hybridzero.zero.GatheredParameters([model.weight, model.bias]), torch.no_grad():
             if rank in editors:
-                model.weight.add_(1.0)
+                model.weight.add_(1.0 if rank == 0 else 0.0)  # adding 0 is an in-place modification too
     except RuntimeError as exc:
         message = str(exc)
     with hybridzero.zero.GatheredParameters([model.weight]):
