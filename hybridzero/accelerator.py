@@ -16,8 +16,8 @@ CUDA device), which the methods change exactly as DeepSpeed's do.
 CPU semantics as DeepSpeed's CPU accelerator: ``device_name()`` is ``"cpu"`` whatever the index; ``set_device`` and
 ``synchronize`` do nothing; memory counters are the process's resident set size (``max_memory_allocated``: its peak
 as the kernel tracks it, which cannot be reset, so ``reset_max_memory_allocated`` does nothing); ``pin_memory``
-returns its argument; bf16 is supported, fp16 is not. The CPU backend is ``gloo`` (DeepSpeed says ``ccl`` when
-Intel's oneCCL bindings are installed; hybridzero runs on gloo).
+returns its argument; bf16 is supported, fp16 where oneDNN has native fp16 kernels for the processor. The CPU
+backend is ``gloo`` (DeepSpeed says ``ccl`` when Intel's oneCCL bindings are installed; hybridzero runs on gloo).
 """
 
 from __future__ import annotations
@@ -265,8 +265,9 @@ class Accelerator:
         return bool(torch.cuda.is_bf16_supported()) if self._cuda else True
 
     def is_fp16_supported(self) -> bool:
-        """fp16 compute: CUDA only (DeepSpeed's CPU accelerator says no)."""
-        return self._cuda
+        """fp16 compute: always on CUDA; on CPU whether oneDNN has native fp16 kernels for this processor, the
+        answer DeepSpeed's CPU accelerator gives (so tests and recipes that pick a dtype by it pick the same)."""
+        return True if self._cuda else _cpu_has_native_fp16()
 
     def supported_dtypes(self) -> list[torch.dtype]:
         """Compute dtypes DeepSpeed may pick on this device."""
@@ -332,3 +333,11 @@ def get_accelerator() -> Accelerator:
             raise ValueError(f"DS_ACCELERATOR={choice!r} is not supported by hybridzero; valid: {', '.join(_KINDS)}")
         return Accelerator(choice)
     return Accelerator("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _cpu_has_native_fp16() -> bool:
+    """Whether this CPU has native fp16 kernels (oneDNN's probe; False where this torch build lacks it)."""
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    except (AttributeError, RuntimeError):
+        return False

@@ -9,6 +9,7 @@ and check) at once and the job stays usable (no posted failure, no hang).
 
 from __future__ import annotations
 
+import os
 from typing import Any, Protocol
 
 import torch
@@ -45,6 +46,10 @@ class Checkpointable(Protocol):
     def release_held(self) -> None: ...
 
     def zero_grad(self) -> None: ...
+
+    def _get_optimizer_ckpt_name(
+        self, checkpoints_path: str | os.PathLike[str], tag: Any, expp_rank: int = 0
+    ) -> str: ...
 
 
 def agree(comm: Comm, error: str | None, what: str) -> None:

@@ -118,6 +118,7 @@ def _stage(
         return staged
     where = path / STATE_JSON
     if load_optimizer and engine.optimizer is not None:
+        where = Path(engine._get_optimizer_ckpt_name(path.parent, path.name))  # asked only when optimizer state loads
         staged.optimizer = optim_state.stage_optimizer_state(
             engine.optimizer, engine.groups, engine.comm.rank, tag, state["optimizer"], aliases, missing
         )

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
+from hybridzero.checkpoint.format import STATE_JSON
 from hybridzero.comm.collectives import Comm
 from hybridzero.config import Config
 from hybridzero.runtime import zero_param
@@ -45,19 +46,6 @@ class CallableInt(int):
 
     def __call__(self) -> int:
         return int(self)
-
-
-class ThroughputTimer:
-    """The part of DeepSpeed's ``engine.tput_timer`` that user code calls: ``update_epoch_count()`` at the end of
-    an epoch (DeepSpeed-Chat's steps 1-2). hybridzero does not time steps here (``wall_clock_breakdown`` and the
-    comm ledger do); ``epoch_count`` counts the calls."""
-
-    def __init__(self) -> None:
-        self.epoch_count = 0
-
-    def update_epoch_count(self) -> None:
-        """Mark the end of an epoch."""
-        self.epoch_count += 1
 
 
 class DeepSpeedEngineAPI:
@@ -192,6 +180,22 @@ class DeepSpeedEngineAPI:
         """DeepSpeed's name for the module's full state dict in the compute dtype (Trainer's ``save_model``,
         Accelerate's ``get_state_dict``): :meth:`module_state_dict`, on every rank (DeepSpeed: rank 0 only)."""
         return self.module_state_dict(exclude_frozen_parameters=exclude_frozen_parameters)
+
+    @property
+    def sparse_tensor_module_names(self) -> set[str]:
+        """DeepSpeed's set of modules whose gradients it all-reduces as sparse tensors (``sparse_gradients``):
+        always empty, as hybridzero reduces every gradient dense (``sparse_gradients`` is accepted, without effect).
+        A fresh set each time, so editing it changes nothing."""
+        return set()
+
+    def _get_optimizer_ckpt_name(self, checkpoints_path: str | os.PathLike[str], tag: Any, expp_rank: int = 0) -> str:
+        """DeepSpeed's name for the file a checkpoint's optimizer state is read from: here the tag's ``state.json``
+        (hyperparameters and per-group state; the per-element tensors are in the rank files it lists).
+        ``load_checkpoint`` asks for it only when it loads optimizer state. ``expp_rank`` (DeepSpeed's
+        expert-parallel rank) must be 0: hybridzero has no expert parallelism."""
+        if expp_rank != 0:
+            raise ValueError(f"_get_optimizer_ckpt_name: expp_rank={expp_rank} is invalid: hybridzero has only 0")
+        return os.path.join(os.fspath(checkpoints_path), str(tag), STATE_JSON)
 
     # --- state dicts ----------------------------------------------------------------------------------------------
     def module_state_dict(

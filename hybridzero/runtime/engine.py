@@ -33,11 +33,12 @@ from hybridzero.optim.loss_scaler import LossScaler, ScalerConfig
 from hybridzero.optim.schedulers import build_scheduler
 from hybridzero.optim.swap import build_swapper
 from hybridzero.runtime import zero_param
-from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI, ThroughputTimer
+from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
 from hybridzero.runtime.failures import failure_guard
 from hybridzero.runtime.sequence_parallel import SequenceParallel
 from hybridzero.runtime.services import EngineServices
 from hybridzero.runtime.synced_generation import SyncedGenerationGuard, guard_fits
+from hybridzero.runtime.throughput import ThroughputTimer
 from hybridzero.runtime.tp_generate import TensorParallelGenerator
 from hybridzero.runtime.training_calls import EngineTraining
 from hybridzero.runtime.ulysses_hf import release
@@ -93,7 +94,7 @@ class Engine(EngineTraining, EngineServices, DeepSpeedEngineAPI, nn.Module):  # 
         self.micro_steps = 0
         self.boundary_override: bool | None = None  # set_gradient_accumulation_boundary (Accelerate drives it)
         self._grouped_loss: float | None = None  # inside backward_group(): the summed losses of its backwards
-        self.tput_timer = ThroughputTimer()  # DeepSpeed's engine.tput_timer (epoch count only)
+        self.tput_timer = ThroughputTimer(config.train_batch_size)  # DeepSpeed's engine.tput_timer
         self.events: list[tuple[str, str, str]] | None = [] if record_events else None
         self.monitor = build_monitor(config.raw, comm.rank)  # tensorboard/csv_monitor/wandb/comet blocks (rank 0)
         self.train_meter = TrainMeter(self.monitor)
@@ -290,8 +291,10 @@ class Engine(EngineTraining, EngineServices, DeepSpeedEngineAPI, nn.Module):  # 
 
     # --- DeepSpeed-shaped API (training calls: runtime/training_calls.py) ---------------------------------------------
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        """Run the wrapped module (gathering groups as it goes)."""
+        """Run the wrapped module (gathering groups as it goes); a training forward starts ``tput_timer``."""
         with failure_guard(self.comm):
+            if self.module.training:
+                self.tput_timer.start()
             return self.module(*args, **kwargs)
 
     def _build_coordinator(self) -> ZeroCoordinator:

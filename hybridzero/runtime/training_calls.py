@@ -25,6 +25,7 @@ from hybridzero.optim.loss_scaler import LossScaler, overflow_flag
 from hybridzero.optim.swap import StateSwapper
 from hybridzero.runtime.deepspeed_api import DeepSpeedEngineAPI
 from hybridzero.runtime.failures import failure_guard
+from hybridzero.runtime.throughput import ThroughputTimer
 from hybridzero.zero.groups import ShardedGroup
 
 _LOG = logging.getLogger("hybridzero")
@@ -42,6 +43,7 @@ class EngineTraining(DeepSpeedEngineAPI):
     overflow: bool
     skip_nonfinite_steps: bool
     loss_scaler: LossScaler
+    tput_timer: ThroughputTimer
     train_meter: TrainMeter
     swapper: StateSwapper | None
     lr_scheduler: Any
@@ -95,6 +97,7 @@ class EngineTraining(DeepSpeedEngineAPI):
         """At the accumulation boundary: clip, update master shards, propagate, zero gradients."""
         with failure_guard(self.comm):
             boundary = self.is_gradient_accumulation_boundary()
+            self.tput_timer.stop(global_step=boundary)
             if boundary:
                 self._apply_update()
                 self.global_steps += 1

@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from hybridzero.comm.collectives import Comm
+from hybridzero.zero.checksum import content_checksum
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.groups import GroupState, ShardedGroup, Slot
 from hybridzero.zero.registry import REGISTRY, ParamOwner
@@ -43,21 +44,6 @@ from hybridzero.zero.registry import REGISTRY, ParamOwner
 __all__ = ["GatheredParameters", "HasParamOwner", "ZeroParamOwner", "content_checksum"]
 
 _PHASE = "gathered_parameters"
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-_CHUNK = 1 << 16
-
-
-def content_checksum(t: torch.Tensor) -> torch.Tensor:
-    """Two int64 sums over the raw bits of ``t`` (plain and position-weighted, wrapping on overflow): any change of
-    one element, a swap or a sign flip changes the result. Pure; never a whole int64 copy of ``t``."""
-    bits = t.detach().reshape(-1).view(_BITS[t.element_size()])
-    out = torch.zeros(2, dtype=torch.int64, device=t.device)
-    for start in range(0, bits.numel(), _CHUNK):
-        chunk = bits[start : start + _CHUNK].to(torch.int64)
-        weights = torch.arange(start + 1, start + 1 + chunk.numel(), dtype=torch.int64, device=t.device)
-        out[0] += chunk.sum()
-        out[1] += (chunk * weights).sum()
-    return out
 
 
 def _slots_checksum(group: ShardedGroup, slots: Sequence[Slot]) -> torch.Tensor:
@@ -196,8 +182,8 @@ class ZeroParamOwner:
                     self.coordinator.release(group)
         if editors and not failed:
             raise RuntimeError(
-                f"GatheredParameters: parameters were modified inside the block on rank(s) {editors} without a "
-                f"modifier_rank, so the edit cannot be kept consistently; it was undone on every rank. Pass "
+                f"GatheredParameters: in-place modification of parameters inside the block on rank(s) {editors} "
+                f"without a modifier_rank, so the edit cannot be kept consistently; it was undone on every rank. Pass "
                 f"modifier_rank=<the rank whose values to keep> (its values are broadcast to every rank)."
             )
 

@@ -34,6 +34,7 @@ from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 from hybridzero.comm.collectives import Comm
+from hybridzero.zero.checksum import content_checksum
 from hybridzero.zero.layout import padded_numel
 from hybridzero.zero.param_view import DS_ATTRIBUTES, ZeroParamStatus
 
@@ -204,8 +205,10 @@ class InitStore:
     # --- ParamOwner (hybridzero.zero.registry) ----------------------------------------------------------------
     @contextmanager
     def gathered(self, params: list[nn.Parameter], modifier_rank: int | None) -> Iterator[None]:
-        """Full ``params`` inside the block; on exit the value of ``modifier_rank`` is re-partitioned, or (without a
-        modifier) edits are discarded. Pending writes of other open parameters are committed first."""
+        """Full ``params`` inside the block; on exit the value of ``modifier_rank`` is re-partitioned. Without a
+        modifier, edits are discarded on every rank and, when any rank made one, every rank raises the same
+        ``RuntimeError`` (agreed with one all-reduce; DeepSpeed's contract at ZeRO-3). Pending writes of other open
+        parameters are committed first."""
         mine = [p for p in params if self.owns(p)]
         if modifier_rank is not None and not 0 <= modifier_rank < self.comm.world_size:
             raise ValueError(f"modifier_rank={modifier_rank} is not a rank of a world of size {self.comm.world_size}")
@@ -213,13 +216,36 @@ class InitStore:
         for p in mine:
             self.open(p)
             self._entries[p].pins += 1
+        # an in-place op bumps the tensor's version even when it leaves the values alone (``add_(0.0)``), as
+        # DeepSpeed's check sees it; the checksum catches writes that bypass the version (``p.data[...] = ...``)
+        before = [(p._version, content_checksum(p.data)) for p in mine] if modifier_rank is None else []
+        failed = True
         try:
             yield
+            failed = False
         finally:
+            edited = any(
+                p._version != v or not torch.equal(content_checksum(p.data), c) for p, (v, c) in zip(mine, before)
+            )
             for p in mine:
                 self._entries[p].pins -= 1
                 if self._entries[p].pins == 0:
                     self.close(p, modifier_rank)
+        if before and not failed:
+            self._raise_if_edited(edited)
+
+    def _raise_if_edited(self, edited: bool) -> None:
+        """Agree (one all-reduce) on whether any rank edited inside a block without a modifier; raise on all."""
+        flags = torch.zeros(self.comm.world_size, dtype=torch.float32, device=self.comm_device)
+        flags[self.comm.rank] = float(edited)
+        self.comm.all_reduce(flags, phase="zero_init")
+        editors = [r for r in range(self.comm.world_size) if flags[r] > 0]
+        if editors:
+            raise RuntimeError(
+                f"GatheredParameters: in-place modification of parameters inside the block on rank(s) {editors} "
+                f"without a modifier_rank; the edit was discarded on every rank. Pass modifier_rank=<the rank "
+                f"whose values to keep> (its values are broadcast to every rank)."
+            )
 
     # --- internals ----------------------------------------------------------------------------------------------
     @contextmanager

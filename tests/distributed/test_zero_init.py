@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from hybridzero.zero.init import MAX_OPEN
+from tests.workers.init_edits import init_edit_without_modifier
 from tests.workers.zero_init import (
     custom_module_matches_eager,
     differently_seeded_ranks_agree_on_rank_0,
@@ -118,3 +119,14 @@ def test_ds_attributes_of_init_parameters(world, stage: int) -> None:
     whole = got[0]["whole"].reshape(-1)
     parts = torch.cat([r["part"] for r in got])
     assert parts.numel() % 3 == 0 and torch.equal(parts[:15], whole) and not parts[15:].any()
+
+
+@pytest.mark.parametrize("editors", [(1,), (0, 1)])
+def test_init_edit_without_modifier_raises_on_every_rank(world, editors: tuple[int, ...]) -> None:
+    """Before an engine owns them, ``zero.Init`` parameters follow DeepSpeed's ZeRO-3 contract too: an edit inside
+    ``GatheredParameters`` without a modifier rank is discarded on every rank and every rank raises the same error
+    (DeepSpeed's ``TestGatheredParametersAllRanksErrorOnModification``); a block without an edit raises nothing."""
+    got = world(2).run(init_edit_without_modifier, editors, timeout=300)
+    for r in got:
+        assert r["message"] is not None and "in-place modification" in r["message"], r
+        assert f"rank(s) {list(editors)}" in r["message"] and r["kept"] and r["quiet"], r

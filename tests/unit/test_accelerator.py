@@ -26,8 +26,9 @@ def test_cpu_answers_as_deepspeeds_cpu_accelerator(monkeypatch: pytest.MonkeyPat
     assert (acc.device_name(), acc.device_name(3), acc.current_device_name()) == ("cpu", "cpu", "cpu")
     assert acc.current_device() == 1 and acc._name == "cpu"
     assert acc.communication_backend_name() == "gloo"
-    assert acc.is_bf16_supported() and not acc.is_fp16_supported()
-    assert acc.supported_dtypes() == [torch.float32, torch.bfloat16]
+    fp16 = bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())  # DeepSpeed's CPU accelerator asks oneDNN too
+    assert acc.is_bf16_supported() and acc.is_fp16_supported() == fp16
+    assert acc.supported_dtypes() == [torch.float32, torch.bfloat16] + ([torch.float16] if fp16 else [])
     assert acc.is_available() and acc.is_synchronized_device() and acc.device() is None
     acc.set_device(1)  # no-ops on CPU
     acc.synchronize()

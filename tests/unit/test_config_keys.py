@@ -250,3 +250,13 @@ def test_cheap_effects() -> None:
         is True
     )
     assert cfg({"seed": 7}).seed == 7
+
+
+def test_odd_allgather_bucket_size_is_accepted_with_the_no_effect_warning() -> None:
+    """DeepSpeed asserts ``allgather_bucket_size`` is even at stages 1-2 (its all-gather buffers' alignment);
+    hybridzero's gathers do not use that bucket, so any positive size loads, with the usual no-effect warning."""
+    doc = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "allgather_bucket_size": 1001}}
+    messages = _messages(doc)
+    assert load_config(doc, 1).zero.allgather_bucket_size == 1001
+    assert len(messages) == 1, messages
+    assert "config key 'zero_optimization.allgather_bucket_size' is accepted for DeepSpeed compatibility" in messages[0]
