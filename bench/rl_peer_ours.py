@@ -43,6 +43,7 @@ def chat_settings(a: argparse.Namespace, world: int) -> GRPOSettings:
     per_gen = CHAT_PROMPTS * CHAT_GROUP // world
     engine: dict[str, Any] = {"rollout_engine": a.rollout_engine}
     if a.rollout_engine == "vllm":
+        engine["vllm_dtype"] = a.vllm_dtype
         engine["vllm_kv_cache_gb"] = 0.5  # ~46 KB a token in fp32 (30 layers x k,v x 3 kv heads x 64); ample
     return GRPOSettings(
         dtype="fp32",
@@ -131,6 +132,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--rollout_engine", choices=("hf", "vllm"), default="hf", help="grpo: where rollouts run")
     ap.add_argument("--packing_samples", action="store_true", help="grpo: packed training forwards")
+    ap.add_argument("--vllm_dtype", choices=("fp32", "bf16"), default=None, help="chat: vLLM's dtype (default fp32)")
     a = ap.parse_args()
     torch.set_num_threads(1)
     hybridzero.init_distributed()

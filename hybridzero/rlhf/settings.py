@@ -234,6 +234,10 @@ class PPOSettings(StepSettings, Step3LoRA):
     vllm_kv_cache_gb: float = Field(1.0, gt=0.0, description="vLLM's KV cache (GiB; on CPU VLLM_CPU_KVCACHE_SPACE)")
     vllm_max_model_len: int | None = Field(None, ge=2, description="default: max_prompt_seq_len + max_answer_seq_len")
     vllm_enforce_eager: bool = True
+    vllm_dtype: Dtype | None = Field(
+        None,
+        description="vLLM's dtype (default: --dtype); bf16 samples faster on bf16 CPUs/GPUs while training stays fp32",
+    )
     vllm_enable_sleep_mode: bool = Field(False, description="free vLLM's memory while training (GPU only)")
     vllm_importance_sampling_correction: bool = False
     vllm_importance_sampling_cap: float = Field(3.0, gt=0.0, description="truncation of the sampler/trainer ratio")

@@ -52,6 +52,18 @@ def test_settings_and_config_name_the_rollout_engine_and_what_it_cannot_do() -> 
     assert "hybrid_engine.rollout_engine" in str(err.value) and "vllm" in str(err.value)
 
 
+def test_vllm_dtype_defaults_to_the_training_dtype_and_may_differ() -> None:
+    from hybridzero.rlhf.rollout.backends import build_vllm_engine
+
+    config = tiny_llama(head_dim=32).config
+    for dtype in ("fp32", "bf16"):  # default: the training dtype
+        assert build_vllm_engine(GRPOSettings(rollout_engine="vllm", dtype=dtype), config, 1, 0).opts.dtype == dtype
+    s = GRPOSettings(rollout_engine="vllm", dtype="fp32", vllm_dtype="bf16")
+    assert build_vllm_engine(s, config, 1, 0).opts.dtype == "bf16"  # sampler bf16, trainer fp32
+    with pytest.raises(ValidationError, match="vllm_dtype"):
+        GRPOSettings(rollout_engine="vllm", vllm_dtype="fp8")
+
+
 def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm", None)  # what an interpreter without the package sees
     with pytest.raises(RolloutEngineError) as err:

@@ -41,7 +41,7 @@ __all__ = [
 def build_vllm_engine(s: PPOSettings, hf_config: PretrainedConfig, world: int, rank: int) -> VLLMEngine:
     """The vLLM engine of this rank for a PPO / GRPO run (not started: it starts at the first weight sync)."""
     opts = VLLMOptions(
-        dtype=s.dtype,
+        dtype=s.vllm_dtype or s.dtype,  # the trainer recomputes every log-prob it trains on in its own dtype
         gpu_memory_utilization=s.vllm_gpu_memory_utilization,
         kv_cache_gb=s.vllm_kv_cache_gb,
         max_model_len=s.vllm_max_model_len or s.max_prompt_seq_len + s.max_answer_seq_len,
