@@ -11,6 +11,7 @@ model's template) x 4 sampled completions of at most 64 tokens at temperature 1,
 :func:`rl_chat_task.sum_reward`, one optimizer step on the 32 (lr 1e-6 constant, no KL, fp32, gloo on CPU).
 Ours: ZeRO-3 + hybrid engine (``bench/rl_peer_ours.py chat``); TRL 1.16 with DDP through accelerate
 (``bench/rl_peer_trl.py --task chat``, run by ``--trl_python``: a venv with ``trl==1.16.0``, never the project's).
+``trl-vllm`` is TRL with its own colocated vLLM (``use_vllm=True, vllm_mode="colocate"``; needs vLLM in that venv).
 ``vllm-bf16+pack`` samples in bf16 (``--vllm_dtype bf16``) while the trainer stays fp32 and recomputes every log-prob.
 
 Reported per run: steady samples/s = completions / seconds of the iterations after the first (the first holds
@@ -38,6 +39,7 @@ VARIANTS: dict[str, list[str]] = {
     "vllm+pack": ["--rollout_engine", "vllm", "--packing_samples"],
     "vllm-bf16+pack": ["--rollout_engine", "vllm", "--packing_samples", "--vllm_dtype", "bf16"],
     "trl": [],
+    "trl-vllm": ["--use_vllm"],
 }
 PER_ITERATION = 8 * 4
 
@@ -60,8 +62,8 @@ def _ours(a: argparse.Namespace, variant: str, world: int, out: Path) -> dict[st
     }
 
 
-def _trl(a: argparse.Namespace, world: int, out: Path) -> dict[str, Any]:
-    args = ["--task", "chat", "--sft_dir", a.model, "--prompts", str(a.prompts), "--out", str(out)]
+def _trl(a: argparse.Namespace, variant: str, world: int, out: Path) -> dict[str, Any]:
+    args = ["--task", "chat", "--sft_dir", a.model, "--prompts", str(a.prompts), "--out", str(out), *VARIANTS[variant]]
     wall = _torchrun(world, "rl_peer_trl.py", [*args, "--iterations", str(a.iterations)], out / "run.log", a.trl_python)
     r = json.loads((out / "trl_result.json").read_text())
     its = r["step_s"]
@@ -103,8 +105,9 @@ def _markdown(res: dict[str, Any]) -> str:
             if v == "trl":
                 continue
             vs_trl = f"{x['steady_samples_per_s'] / by['trl']['steady_samples_per_s']:.2f}x" if "trl" in by else "-"
-            base = by.get("hf")
-            speed = f"{base['generation_s_steady'] / x['generation_s_steady']:.2f}x" if base else "-"
+            base = by.get("hf") or by.get("hf+pack")  # the hf engine generates the same either way
+            gen = x.get("generation_s_steady")
+            speed = f"{base['generation_s_steady'] / gen:.2f}x" if base and gen else "-"
             lines.append(f"| {r[0]} | {r[1]} | {v} | {vs_trl} | {speed} |")
     return "\n".join(lines) + "\n"
 
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
             for v in a.variants[k:] + a.variants[:k]:  # a rotated order each round: load drifts hit every variant
                 out = work / f"r{r}_w{w}_{v}"
                 out.mkdir(parents=True, exist_ok=True)
-                res = _trl(a, w, out) if v == "trl" else _ours(a, v, w, out)
+                res = _trl(a, v, w, out) if v.startswith("trl") else _ours(a, v, w, out)
                 runs.append({"round": r, "world": w, "variant": v, **res})
                 print(json.dumps(runs[-1]), flush=True)
     res = {"model": Path(a.model).name, "iterations": a.iterations, "worlds": a.worlds, "runs": runs}

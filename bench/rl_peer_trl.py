@@ -60,6 +60,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=3)
     ap.add_argument("--task", choices=("arith", "chat"), default="arith")
     ap.add_argument("--prompts", default=None, help="chat: the prompt file")
+    ap.add_argument("--use_vllm", action="store_true", help="TRL's own vLLM rollouts, vllm_mode='colocate'")
     a = ap.parse_args()
     torch.set_num_threads(1)
     world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -93,7 +94,15 @@ def _common(a: argparse.Namespace, world: int) -> dict[str, Any]:
         fp16=False,
         disable_tqdm=True,
         dataloader_num_workers=0,
+        **_vllm_keys(a),
     )
+
+
+def _vllm_keys(a: argparse.Namespace) -> dict[str, Any]:
+    """TRL's colocated vLLM (each rank its own in-process engine), as TRL's docs configure it; none without the flag."""
+    if not a.use_vllm:
+        return {}
+    return dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, vllm_enable_sleep_mode=False)
 
 
 def _chat_config(a: argparse.Namespace, world: int) -> GRPOConfig:
