@@ -3,7 +3,7 @@
 The public functions are ``torch.distributed``'s, re-exported unchanged (same signatures, same semantics, as
 ``deepspeed.comm`` mirrors them), plus DeepSpeed's ``init_distributed`` and ``get_local_rank``. hybridzero's engine
 never calls them: its collectives go through :class:`hybridzero.comm.collectives.Comm` (ledger, failure propagation).
-This module and ``collectives.py`` are the only importers of ``torch.distributed``.
+This module, ``collectives.py`` and ``process_group.py`` import ``torch.distributed`` (see docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """The one wrapper through which every collective of the engine goes (with ``comm/__init__.py``, whose public
-functions are DeepSpeed's ``deepspeed.comm`` face, the only importer of ``torch.distributed``).
+functions are DeepSpeed's ``deepspeed.comm`` face, and ``comm/process_group.py``, the importers of
+``torch.distributed`` in ``comm/``).
 
 Invariants:
 * Every call is recorded in the owning :class:`~hybridzero.comm.ledger.Ledger` (calls, whole-buffer bytes, wire
@@ -17,49 +18,35 @@ Invariants:
   to the group (Hugging Face models hold one) keeps gloo's sockets open.
 * At world size 1 without a process group the collectives are local copies, still recorded.
 
-Kept in one file (about 450 lines after formatting, with Ulysses' all-to-all): every collective, its ledger entry
-and its failure check belong together; splitting them would put the one wrapper in two places.
+Every collective, its ledger entry and its failure check stay together here (one wrapper, in one place). Beside it:
+:mod:`hybridzero.comm.failures` (``PeerFailure``, the shared ``FailureState``) and
+:mod:`hybridzero.comm.process_group` (``init_distributed``, ``abort_process_group``); both are re-exported here, so
+``from hybridzero.comm.collectives import PeerFailure, init_distributed, DEFAULT_TIMEOUT_S`` keeps working.
 """
 
 from __future__ import annotations
 
-import datetime
-import gc
-import os
 import pickle
-import socket
 import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from hybridzero.comm.failures import FAILURE_KEY, FIRST_CHECK_S, POLL_CHECK_S, FailureState, PeerFailure, describe
 from hybridzero.comm.ledger import Ledger
+from hybridzero.comm.process_group import DEFAULT_TIMEOUT_S, abort_process_group, init_distributed, world_info
 
-_FAILURE_KEY = "hybridzero/failure"
-DEFAULT_TIMEOUT_S = 600.0
-_FIRST_CHECK_S = 1e-3  # a blocked wait first looks for a posted failure after this long
-_POLL_CHECK_S = 0.05  # ... and then at least this often
-
-
-class PeerFailure(RuntimeError):
-    """A collective could not complete because another rank failed (its rank and error are in the message)."""
-
-
-class FailureState:
-    """What this process knows about failures on one process group; shared by a :class:`Comm` and its splits.
-
-    ``failed`` is set once (sticky) when this rank tore the group down; ``agreed`` is the last exception that every
-    rank raised together after :meth:`Comm.agree` (not fatal: the ranks are still in step). ``owed`` is a collective
-    this rank owes its peers before any other on the group (the close of a ZeRO-3 synced generation, see
-    :mod:`hybridzero.runtime.synced_generation`): :meth:`Comm._check_usable` runs it once, first."""
-
-    def __init__(self) -> None:
-        self.failed: str | None = None
-        self.agreed: BaseException | None = None
-        self.owed: Callable[[], None] | None = None
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "Comm",
+    "FailureState",
+    "PeerFailure",
+    "PendingCollective",
+    "abort_process_group",
+    "init_distributed",
+]
 
 
 class PendingCollective:
@@ -92,42 +79,6 @@ class PendingCollective:
         self._done = True
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def init_distributed(backend: str | None = None, timeout_s: float | None = None) -> None:
-    """Initialise the default process group from torchrun's environment (idempotent).
-
-    gloo on CPU, NCCL when CUDA is available (``backend`` overrides). Without torchrun's variables a plain process
-    becomes a world of size 1. ``timeout_s`` (default ``$HYBRIDZERO_TIMEOUT_S`` or 600) bounds every collective, so a
-    dead peer turns into an error instead of a hang.
-    """
-    if dist.is_available() and dist.is_initialized():
-        return
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if timeout_s is None:
-        timeout_s = float(os.environ.get("HYBRIDZERO_TIMEOUT_S", DEFAULT_TIMEOUT_S))
-    timeout = datetime.timedelta(seconds=timeout_s)
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-        dist.init_process_group(backend, rank=0, world_size=1, timeout=timeout)
-        return
-    if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, timeout=timeout)
-
-
-def _world_info(group: Any | None) -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(group), dist.get_world_size(group)
-    return 0, 1
-
-
 class Comm:
     """Collectives over one process group (``None`` = the default group), recorded in ``ledger`` under ``name``."""
 
@@ -135,12 +86,12 @@ class Comm:
         self.ledger = ledger
         self.group = group
         self.name = name
-        self.rank, self.world_size = _world_info(group)
+        self.rank, self.world_size = world_info(group)
         self._local = not (dist.is_available() and dist.is_initialized())
         self._poll = not self._local and dist.get_backend(group) == "gloo"
-        self.failure_key = _FAILURE_KEY  # scoped per engine by ``scope_failures`` so old failures never leak
+        self.failure_key = FAILURE_KEY  # scoped per engine by ``scope_failures`` so old failures never leak
         self.failures = FailureState()
-        self.poll_interval_s = _POLL_CHECK_S  # longest pause between two looks at the store while blocked
+        self.poll_interval_s = POLL_CHECK_S  # longest pause between two looks at the store while blocked
         # Held so the posted failure stays readable after a teardown: rank 0's store also serves every peer.
         self._store = None if self._local else dist.distributed_c10d._get_default_store()
         self._own_rank = 0 if self._local else dist.get_rank()
@@ -319,26 +270,17 @@ class Comm:
         collective raises :class:`PeerFailure`. When a peer had already failed, ``exc`` (kept as it is: it may be a
         genuine error of this rank's own) gets a note naming that first failure. Idempotent; never raises; a no-op
         without peers."""
-        if self._local or _world_info(None)[1] == 1 or self._is_agreed(exc):
+        if self._local or world_info(None)[1] == 1 or self.failures.is_agreed(exc):
             return
         posted = self.peer_failure()
         peer = posted if posted is not None and not posted.startswith(f"rank {self._global_rank()}:") else None
         if peer is None and not isinstance(exc, PeerFailure):
-            self.post_failure(_describe(exc))
+            self.post_failure(describe(exc))
         if self.failures.failed is None:
-            self.failures.failed = peer or f"rank {self._global_rank()}: {_describe(exc)}"
+            self.failures.failed = peer or f"rank {self._global_rank()}: {describe(exc)}"
             if peer is not None and not isinstance(exc, PeerFailure) and hasattr(exc, "add_note"):
                 exc.add_note(f"(a peer failed first: {peer})")
         abort_process_group()
-
-    def _is_agreed(self, exc: BaseException) -> bool:
-        agreed, seen = self.failures.agreed, 0
-        link: BaseException | None = exc
-        while agreed is not None and link is not None and seen < 16:  # the exception, or what it was raised from
-            if link is agreed:
-                return True
-            link, seen = link.__cause__ or link.__context__, seen + 1
-        return False
 
     def _global_rank(self) -> int:
         return 0 if self._local else self._own_rank
@@ -362,7 +304,7 @@ class Comm:
 
     def scope_failures(self, scope: str) -> None:
         """Use a failure key of this engine's own (every rank passes the same ``scope``)."""
-        self.failure_key = f"{_FAILURE_KEY}/{scope}"
+        self.failure_key = f"{FAILURE_KEY}/{scope}"
 
     def post_failure(self, message: str) -> None:
         """Tell every peer that this rank failed with ``message`` (best effort; never raises). The first failure
@@ -370,7 +312,7 @@ class Comm:
         if self._store is None:
             return
         value = f"rank {self._global_rank()}: {message}"
-        for key in dict.fromkeys((self.failure_key, _FAILURE_KEY)):  # this engine's key, and the group-wide one
+        for key in dict.fromkeys((self.failure_key, FAILURE_KEY)):  # this engine's key, and the group-wide one
             try:
                 self._store.compare_set(key, "", value)
             except Exception:  # noqa: BLE001 - reporting a failure must never mask it
@@ -380,7 +322,7 @@ class Comm:
         """The failure posted for this engine, else for any engine on this process group (``None`` if none)."""
         if self._store is None:
             return None
-        for key in dict.fromkeys((self.failure_key, _FAILURE_KEY)):
+        for key in dict.fromkeys((self.failure_key, FAILURE_KEY)):
             try:
                 if self._store.check([key]):
                     return self._store.get(key).decode()
@@ -402,13 +344,13 @@ class Comm:
     def _wait(self, work: Any) -> None:
         """Complete ``work``; a transport error becomes :class:`PeerFailure` naming the posted failure.
 
-        On gloo (CPU) a wait that blocks polls the store for a posted failure: first after ``_FIRST_CHECK_S`` of
+        On gloo (CPU) a wait that blocks polls the store for a posted failure: first after ``FIRST_CHECK_S`` of
         blocking, then at doubling intervals up to ``poll_interval_s``. A failed rank never issues another
         collective (:meth:`_check_usable`), so a peer's collective that needs it blocks and this poll reports it
         within milliseconds. A collective that completes without blocking costs one ``is_completed`` query and no
         store access. NCCL waits stay asynchronous with respect to the host (there the teardown breaks them)."""
         if self._poll and not work.is_completed():
-            interval = _FIRST_CHECK_S
+            interval = FIRST_CHECK_S
             next_check = time.monotonic() + interval
             pause = 1e-5
             while not work.is_completed():
@@ -430,17 +372,3 @@ class Comm:
         if posted is not None:
             raise PeerFailure(f"collective on group '{self.name}' aborted because {posted}") from exc
         raise PeerFailure(f"collective on group '{self.name}' failed: {exc}") from exc
-
-
-def _describe(exc: BaseException) -> str:
-    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
-
-
-def abort_process_group() -> None:
-    """Tear the default process group down so peers blocked on this rank fail fast (after ``post_failure``)."""
-    if dist.is_available() and dist.is_initialized():
-        try:
-            dist.destroy_process_group()
-            gc.collect()  # drop the last references so the transport closes its connections now
-        except Exception:  # noqa: BLE001 - best effort while failing
-            pass

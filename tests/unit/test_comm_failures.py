@@ -20,8 +20,8 @@ def test_agree_raises_the_error_and_records_it_as_agreed() -> None:
     try:
         raise RuntimeError("wrapped") from error
     except RuntimeError as wrapped:
-        assert comm._is_agreed(wrapped)  # an agreed error re-raised as the cause of another stays agreed
-    assert not comm._is_agreed(ValueError("another"))
+        assert comm.failures.is_agreed(wrapped)  # an agreed error re-raised as the cause of another stays agreed
+    assert not comm.failures.is_agreed(ValueError("another"))
     assert comm.ledger.total(collective="all_gather_object").calls == 2
 
 
