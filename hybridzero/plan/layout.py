@@ -2,7 +2,7 @@
 
 :func:`group_shapes` follows ``Engine._build_groups`` step by step -- ``zero.partition.plan_groups`` (persistence
 threshold at stage 3 only), ``optim.sharded.order_for_optimizer`` (one optimizer group of every trainable
-parameter, frozen last), ``zero.groups.stage_mode`` and ``zero.layout.build_layout`` (the persistent group laid out
+parameter, frozen last), ``zero.group_types.stage_mode`` and ``zero.layout.build_layout`` (the persistent group laid out
 over one rank) -- on a meta-device model, so no parameter is ever allocated. Invariant (tested against real engines
 at world 1-4): every :class:`GroupShape` has the layout, mode and trainable count of the engine's ``ShardedGroup``.
 """
@@ -15,7 +15,7 @@ from torch import nn
 
 from hybridzero.config import Config
 from hybridzero.optim import sharded
-from hybridzero.zero.groups import ShardMode, stage_mode
+from hybridzero.zero.group_types import ShardMode, stage_mode
 from hybridzero.zero.layout import FlatLayout, build_layout, intersect
 from hybridzero.zero.leaf import leaf_module_names
 from hybridzero.zero.partition import plan_groups

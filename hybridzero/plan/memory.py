@@ -28,7 +28,7 @@ import torch
 
 from hybridzero.config import Config
 from hybridzero.plan.layout import GroupShape
-from hybridzero.zero.groups import ShardMode
+from hybridzero.zero.group_types import ShardMode
 from hybridzero.zero.offload import Placement
 
 __all__ = [

@@ -27,7 +27,7 @@ from hybridzero.comm.ledger import Ledger
 from hybridzero.comm.quantize import quantized_nbytes
 from hybridzero.config import Config
 from hybridzero.plan.layout import GroupShape
-from hybridzero.zero.groups import ShardMode
+from hybridzero.zero.group_types import ShardMode
 from hybridzero.zero.prefetch import Prefetcher
 
 __all__ = ["StepSimulator", "Topology", "generation_ledger", "wire_bytes"]

@@ -16,7 +16,7 @@ from torch import nn
 
 from hybridzero.runtime.fragments import FragmentHost, TensorFragments, master_range, param_part
 from hybridzero.zero.gathered import ZeroParamOwner
-from hybridzero.zero.groups import GroupState
+from hybridzero.zero.group_types import GroupState
 from hybridzero.zero.param_view import DS_ATTRIBUTES, ZeroParameter, ZeroParamStatus, adopt, release
 
 __all__ = ["EngineParams", "ZeroParameter", "adopt", "release"]

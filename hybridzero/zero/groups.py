@@ -21,16 +21,15 @@ Invariants (each tested):
   placeholder outside ``master_resident()``; the kept compute shard always equals the master cast.
 * Shapes come from the :class:`FlatLayout` metadata, never from the local shard's size.
 
-Just over 400 lines: one group's whole lifecycle (gather, release, gradient buffer, shard write) is one state
-object by design (DESIGN.md: a parameter's sharded state lives in one explicit object); the file-backed master
-already lives apart in :mod:`hybridzero.zero.infinity`.
+One group's whole lifecycle (gather, release, gradient buffer, shard write) is one state object by design (DESIGN.md:
+a parameter's sharded state lives in one explicit object); the file-backed master lives apart in
+:mod:`hybridzero.zero.infinity`, and the group's vocabulary (``ShardMode``, ``stage_mode``, ``GroupState``, ``Slot``)
+in :mod:`hybridzero.zero.group_types`, re-exported here.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -44,44 +43,12 @@ from hybridzero.comm.quantize import (
 )
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero.fill import read_range
+from hybridzero.zero.group_types import GroupState, ShardMode, Slot, stage_mode
 from hybridzero.zero.infinity import FileBackedMaster
-from hybridzero.zero.layout import FlatLayout, ParamSpec, build_layout, intersect
+from hybridzero.zero.layout import FlatLayout, build_layout, intersect
 from hybridzero.zero.offload import Placement, move
 
-
-class ShardMode(enum.Enum):
-    """What a group shards (see module docstring)."""
-
-    ZERO3 = "zero3"
-    PARAMS_WHOLE = "params_whole"
-    DDP = "ddp"
-    PERSISTENT = "persistent"
-
-
-def stage_mode(stage: int) -> ShardMode:
-    """The mode of a ZeRO ``stage``'s gather groups (the persistent group is always ``PERSISTENT``); pure, shared
-    by the engine and ``hybridzero plan`` so both lay out the same groups."""
-    modes = {0: ShardMode.DDP, 1: ShardMode.PARAMS_WHOLE, 2: ShardMode.PARAMS_WHOLE, 3: ShardMode.ZERO3}
-    if stage not in modes:
-        raise ValueError(f"zero_optimization.stage = {stage!r} is invalid: expected 0, 1, 2 or 3")
-    return modes[stage]
-
-
-class GroupState(enum.Enum):
-    """Where a group's full parameters are."""
-
-    SHARDED = "sharded"
-    GATHERING = "gathering"
-    GATHERED = "gathered"
-
-
-@dataclass(frozen=True)
-class Slot:
-    """One parameter of a group: the module's Parameter object and its place in the flat buffer."""
-
-    param: nn.Parameter
-    spec: ParamSpec
-    trainable: bool
+__all__ = ["GroupState", "ShardMode", "ShardedGroup", "Slot", "stage_mode"]
 
 
 class ShardedGroup(FileBackedMaster):

@@ -20,7 +20,7 @@ from torch import nn
 
 from hybridzero.comm.collectives import Comm
 from hybridzero.tensor_source import check_range
-from hybridzero.zero.groups import ShardMode
+from hybridzero.zero.group_types import ShardMode
 from hybridzero.zero.init_store import InitStore
 from hybridzero.zero.layout import build_layout, intersect
 from hybridzero.zero.registry import REGISTRY
