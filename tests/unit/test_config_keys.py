@@ -92,7 +92,7 @@ ACTS: dict[str, str] = {
     "zero_optimization.offload_param.nvme_path": _OFFLOAD_PARAM,
     "zero_optimization.offload_param.buffer_count": _READ_AHEAD,
     "zero_optimization.offload_param.max_in_cpu": _READ_AHEAD,
-    "zero_optimization.cpu_offload_param": "unit/test_config.py::test_bad_values_name_key_and_value",
+    "zero_optimization.cpu_offload_param": "unit/test_config_errors.py::test_bad_values_name_key_and_value",
     # acts through engine.save_16bit_model (another slice)
     "zero_optimization.stage3_gather_16bit_weights_on_model_save": _MAPPING,
     "zero_optimization.ignore_unused_parameters": (

@@ -1,5 +1,5 @@
 """Config: optimizer and scheduler blocks, JSON files, immutability and direct construction (split from
-``test_config.py``, which covers defaults, key mapping, batch arithmetic, unknown/ignored keys and bad values)."""
+``test_config.py``: defaults, key mapping, batch arithmetic; ``test_config_errors.py``: unknown/ignored/bad keys)."""
 
 from __future__ import annotations
 
