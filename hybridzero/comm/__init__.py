@@ -3,7 +3,7 @@
 The public functions are ``torch.distributed``'s, re-exported unchanged (same signatures, same semantics, as
 ``deepspeed.comm`` mirrors them), plus DeepSpeed's ``init_distributed`` and ``get_local_rank``. hybridzero's engine
 never calls them: its collectives go through :class:`hybridzero.comm.collectives.Comm` (ledger, failure propagation).
-This module, ``collectives.py`` and ``process_group.py`` import ``torch.distributed`` (see docs/architecture.md).
+This module, ``collectives.py`` and ``process_group.py`` are the only importers of ``torch.distributed``.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ __all__ = [
     "get_global_rank",
     "get_local_rank",
     "get_rank",
+    "get_world_group",
     "get_world_size",
     "init_distributed",
     "irecv",
@@ -90,6 +91,11 @@ def get_rank(group: Any = None) -> int:
 def get_world_size(group: Any = None) -> int:
     """Ranks in ``group`` (the world by default)."""
     return dist.get_world_size(group)
+
+
+def get_world_group() -> Any:
+    """The default (world) process group, as DeepSpeed's ``get_world_group`` answers (``None`` before one exists)."""
+    return dist.group.WORLD
 
 
 def get_local_rank() -> int:

@@ -1,6 +1,6 @@
 """The one wrapper through which every collective of the engine goes (with ``comm/__init__.py``, whose public
-functions are DeepSpeed's ``deepspeed.comm`` face, and ``comm/process_group.py``, the importers of
-``torch.distributed`` in ``comm/``).
+functions are DeepSpeed's ``deepspeed.comm`` face, and ``comm/process_group.py``, the only importers of
+``torch.distributed``).
 
 Invariants:
 * Every call is recorded in the owning :class:`~hybridzero.comm.ledger.Ledger` (calls, whole-buffer bytes, wire

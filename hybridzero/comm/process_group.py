@@ -1,5 +1,5 @@
 """The default process group's life: set up from torchrun's environment, this rank's place in a group, torn down
-after a failure. With ``comm/__init__.py`` and ``comm/collectives.py`` one of the importers of ``torch.distributed``.
+after a failure. With ``comm/__init__.py`` and ``comm/collectives.py`` the only importers of ``torch.distributed``.
 
 Invariant: without a process group a plain process is a world of size 1 (rank 0), never an error.
 """

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch.distributed as dist
-
+from hybridzero import comm as dist  # deepspeed.comm's face: torch.distributed's own functions, re-exported
 from hybridzero.runtime.ulysses_hf import REGISTRY, SequenceParallelGroups, unregister_from_transformers
 
 __all__ = [
@@ -121,7 +120,7 @@ def groups_sequence_parallel_rank() -> int:
 
 def groups_data_parallel_group() -> Any:
     groups = REGISTRY.active
-    return dist.group.WORLD if groups is None else groups.get_data_parallel_group()
+    return dist.get_world_group() if groups is None else groups.get_data_parallel_group()
 
 
 def groups_data_parallel_world_size() -> int:
@@ -136,7 +135,7 @@ def groups_data_parallel_rank() -> int:
 
 def groups_sequence_data_parallel_group() -> Any:
     """All ranks, registered or not (ZeRO shards over the whole world)."""
-    return dist.group.WORLD
+    return dist.get_world_group()
 
 
 def groups_sequence_data_parallel_world_size() -> int:

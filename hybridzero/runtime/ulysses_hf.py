@@ -24,9 +24,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch.distributed as dist
 from torch import nn
 
+from hybridzero import comm as dist  # deepspeed.comm's face: torch.distributed's own functions, re-exported
 from hybridzero.comm.collectives import Comm
 from hybridzero.comm.ledger import Ledger
 from hybridzero.runtime.sequence_parallel import SequenceParallel, check_model
@@ -82,7 +82,7 @@ class SequenceParallelGroups:
 
     def get_sequence_data_parallel_group(self) -> Any:
         """All ranks (SP x DP): the group ZeRO shards and reduces over."""
-        return dist.group.WORLD
+        return dist.get_world_group()
 
     def get_sequence_data_parallel_world_size(self) -> int:
         return dist.get_world_size()
