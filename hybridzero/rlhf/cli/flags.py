@@ -35,12 +35,12 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "actor_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "critic_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
 }
-# settings of step 1 only: the other steps accept the flag at its "off" value and refuse any other in one line
+# settings of some steps only (sft, reward, grpo): the other steps accept the flag at its "off" value and refuse
+# any other in one line
 SFT_ONLY: dict[str, tuple[Any, str]] = {
     "sequence_parallel_size": (
         1,
-        "only sft and grpo run with sequence parallelism; the reward and ppo forwards are not split by sequence "
-        "yet (value heads: the reward model, ppo's critic)",
+        "only sft, reward and grpo run with sequence parallelism; ppo's forwards are not split by sequence yet",
     ),
 }
 # LoRA flags of the other steps (step 3's on sft/reward and vice versa): DS-Chat's scripts only pass their own
