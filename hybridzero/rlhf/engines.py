@@ -316,10 +316,11 @@ def build_roles(s: PPOSettings, world: int, total_steps: int, with_reward_model:
         )
     reward = None
     if with_reward_model:
-        reward = build_engine(
-            load_value_model(s.critic_model_name_or_path, no_dropout=True).float(),
-            frozen(s.stage_of("reward"), s.offload_reward_model),
-        )
+        reward_cfg = frozen(s.stage_of("reward"), s.offload_reward_model)
+        if sp > 1:  # scores from split forwards (rlhf.rollout.sp_values), the SP group's rows summed back
+            reward_cfg["sequence_parallel_size"] = sp
+            reward_cfg["train_batch_size"] = train * max(world // sp, 1)
+        reward = build_engine(load_value_model(s.critic_model_name_or_path, no_dropout=True).float(), reward_cfg)
     critic = None
     if not isinstance(s, GRPOSettings):
         critic_optim = spec(s.critic_learning_rate, s.critic_weight_decay)

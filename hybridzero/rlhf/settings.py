@@ -436,10 +436,9 @@ class GRPOSettings(PPOSettings):
         return not (self.reward_funcs or n_api_funcs) or "critic_model_name_or_path" in self.model_fields_set
 
     def _check_sequence_parallel(self) -> None:
-        """``sequence_parallel_size`` > 1 runs reward functions, the actor and the reference only: refuse the rest."""
+        """``sequence_parallel_size`` > 1 splits the actor, the reference and the reward model: refuse the rest."""
         sp = self.sequence_parallel_size
         off = {
-            "reward_model": self.uses_reward_model(),
             "unsup_coef/unsupervised_dataset_name": self.ptx_enabled,
             "max_tokens_per_batch": self.max_tokens_per_batch is not None,
             "rollout_engine vllm": self.rollout_engine != "hf",
@@ -449,7 +448,7 @@ class GRPOSettings(PPOSettings):
         given = [name for name, on in off.items() if on]
         if sp > 1 and given:
             raise ValueError(
-                f"sequence_parallel_size = {sp} runs GRPO with reward functions on the actor and reference only; "
+                f"sequence_parallel_size = {sp} runs GRPO on the actor, the reference and the reward model only; "
                 f"turn off {', '.join(given)} (or use sequence_parallel_size = 1)"
             )
 

@@ -66,6 +66,10 @@ RUNS: dict[str, dict[str, Any]] = {
     },
     "dapo": {"reward_funcs": [R + "first_is_digit"], "overlong_buffer_length": 2, "max_resample_rounds": 2},
 }
+# the reward model scores too (with a reward function: both sources, weighted); its forwards are split as well
+RM_RUNS: dict[str, dict[str, Any]] = {
+    "grpo-rm": {"algorithm": "grpo", "reward_model": True, "reward_funcs": [R + "digit_share"], "beta": 0.05},
+}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +87,9 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def _runs(dirs: tuple[str, str], data: str, out: Path, world: int, sp: int) -> dict[str, dict[str, Any]]:
+def _runs(
+    dirs: tuple[str, str], data: str, out: Path, world: int, sp: int, runs: dict[str, dict[str, Any]] = RUNS
+) -> dict[str, dict[str, Any]]:
     dp = world // sp
     base = {
         "actor_model_name_or_path": dirs[0],
@@ -108,7 +114,7 @@ def _runs(dirs: tuple[str, str], data: str, out: Path, world: int, sp: int) -> d
     }
     return {
         name: {**base, "algorithm": name, "output_dir": str(out / f"{name}-w{world}-s{sp}"), **knobs}
-        for name, knobs in RUNS.items()
+        for name, knobs in runs.items()
     }
 
 
@@ -135,3 +141,18 @@ def test_grpo_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size:
         for name in RUNS:
             assert res[name]["sp"] and not base[name]["sp"], (rank, name)  # the actor's forwards were split
             _check(res[name], base[name], f"world {world_size} rank {rank} {name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_grpo_reward_model_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: int) -> None:
+    """The reward model's end-of-sequence scores from split forwards (``rlhf/rollout/sp_values.py``): the same
+    rewards (per source) as the s = 1 run, hence the same advantages, losses and parameters."""
+    base = world(1).run(grpo_params_run, _runs(dirs, prompts, tmp_path, 1, 1, RM_RUNS), timeout=400)[0]
+    assert any(k.startswith("rewards/") for k in base["grpo-rm"]["history"][0])  # per-source means are logged
+    results = world(world_size).run(
+        grpo_params_run, _runs(dirs, prompts, tmp_path, world_size, 2, RM_RUNS), timeout=500
+    )
+    for rank, res in enumerate(results):
+        assert res["grpo-rm"]["rm_sp"] and not base["grpo-rm"]["rm_sp"], rank  # the reward model's forwards split
+        _check(res["grpo-rm"], base["grpo-rm"], f"world {world_size} rank {rank} grpo-rm")

@@ -33,5 +33,11 @@ def grpo_params_run(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
             }
         finally:
             run.close()
-        out[name] = {"history": history, "params": params, "sp": run.roles.actor.sequence_parallel is not None}
+        reward = run.roles.reward
+        out[name] = {
+            "history": history,
+            "params": params,
+            "sp": run.roles.actor.sequence_parallel is not None,
+            "rm_sp": reward is not None and reward.sequence_parallel is not None,
+        }
     return out
