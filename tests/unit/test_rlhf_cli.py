@@ -81,15 +81,10 @@ def test_unsupported_deepspeed_chat_flags_are_named(
     assert flag in err and reason in err
 
 
-def test_sequence_parallel_size_is_refused_by_ppo_only(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["ppo", "--sequence_parallel_size", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "--sequence_parallel_size 2 is not supported by this step: only sft, reward and grpo run with" in err
+def test_every_step_takes_sequence_parallel_size() -> None:
     from hybridzero.rlhf.settings import RewardSettings, SFTSettings
 
-    off = settings_from_args(PPOSettings, build_parser().parse_args(["ppo", "--sequence_parallel_size", "1"]))
-    assert not hasattr(off, "sequence_parallel_size")  # the "off" value is accepted and changes nothing
-    for command, model in (("sft", SFTSettings), ("reward", RewardSettings)):
+    for command, model in (("sft", SFTSettings), ("reward", RewardSettings), ("ppo", PPOSettings)):
         got = settings_from_args(model, build_parser().parse_args([command, "--sequence_parallel_size", "2"]))
         assert isinstance(got, model) and got.sequence_parallel_size == 2, command
 
@@ -111,7 +106,7 @@ def test_grpo_takes_sequence_parallel_size_with_reward_functions_and_model(
     ):
         assert main(["grpo", *extra, "--sequence_parallel_size", "2"]) == 2, extra
         err = capsys.readouterr().err
-        assert "sequence_parallel_size = 2 runs GRPO on the actor, the reference and the reward model only" in err
+        assert "sequence_parallel_size = 2 splits the actor, reference, critic and reward model only" in err
         assert f"turn off {named}" in err, (extra, err)
 
 
