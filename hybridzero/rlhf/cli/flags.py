@@ -215,7 +215,7 @@ def settings_from_args(model: type[BaseModel], args: argparse.Namespace) -> Base
             raise ValueError(f"--config {path}: cannot read a JSON object ({exc})") from None
         if not isinstance(values, dict):
             raise ValueError(f"--config {path}: expected a JSON object of settings, got {type(values).__name__}")
-    values.update({k: v for k, v in given.items() if not k.startswith(("ignored__", "unsupported__", "sftonly__"))})
+    values.update({k: v for k, v in given.items() if not k.startswith(("ignored__", "unsupported__"))})
     try:
         return model(**values)
     except ValidationError as exc:
