@@ -300,7 +300,7 @@ def build_roles(s: PPOSettings, world: int, total_steps: int, with_reward_model:
     if s.enable_mixed_precision_lora and actor_lora.enabled:
         actor_cfg["zero_optimization"]["zero_quantized_nontrainable_weights"] = True  # DS-Chat's meaning
     ref_cfg = frozen(s.stage_of("reference"), s.offload_reference_model)
-    sp = int(getattr(s, "sequence_parallel_size", 1))  # GRPO only (settings); the engines check it divides the world
+    sp = s.sequence_parallel_size  # the engines check it divides the world and the heads (one line)
     if sp > 1:  # the actor's and the reference's forwards split by sequence; they count data-parallel ranks
         for cfg, accum in ((actor_cfg, s.gradient_accumulation_steps), (ref_cfg, 1)):
             cfg["sequence_parallel_size"] = sp
@@ -316,16 +316,21 @@ def build_roles(s: PPOSettings, world: int, total_steps: int, with_reward_model:
         )
     reward = None
     if with_reward_model:
-        reward = build_engine(
-            load_value_model(s.critic_model_name_or_path, no_dropout=True).float(),
-            frozen(s.stage_of("reward"), s.offload_reward_model),
-        )
+        reward_cfg = frozen(s.stage_of("reward"), s.offload_reward_model)
+        if sp > 1:  # scores from split forwards (rlhf.rollout.sp_values), the SP group's rows summed back
+            reward_cfg["sequence_parallel_size"] = sp
+            reward_cfg["train_batch_size"] = train * max(world // sp, 1)
+        reward = build_engine(load_value_model(s.critic_model_name_or_path, no_dropout=True).float(), reward_cfg)
     critic = None
     if not isinstance(s, GRPOSettings):
         critic_optim = spec(s.critic_learning_rate, s.critic_weight_decay)
+        critic_cfg = trained(s.critic_zero_stage, critic_optim)
+        if sp > 1:  # per-token values from split forwards (rlhf.rollout.sp_values), as the actor's log-probs
+            critic_cfg["sequence_parallel_size"] = sp
+            critic_cfg["train_batch_size"] = train * s.gradient_accumulation_steps * max(world // sp, 1)
         critic = build_engine(
             load_value_model(s.critic_model_name_or_path, no_dropout=True).float(),
-            trained(s.critic_zero_stage, critic_optim),
+            critic_cfg,
             checkpointing=s.critic_gradient_checkpointing,
             optim=critic_optim,
             lora=critic_lora,

@@ -142,8 +142,10 @@ class ValueHeadModel(nn.Module):
     ) -> None:
         """Build the trunk from ``hf_config`` (or take ``transformer``); head ``N(0, 1/h)`` from ``head_seed``."""
         super().__init__()
-        self.config = hf_config
         self.transformer = transformer if transformer is not None else transformers.AutoModel.from_config(hf_config)
+        # the trunk's own config (from_pretrained copies the one it is given and resolves the attention
+        # implementation on the copy): sequence parallelism switches the attention through this object
+        self.config = cast(PretrainedConfig, getattr(self.transformer, "config", hf_config))
         width = _head_width(hf_config)
         device = next(self.transformer.parameters()).device
         if device.type == "meta":

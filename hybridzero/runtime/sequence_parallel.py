@@ -226,6 +226,15 @@ class SequenceParallel:
         out: torch.Tensor = _SumOverGroup.apply(t, self.comm)
         return out
 
+    def whole_rows(self, local: torch.Tensor, width: int) -> torch.Tensor:
+        """``[R, width]``: every rank's ``[R, w]`` per-slot values of its slice (rank ``r``: columns
+        ``[r w, (r+1) w)`` of the padded rows) put at their columns, zeros elsewhere, and summed over the SP group;
+        ``width`` cuts the right padding. Exact (each column is one rank's value plus zeros) and the same on every
+        rank; differentiable as :meth:`sum_over_group` (rank ``r``'s slice gets ``s`` times its columns' gradient)."""
+        w = local.shape[1]
+        placed = F.pad(local, (self.rank * w, (self.size - 1 - self.rank) * w))  # [R, w s]
+        return self.sum_over_group(placed)[:, :width]
+
     def loss(self, logits: torch.Tensor, shift_labels: torch.Tensor) -> torch.Tensor:
         """Per-token mean cross-entropy over the whole sequence, on every rank of the SP group (equal to the
         ``s = 1`` loss up to summation order): one all-reduce of (sum, count) in forward and one in backward."""

@@ -1,4 +1,4 @@
-"""``grpo --sequence_parallel_size 2`` trains as the ``s = 1`` run on the same global batch (real gloo worlds).
+"""``grpo`` and ``ppo --sequence_parallel_size 2`` train as the ``s = 1`` run on the same global batch (gloo worlds).
 
 World 1 (s = 1) against world 2 (s = 2, dp 1) and world 4 (s = 2, dp 2), each with the same global generation
 batch (16 sequences) and training mini-batch (8), ZeRO-3, fp32, two iterations of a tiny Llama with eager attention
@@ -25,6 +25,8 @@ fp32, after 4-6 AdamW steps of lr 3e-3, entries O(1)): a step moves an entry by 
 gradients' 2e-5 relative rounding moves by about as much, so the drift is <= 6 x 2e-5 x lr ~ 4e-7 plus the entries'
 own fp32 rounding (u |p| ~ 1.2e-7): ``rtol`` 2e-5, ``atol`` 1e-6. Measured: losses within 3e-8, parameters within
 1.2e-7 (one ulp). An entry whose gradient is within rounding of 0 could flip Adam's sign and move by ~lr: not seen.
+The same fixtures and tolerances serve GRPO with the reward model scoring (its scores split) and PPO (the critic's
+values split, trained through the split forwards; its gradient norm and parameters checked like the actor's).
 What bites: a loss scaled for the world instead of the data-parallel ranks (which AdamW's update would hide) doubles
 the gradient norm and moves the clipped second-pass losses; an SP rank counted twice in the normalisers halves the
 losses.
@@ -47,7 +49,7 @@ from tests.workers.rlhf_runs import make_model_dirs
 GLOBAL_GEN, GLOBAL_TRAIN = 16, 8
 R = "tests.workers.rlvr_rewards:"
 EXACT = ("reward", "answer_len", "skipped_samples", "resampled_groups", "truncated_fraction")
-CLOSE = ("actor_loss", "clip_fraction", "approx_kl", "kl", "grad_norm")
+CLOSE = ("actor_loss", "clip_fraction", "approx_kl", "kl", "grad_norm", "critic_loss", "value", "critic_grad_norm")
 TOL = 2e-5
 SUM_TOL = 1e-6  # fp32 sums of <= 16 rewards split over dp ranks: <= 16 u ~ 1e-6 relative
 LR = 3e-3
@@ -66,6 +68,14 @@ RUNS: dict[str, dict[str, Any]] = {
     },
     "dapo": {"reward_funcs": [R + "first_is_digit"], "overlong_buffer_length": 2, "max_resample_rounds": 2},
 }
+# PPO (DeepSpeed-Chat's step 3): the critic's per-token values and the reward model's scores split too
+PPO_RUNS: dict[str, dict[str, Any]] = {
+    "ppo": {"algorithm": "ppo", "critic_learning_rate": LR},
+}
+# the reward model scores too (with a reward function: both sources, weighted); its forwards are split as well
+RM_RUNS: dict[str, dict[str, Any]] = {
+    "grpo-rm": {"algorithm": "grpo", "reward_model": True, "reward_funcs": [R + "digit_share"], "beta": 0.05},
+}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +93,9 @@ def prompts(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(path)
 
 
-def _runs(dirs: tuple[str, str], data: str, out: Path, world: int, sp: int) -> dict[str, dict[str, Any]]:
+def _runs(
+    dirs: tuple[str, str], data: str, out: Path, world: int, sp: int, runs: dict[str, dict[str, Any]] = RUNS
+) -> dict[str, dict[str, Any]]:
     dp = world // sp
     base = {
         "actor_model_name_or_path": dirs[0],
@@ -108,16 +120,16 @@ def _runs(dirs: tuple[str, str], data: str, out: Path, world: int, sp: int) -> d
     }
     return {
         name: {**base, "algorithm": name, "output_dir": str(out / f"{name}-w{world}-s{sp}"), **knobs}
-        for name, knobs in RUNS.items()
+        for name, knobs in runs.items()
     }
 
 
 def _check(got: dict[str, Any], want: dict[str, Any], where: str) -> None:
     assert len(got["history"]) == len(want["history"]) == 2, where
     for it, (g, w) in enumerate(zip(got["history"], want["history"])):
-        for key in (*EXACT, *(k for k in w if k.startswith("rewards/"))):
+        for key in (k for k in w if k in EXACT or k.startswith("rewards/")):
             assert math.isclose(g[key], w[key], rel_tol=SUM_TOL, abs_tol=SUM_TOL), (where, it, key, g[key], w[key])
-        for key in CLOSE:
+        for key in (k for k in CLOSE if k in w):
             assert math.isclose(g[key], w[key], rel_tol=TOL, abs_tol=TOL), (where, it, key, g[key], w[key])
     assert got["params"].keys() == want["params"].keys(), where
     for name, w in want["params"].items():
@@ -135,3 +147,36 @@ def test_grpo_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size:
         for name in RUNS:
             assert res[name]["sp"] and not base[name]["sp"], (rank, name)  # the actor's forwards were split
             _check(res[name], base[name], f"world {world_size} rank {rank} {name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_grpo_reward_model_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: int) -> None:
+    """The reward model's end-of-sequence scores from split forwards (``rlhf/rollout/sp_values.py``): the same
+    rewards (per source) as the s = 1 run, hence the same advantages, losses and parameters."""
+    base = world(1).run(grpo_params_run, _runs(dirs, prompts, tmp_path, 1, 1, RM_RUNS), timeout=400)[0]
+    assert any(k.startswith("rewards/") for k in base["grpo-rm"]["history"][0])  # per-source means are logged
+    results = world(world_size).run(
+        grpo_params_run, _runs(dirs, prompts, tmp_path, world_size, 2, RM_RUNS), timeout=500
+    )
+    for rank, res in enumerate(results):
+        assert res["grpo-rm"]["rm_sp"] and not base["grpo-rm"]["rm_sp"], rank  # the reward model's forwards split
+        _check(res["grpo-rm"], base["grpo-rm"], f"world {world_size} rank {rank} grpo-rm")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ppo_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: int) -> None:
+    """PPO: the actor's log-probs, the critic's per-token values (GAE's input, and the clipped value loss's, which
+    trains the critic through the split forwards) and the reward model's scores: the same rewards, values, losses,
+    gradient norms and actor and critic parameters as the s = 1 run."""
+    base = world(1).run(grpo_params_run, _runs(dirs, prompts, tmp_path, 1, 1, PPO_RUNS), timeout=400)[0]
+    assert {"critic_loss", "value", "critic_grad_norm"} <= base["ppo"]["history"][0].keys()
+    results = world(world_size).run(
+        grpo_params_run, _runs(dirs, prompts, tmp_path, world_size, 2, PPO_RUNS), timeout=500
+    )
+    for rank, res in enumerate(results):
+        got = res["ppo"]
+        assert got["sp"] and got["rm_sp"] and got["critic_sp"] and not base["ppo"]["critic_sp"], rank
+        assert any(k.startswith("critic/") for k in got["params"]), rank
+        _check(got, base["ppo"], f"world {world_size} rank {rank} ppo")

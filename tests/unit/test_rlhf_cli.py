@@ -81,37 +81,32 @@ def test_unsupported_deepspeed_chat_flags_are_named(
     assert flag in err and reason in err
 
 
-@pytest.mark.parametrize("command", ["reward", "ppo"])
-def test_sequence_parallel_size_is_sft_and_grpo_only(command: str, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main([command, "--sequence_parallel_size", "2"]) == 2
-    err = capsys.readouterr().err
-    assert "--sequence_parallel_size 2 is not supported by this step: only sft and grpo run with sequence" in err
+def test_every_step_takes_sequence_parallel_size() -> None:
     from hybridzero.rlhf.settings import RewardSettings, SFTSettings
 
-    model = {"reward": RewardSettings, "ppo": PPOSettings}[command]
-    off = settings_from_args(model, build_parser().parse_args([command, "--sequence_parallel_size", "1"]))
-    assert not hasattr(off, "sequence_parallel_size")  # the "off" value is accepted and changes nothing
-    sft = settings_from_args(SFTSettings, build_parser().parse_args(["sft", "--sequence_parallel_size", "2"]))
-    assert isinstance(sft, SFTSettings) and sft.sequence_parallel_size == 2
+    for command, model in (("sft", SFTSettings), ("reward", RewardSettings), ("ppo", PPOSettings)):
+        got = settings_from_args(model, build_parser().parse_args([command, "--sequence_parallel_size", "2"]))
+        assert isinstance(got, model) and got.sequence_parallel_size == 2, command
 
 
-def test_grpo_takes_sequence_parallel_size_with_reward_functions(capsys: pytest.CaptureFixture[str]) -> None:
+def test_grpo_takes_sequence_parallel_size_with_reward_functions_and_model(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     from hybridzero.rlhf.settings import GRPOSettings
 
     funcs = ["--reward_funcs", "m:f"]
-    args = build_parser().parse_args(["grpo", *funcs, "--sequence_parallel_size", "2"])
-    s = settings_from_args(GRPOSettings, args)
-    assert isinstance(s, GRPOSettings) and s.sequence_parallel_size == 2
+    for given in (funcs, [], [*funcs, "--reward_model", "true"]):  # functions, the reward model alone, both
+        args = build_parser().parse_args(["grpo", *given, "--sequence_parallel_size", "2"])
+        s = settings_from_args(GRPOSettings, args)
+        assert isinstance(s, GRPOSettings) and s.sequence_parallel_size == 2, given
     for extra, named in (
-        ([], "reward_model"),  # no reward function: the reward model scores (a value head: not split)
-        ([*funcs, "--reward_model", "true"], "reward_model"),
         ([*funcs, "--enable_ema"], "enable_ema"),
         ([*funcs, "--packing_samples", "--max_tokens_per_batch", "64"], "max_tokens_per_batch"),
         ([*funcs, "--rollout_engine", "vllm"], "rollout_engine vllm"),
     ):
         assert main(["grpo", *extra, "--sequence_parallel_size", "2"]) == 2, extra
         err = capsys.readouterr().err
-        assert "sequence_parallel_size = 2 runs GRPO with reward functions on the actor and reference only" in err
+        assert "sequence_parallel_size = 2 splits the actor, reference, critic and reward model only" in err
         assert f"turn off {named}" in err, (extra, err)
 
 

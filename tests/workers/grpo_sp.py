@@ -1,4 +1,4 @@
-"""GRPO runs under sequence parallelism (module-level: picklable for the pool)."""
+"""GRPO and PPO runs under sequence parallelism (module-level: picklable for the pool)."""
 
 from __future__ import annotations
 
@@ -10,28 +10,53 @@ __all__ = ["grpo_params_run"]
 
 
 def grpo_params_run(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each named GRPO run in turn, iterated here (the trainer's loop without checkpoints and reports): per
-    iteration its metrics plus ``grad_norm`` (the actor's pre-clipping gradient norm of the iteration's last step:
-    a wrongly scaled loss shows there, while AdamW's update is blind to a uniform scale), and the actor's full fp32
-    parameters at the end (every rank: the gather is collective)."""
-    from hybridzero import utils
-    from hybridzero.rlhf.settings import GRPOSettings
-    from hybridzero.rlhf.steps.rl.grpo import grpo_iteration
+    """Each named run in turn (GRPO; PPO where its settings say ``"algorithm": "ppo"``), iterated here (the
+    trainer's loop without checkpoints and reports): per iteration its metrics plus ``grad_norm`` (the actor's
+    pre-clipping gradient norm of the iteration's last step: a wrongly scaled loss shows there, while AdamW's update
+    is blind to a uniform scale; PPO: the critic's too, ``critic_grad_norm``), and the full fp32 parameters at the
+    end (every rank: the gather is collective) of the actor, and for PPO of the critic (``critic/`` names)."""
     from hybridzero.rlhf.steps.rl.step3 import Step3
 
     out: dict[str, dict[str, Any]] = {}
-    for name, s in runs.items():
-        run = Step3(GRPOSettings(**{**STEP3_DEFAULTS, **s}), None)
+    for name, given in runs.items():
+        settings, iteration = _settings_and_iteration(given)
+        run = Step3(settings, None)
         try:
             history = []
             for it in range(run.plan.total_iterations):
-                metrics = grpo_iteration(run, it)
+                metrics = iteration(run, it)
                 metrics["grad_norm"] = float(run.roles.actor.get_global_grad_norm() or float("nan"))
+                if run.roles.critic is not None:
+                    metrics["critic_grad_norm"] = float(run.roles.critic.get_global_grad_norm() or float("nan"))
                 history.append(metrics)
-            params = {
-                n: utils.safe_get_full_fp32_param(p).clone() for n, p in run.roles.actor.module.named_parameters()
-            }
+            params = _full_params(run.roles.actor, "")
+            if run.roles.critic is not None:
+                params.update(_full_params(run.roles.critic, "critic/"))
         finally:
             run.close()
-        out[name] = {"history": history, "params": params, "sp": run.roles.actor.sequence_parallel is not None}
+        out[name] = {
+            "history": history,
+            "params": params,
+            "sp": run.roles.actor.sequence_parallel is not None,
+            "rm_sp": run.roles.reward is not None and run.roles.reward.sequence_parallel is not None,
+            "critic_sp": run.roles.critic is not None and run.roles.critic.sequence_parallel is not None,
+        }
     return out
+
+
+def _settings_and_iteration(given: dict[str, Any]) -> tuple[Any, Any]:
+    """``(settings, iteration function)`` of one run: PPO for ``"algorithm": "ppo"``, else the GRPO family."""
+    from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
+    from hybridzero.rlhf.steps.rl.grpo import grpo_iteration
+    from hybridzero.rlhf.steps.rl.ppo import ppo_iteration
+
+    if given.get("algorithm") == "ppo":
+        keys = {k: v for k, v in given.items() if k in PPOSettings.model_fields}  # the shared base has GRPO keys
+        return PPOSettings(**{**STEP3_DEFAULTS, **keys}), ppo_iteration
+    return GRPOSettings(**{**STEP3_DEFAULTS, **given}), grpo_iteration
+
+
+def _full_params(engine: Any, prefix: str) -> dict[str, Any]:
+    from hybridzero import utils
+
+    return {prefix + n: utils.safe_get_full_fp32_param(p).clone() for n, p in engine.module.named_parameters()}

@@ -35,14 +35,6 @@ UNSUPPORTED: dict[str, tuple[Any, str]] = {
     "actor_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
     "critic_dropout": (None, "dropout is forced to 0 so log-probabilities are deterministic"),
 }
-# settings of step 1 only: the other steps accept the flag at its "off" value and refuse any other in one line
-SFT_ONLY: dict[str, tuple[Any, str]] = {
-    "sequence_parallel_size": (
-        1,
-        "only sft and grpo run with sequence parallelism; the reward and ppo forwards are not split by sequence "
-        "yet (value heads: the reward model, ppo's critic)",
-    ),
-}
 # LoRA flags of the other steps (step 3's on sft/reward and vice versa): DS-Chat's scripts only pass their own
 # step's, so these are accepted with any value and have no effect there (the LoRA flags of a step are settings
 # fields: hybridzero.rlhf.settings.SupervisedLoRA / Step3LoRA, read by hybridzero.rlhf.lora)
@@ -160,11 +152,6 @@ def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseMode
             default=argparse.SUPPRESS,
             help=f"accepted, no effect: {why}",
         )
-    for name in SFT_ONLY:
-        if name not in model.model_fields:
-            parser.add_argument(
-                f"--{name}", dest=f"sftonly__{name}", type=int, default=argparse.SUPPRESS, help=SFT_ONLY[name][1]
-            )
     for name in list(UNSUPPORTED) + list(_LORA_COMPANIONS):
         if name not in model.model_fields:
             parser.add_argument(
@@ -184,12 +171,6 @@ def add_settings_arguments(parser: argparse.ArgumentParser, model: type[BaseMode
 
 def _check_unsupported(given: dict[str, Any]) -> None:
     for key, value in given.items():
-        if key.startswith("sftonly__"):
-            name = key.removeprefix("sftonly__")
-            off, why = SFT_ONLY[name]
-            if value != off:
-                raise ValueError(f"--{name} {value!r} is not supported by this step: {why} (use {off!r})")
-            continue
         if not key.startswith("unsupported__"):
             continue
         name = key.removeprefix("unsupported__")
@@ -234,7 +215,7 @@ def settings_from_args(model: type[BaseModel], args: argparse.Namespace) -> Base
             raise ValueError(f"--config {path}: cannot read a JSON object ({exc})") from None
         if not isinstance(values, dict):
             raise ValueError(f"--config {path}: expected a JSON object of settings, got {type(values).__name__}")
-    values.update({k: v for k, v in given.items() if not k.startswith(("ignored__", "unsupported__", "sftonly__"))})
+    values.update({k: v for k, v in given.items() if not k.startswith(("ignored__", "unsupported__"))})
     try:
         return model(**values)
     except ValidationError as exc:

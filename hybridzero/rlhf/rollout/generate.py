@@ -33,6 +33,7 @@ from hybridzero.rlhf.engines import Roles
 from hybridzero.rlhf.models import last_token_index, position_ids
 from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.rollout.sp_logprobs import sp_logprobs
+from hybridzero.rlhf.rollout.sp_values import sp_last_values, sp_token_values
 from hybridzero.rlhf.rollout.stops import StopOnStrings, cut_after_stop
 from hybridzero.runtime.engine import Engine
 from hybridzero.token_budget import maybe_chunked
@@ -233,7 +234,10 @@ def critic_values(
     capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B, T-1]`` fp32 values of a value-head engine at positions ``0 .. T-2`` (``packed``: on packed rows of
-    ``capacity`` tokens)."""
+    ``capacity`` tokens). An engine with sequence parallelism always forwards packed rows split over its SP group
+    (:mod:`.sp_values`)."""
+    if getattr(engine, "sequence_parallel", None) is not None:
+        return sp_token_values(engine, sequences, attention_mask)[:, :-1]
     if packed:
         return packed_values(engine, sequences, attention_mask, capacity=capacity)[:, :-1]
     return engine(input_ids=sequences, attention_mask=attention_mask)[:, :-1]
@@ -288,7 +292,9 @@ def make_experience(
             if critic is not None
             else torch.zeros_like(logprobs)
         )
-        if reward is not None and packed:
+        if reward is not None and reward.sequence_parallel is not None:  # split over the SP group (.sp_values)
+            rewards = sp_last_values(reward, seq, mask)
+        elif reward is not None and packed:
             rewards = run(reward, lambda q, m: packed_last_values(reward, q, m, capacity=max_tokens))
         elif reward is not None:
             scores = reward(input_ids=seq, attention_mask=mask)

@@ -6,7 +6,7 @@ causal Ulysses mask, a packed row has none) and each rank forwards its slice of 
 (:meth:`~hybridzero.runtime.sequence_parallel.SequenceParallel.shard_packed`, the whole rows' block-causal mask), so
 the per-token forward and backward work is split ``s`` ways. Each rank then has the log-probabilities of the slots
 of its slice; they are placed at their columns of the whole packed rows (zeros elsewhere) and summed over the SP
-group (:meth:`~hybridzero.runtime.sequence_parallel.SequenceParallel.sum_over_group`): every rank gets the whole rows'
+group (:meth:`~hybridzero.runtime.sequence_parallel.SequenceParallel.whole_rows`): every rank gets the whole rows'
 ``[B, T-1]`` log-probabilities, exactly (each slot is one rank's value plus exact zeros), the same on every rank.
 
 Gradient (invariant the GRPO update relies on): the sum's backward all-reduces the gradient, so when every rank of
@@ -19,7 +19,6 @@ data ranks (``loss x dp``) trains exactly as the ``s = 1`` run on the same globa
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from hybridzero.packed_forward import mask_dtype
 from hybridzero.packing import pack_padded, unpack_next_token
@@ -43,8 +42,5 @@ def sp_logprobs(engine: Engine, sequences: torch.Tensor, attention_mask: torch.T
     valid = targets != IGNORE_INDEX
     picked = logits.gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
     local = torch.where(valid, picked, torch.zeros_like(picked))
-    width, w = packed.input_ids.shape[1], local.shape[1]
-    lo = sp.rank * w
-    placed = F.pad(local, (lo, (sp.size - 1 - sp.rank) * w))  # [R, w s]: zeros outside this rank's slice
-    whole = sp.sum_over_group(placed)[:, :width]
+    whole = sp.whole_rows(local, packed.input_ids.shape[1])  # [R, W]: each slot one rank's value plus zeros
     return unpack_next_token(whole, packed, sequences.shape[1])

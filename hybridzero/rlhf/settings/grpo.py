@@ -84,12 +84,6 @@ class GRPOSettings(PPOSettings):
         "raise", description="a reward function that raises, hangs or returns NaN: fail the run, or skip the sample"
     )
     stop_strings: list[str] = Field(default_factory=list, description="generation stops after any of these strings")
-    sequence_parallel_size: int = Field(
-        1,
-        ge=1,
-        description="Ulysses sequence parallelism: groups of this many ranks share each prompt's rollouts, every "
-        "log-prob forward split over the group by sequence (README 'Sequence parallelism')",
-    )
 
     @model_validator(mode="before")
     @classmethod
@@ -125,24 +119,6 @@ class GRPOSettings(PPOSettings):
             return self.reward_model
         return not (self.reward_funcs or n_api_funcs) or "critic_model_name_or_path" in self.model_fields_set
 
-    def _check_sequence_parallel(self) -> None:
-        """``sequence_parallel_size`` > 1 runs reward functions, the actor and the reference only: refuse the rest."""
-        sp = self.sequence_parallel_size
-        off = {
-            "reward_model": self.uses_reward_model(),
-            "unsup_coef/unsupervised_dataset_name": self.ptx_enabled,
-            "max_tokens_per_batch": self.max_tokens_per_batch is not None,
-            "rollout_engine vllm": self.rollout_engine != "hf",
-            "enable_ema": self.enable_ema,
-            "inference_tp_size": self.inference_tp_size > 1,
-        }
-        given = [name for name, on in off.items() if on]
-        if sp > 1 and given:
-            raise ValueError(
-                f"sequence_parallel_size = {sp} runs GRPO with reward functions on the actor and reference only; "
-                f"turn off {', '.join(given)} (or use sequence_parallel_size = 1)"
-            )
-
     @model_validator(mode="after")
     def _check_groups(self) -> GRPOSettings:
         """Every prompt's group lives on one rank and in one training mini-batch; weights match the sources."""
@@ -161,7 +137,6 @@ class GRPOSettings(PPOSettings):
                     f"reward_weights {self.reward_weights} has {len(self.reward_weights)} entries; expected {want} "
                     f"(one per reward function{', then the reward model' if self.uses_reward_model() else ''})"
                 )
-        self._check_sequence_parallel()
         if self.overlong_buffer_length >= self.max_answer_seq_len:
             raise ValueError(
                 f"overlong_buffer_length = {self.overlong_buffer_length} must be below max_answer_seq_len = "

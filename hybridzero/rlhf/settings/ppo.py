@@ -78,6 +78,13 @@ class PPOSettings(StepSettings, Step3LoRA):
     print_answers: bool = False
     enable_test_mode: bool = Field(False, description="stop after test_stop_step generation batches (or one epoch)")
     test_stop_step: int = Field(0, ge=0, description="with enable_test_mode: generation batches to run")
+    sequence_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Ulysses sequence parallelism: groups of this many ranks share each prompt's rollouts, every "
+        "actor, reference, critic and reward-model forward split over the group by sequence (README 'Sequence "
+        "parallelism')",
+    )
 
     @property
     def ptx_enabled(self) -> bool:
@@ -108,6 +115,25 @@ class PPOSettings(StepSettings, Step3LoRA):
             raise ValueError(
                 f"vllm_max_model_len = {self.vllm_max_model_len} is shorter than max_prompt_seq_len + 1 = "
                 f"{self.max_prompt_seq_len + 1}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_sequence_parallel(self) -> PPOSettings:
+        """``sequence_parallel_size`` > 1 splits the actor, reference, critic and reward model: refuse the rest."""
+        sp = self.sequence_parallel_size
+        off = {
+            "unsup_coef/unsupervised_dataset_name": self.ptx_enabled,
+            "max_tokens_per_batch": self.max_tokens_per_batch is not None,
+            "rollout_engine vllm": self.rollout_engine != "hf",
+            "enable_ema": self.enable_ema,
+            "inference_tp_size": self.inference_tp_size > 1,
+        }
+        given = [name for name, on in off.items() if on]
+        if sp > 1 and given:
+            raise ValueError(
+                f"sequence_parallel_size = {sp} splits the actor, reference, critic and reward model only; turn off "
+                f"{', '.join(given)} (or use sequence_parallel_size = 1)"
             )
         return self
 

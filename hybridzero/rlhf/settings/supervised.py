@@ -69,3 +69,10 @@ class RewardSettings(SupervisedSettings):
 
     output_dir: str = "runs/step2_reward"
     learning_rate: LearningRate = 5e-5
+    sequence_parallel_size: int = Field(
+        1,
+        ge=1,
+        description="Ulysses sequence parallelism: groups of this many ranks share each micro-batch of pairs, every "
+        "rank forwarding a slice of each packed row; must divide the world and the model's attention heads "
+        "(README 'Sequence parallelism')",
+    )

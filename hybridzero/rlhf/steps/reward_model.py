@@ -6,6 +6,12 @@ evaluation records (a DeepSpeed-Chat dataset's test split where it has one, else
 loss, accuracy (share of pairs with ``chosen > rejected``; ties count as wrong) and the mean chosen / rejected scores,
 summed over ranks. The trunk starts from ``model_name_or_path`` (a causal-LM directory, e.g. step 1's
 output; ``"demo"`` builds the demo model from scratch) and the head from a seeded draw.
+
+Under sequence parallelism (``sequence_parallel_size`` s > 1) the ``s`` ranks of an SP group share their data rank's
+micro-batch; each forwards its slice of the packed pairs and the scores are read from whole rows summed over the
+group (:mod:`~hybridzero.rlhf.rollout.sp_values`), so the pairwise loss and accuracy are the ``s = 1`` numbers on
+every rank of the group, and the engine's division by the world turns the group's gradients into the ``s = 1`` ones
+(no extra scaling: the loss is a mean over the data rank's pairs). Metrics count each SP group once.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from hybridzero.packed_forward import check_packable, packed_last_values
 from hybridzero.rlhf.data.demo_task import demo_model_config
 from hybridzero.rlhf.data.records import PAIRWISE_COLUMNS, phase_train_eval
 from hybridzero.rlhf.data.tokens import pad_sequences, pad_token_id, pairwise_example
-from hybridzero.rlhf.engines import global_sum
+from hybridzero.rlhf.engines import data_sum
 from hybridzero.rlhf.models import (
     ValueHeadModel,
     add_eot_token,
@@ -33,9 +39,10 @@ from hybridzero.rlhf.models import (
     save_value_model,
     set_dropout,
 )
+from hybridzero.rlhf.rollout.sp_values import sp_last_values
 from hybridzero.rlhf.runlog.metrics import open_runlog
 from hybridzero.rlhf.settings import RewardSettings
-from hybridzero.rlhf.steps.supervised import LoopSpec, run_loop, supervised_engine
+from hybridzero.rlhf.steps.supervised import LoopSpec, data_rank, run_loop, supervised_engine
 from hybridzero.runtime.engine import Engine
 from hybridzero.token_budget import budget_chunks
 
@@ -63,12 +70,21 @@ def pair_stats(chosen: torch.Tensor, rejected: torch.Tensor) -> tuple[torch.Tens
     return losses.mean(), sums
 
 
+def _last_values(engine: Engine, ids: torch.Tensor, mask: torch.Tensor, capacity: int | None = None) -> torch.Tensor:
+    """``[B]`` values at each row's last real token from packed rows of ``capacity`` slots: split over the SP group
+    under sequence parallelism (:func:`~hybridzero.rlhf.rollout.sp_values.sp_last_values`), else one packed forward
+    (:func:`~hybridzero.packed_forward.packed_last_values`)."""
+    if engine.sequence_parallel is not None:
+        return sp_last_values(engine, ids, mask, capacity)
+    return packed_last_values(engine, ids, mask, capacity=capacity)
+
+
 def _scores(engine: Engine, pairs: list[Pair], pad_id: int, packed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """``(chosen, rejected)`` ``[n]`` scores: values at each row's last real token, one forward for both
-    (``packed``: on packed rows, :func:`~hybridzero.packed_forward.packed_last_values`)."""
+    (``packed``, and always under sequence parallelism: on packed rows, :func:`_last_values`)."""
     ids, mask = (t.to(engine.device) for t in pair_batch(pairs, pad_id))
-    if packed:
-        scores = packed_last_values(engine, ids, mask)
+    if packed or engine.sequence_parallel is not None:
+        scores = _last_values(engine, ids, mask)
     else:
         values = engine(input_ids=ids, attention_mask=mask)
         scores = values.gather(1, last_token_index(mask)[:, None]).squeeze(1)
@@ -85,7 +101,7 @@ def budget_pair_backward(engine: Engine, pairs: list[Pair], pad_id: int, max_tok
         for chunk in budget_chunks(engine, lengths, max_tokens, "pair (chosen + rejected)"):
             part = [pairs[i] for i in chunk.rows]
             ids, mask = (t.to(engine.device) for t in pair_batch(part, pad_id))
-            scores = packed_last_values(engine, ids, mask, capacity=max_tokens)
+            scores = _last_values(engine, ids, mask, max_tokens)
             loss, sums = pair_stats(scores[: len(part)], scores[len(part) :])
             engine.backward(loss * (chunk.weight * len(part) / len(pairs)))
             for key in total:
@@ -94,9 +110,9 @@ def budget_pair_backward(engine: Engine, pairs: list[Pair], pad_id: int, max_tok
 
 
 def _reduce(engine: Engine, sums: dict[str, float], prefix: str = "") -> dict[str, float]:
-    """Global means of the per-pair sums."""
+    """Global means of the per-pair sums (each SP group counted once: :func:`~hybridzero.rlhf.engines.data_sum`)."""
     keys = ("loss", "correct", "chosen", "rejected", "pairs")
-    total = dict(zip(keys, global_sum(engine, [sums[k] for k in keys])))
+    total = dict(zip(keys, data_sum(engine, [sums[k] for k in keys])))
     n = max(total["pairs"], 1.0)
     return {
         f"{prefix}loss": total["loss"] / n,
@@ -114,7 +130,7 @@ def _budget_scores(
     chosen, rejected = torch.zeros(len(pairs)), torch.zeros(len(pairs))
     for chunk in budget_chunks(engine, [len(c) + len(r) for c, r in pairs], max_tokens, "pair (chosen + rejected)"):
         ids, mask = (t.to(engine.device) for t in pair_batch([pairs[i] for i in chunk.rows], pad_id))
-        scores = packed_last_values(engine, ids, mask, capacity=max_tokens).float().cpu()
+        scores = _last_values(engine, ids, mask, max_tokens).float().cpu()
         if chunk.weight:
             rows = torch.tensor(chunk.rows)
             chosen[rows], rejected[rows] = scores[: len(rows)], scores[len(rows) :]
@@ -125,8 +141,9 @@ def _evaluate(
     engine: Engine, pairs: list[Pair], pad_id: int, batch: int, max_tokens: int | None = None
 ) -> dict[str, float]:
     """Held-out metrics; every rank runs the same number of forwards (a finished rank scores weight-0 stand-ins).
-    ``max_tokens``: each eval batch scored in packed chunks (:func:`_budget_scores`)."""
-    rank, world = engine.comm.rank, engine.comm.world_size
+    ``max_tokens``: each eval batch scored in packed chunks (:func:`_budget_scores`). Pairs are dealt by data rank
+    (the ranks of an SP group score the same pairs, split by sequence)."""
+    rank, world = data_rank(engine)
     mine = pairs[rank::world]
     rounds = math.ceil(math.ceil(len(pairs) / world) / batch)
     sums = dict.fromkeys(("loss", "correct", "chosen", "rejected", "pairs"), 0.0)
@@ -165,6 +182,8 @@ def train_reward(s: RewardSettings) -> dict[str, Any]:
         add_eot_token(tok, s.eot_token)
     pad_id = pad_token_id(tok, pad_to_eos=True)  # a tokenizer without pad pads with eos (masks say what is real)
     model = _build_model(s, tok).float()
+    if s.packing_samples:  # before the engine: under sequence parallelism it switches the attention to Ulysses
+        check_packable(model.config)
     train_recs, eval_recs = phase_train_eval(
         s.data_path, s.data_split, 2, PAIRWISE_COLUMNS, s.seed, s.data_root, s.eval_fraction
     )  # a DeepSpeed-Chat dataset's own test split where it has one, else a held-out eval_fraction
@@ -179,10 +198,8 @@ def train_reward(s: RewardSettings) -> dict[str, Any]:
     log.print(
         f"reward: {len(train_pairs)} train / {len(eval_pairs)} eval pairs ({cut} truncated to "
         f"{s.max_seq_len} tokens), {total} steps of {global_batch} pairs at world {engine.comm.world_size}"
+        f"{f' (sequence_parallel_size {s.sequence_parallel_size})' if s.sequence_parallel_size > 1 else ''}"
     )
-
-    if s.packing_samples:
-        check_packable(model.config)
 
     def micro_step(indices: list[int]) -> dict[str, float]:
         if s.max_tokens_per_batch is not None:

@@ -108,13 +108,16 @@ def supervised_engine(model: nn.Module, s: SupervisedSettings, n_train: int, wha
 
 
 def _one_step(engine: Engine, spec: LoopSpec, mine: list[int]) -> dict[str, float]:
-    """Accumulate ``spec.accumulation`` micro-steps; global metrics plus lr and step time."""
+    """Accumulate ``spec.accumulation`` micro-steps; global metrics plus lr, step time and (``gradient_clipping``
+    > 0, which computes it) the step's pre-clipping global gradient norm ``grad_norm``."""
     t0 = time.perf_counter()
     sums: Sums = {}
     for k in range(spec.accumulation):
         for key, value in spec.micro_step(mine[k * spec.micro : (k + 1) * spec.micro]).items():
             sums[key] = sums.get(key, 0.0) + value
-    return {**spec.reduce(sums), "lr": engine.get_lr()[0], "step_time_s": time.perf_counter() - t0}
+    norm = engine.get_global_grad_norm()
+    extra = {} if norm is None else {"grad_norm": float(norm)}
+    return {**spec.reduce(sums), "lr": engine.get_lr()[0], **extra, "step_time_s": time.perf_counter() - t0}
 
 
 def run_loop(engine: Engine, spec: LoopSpec, log: RunLog) -> dict[str, float]:

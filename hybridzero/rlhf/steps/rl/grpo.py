@@ -21,14 +21,15 @@ ranks; the ``s`` ranks of an SP group all generate the same seeded samples of th
 sample's answer depends only on its own seed and logits: :mod:`hybridzero.rlhf.rollout.generate`) and take SP rank
 0's rows and scores (broadcasts, so they are bitwise equal). Generation cannot be split by sequence (a decode step
 has one token), so this costs no more wall time than one rank generating while the others wait, keeps every rank's
-calls in step (generation gathers parameters) and needs no gather of answers afterwards. Every log-prob forward
-(old policy, reference, the update) is split over the group by sequence and summed back to whole rows
-(:mod:`hybridzero.rlhf.rollout.sp_logprobs`), so the GRPO loss, its normalisers and every metric are computed from
-whole sequences, identically on the ``s`` ranks: sums over ranks count each SP group once
-(:func:`~hybridzero.rlhf.engines.data_sum`) and the loss is scaled by the data-parallel size, not the world (the
-log-probs' backward gives each rank ``s`` times its slice's part, which the engine's division by ``W`` turns into
-the ``s = 1`` gradient). So every loss type and importance-sampling level (GSPO's per-sequence ratio needs the whole
-answer) runs unchanged.
+calls in step (generation gathers parameters) and needs no gather of answers afterwards. Every log-prob forward (old
+policy, reference, the update) is split over the group by sequence and summed back to whole rows
+(:mod:`hybridzero.rlhf.rollout.sp_logprobs`), and so is the reward model's scoring forward
+(:mod:`hybridzero.rlhf.rollout.sp_values`: each score is read from whole rows summed over the group), so the GRPO
+loss, its normalisers and every metric are computed from whole sequences, identically on the ``s`` ranks: sums over
+ranks count each SP group once (:func:`~hybridzero.rlhf.engines.data_sum`) and the loss is scaled by the
+data-parallel size, not the world (the log-probs' backward gives each rank ``s`` times its slice's part, which the
+engine's division by ``W`` turns into the ``s = 1`` gradient). So every loss type and importance-sampling level
+(GSPO's per-sequence ratio needs the whole answer) runs unchanged.
 """
 
 from __future__ import annotations

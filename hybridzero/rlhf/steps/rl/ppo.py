@@ -12,6 +12,12 @@
 4. **EMA.** The EMA actor moves towards the actor (:meth:`Engine.ema_update_from`).
 
 The math is :mod:`hybridzero.rlhf.algorithms.ppo` (pure); this module only sequences engine calls.
+
+**Sequence parallelism** (``sequence_parallel_size`` s > 1), as in GRPO: the ``s`` ranks of an SP group share
+their data rank's rollouts; the actor's log-probs (``rollout/sp_logprobs.py``), the critic's per-token values and
+the reward model's scores (``rollout/sp_values.py``) come from split forwards summed back to whole rows, so GAE,
+both clipped losses and every metric are the ``s = 1`` numbers on the group's ranks; the losses are scaled for the
+data-parallel ranks (:func:`~hybridzero.rlhf.steps.rl.step3.global_scale`), metrics count each SP group once.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from collections.abc import Iterator
 import torch
 
 from hybridzero.rlhf.algorithms.ppo import clipped_value_loss, gae, kl_penalized_rewards, ppo_policy_loss
-from hybridzero.rlhf.engines import Roles, global_sum
+from hybridzero.rlhf.engines import Roles, data_sum
 from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.rollout.generate import critic_values, sequence_logprobs
 from hybridzero.rlhf.steps.rl.step3 import (
@@ -85,7 +91,7 @@ def ppo_update(
             critic.backward(critic_loss * (share * scale))
             local[1] += float(critic_loss.detach()) * share * n_tokens
     skipped = step_both(roles.actor, critic)
-    sums = global_sum(roles.actor, [*local, n_tokens])
+    sums = data_sum(roles.actor, [*local, n_tokens])  # each SP group once
     n = max(sums[4], 1.0)
     return UpdateStats(sums[0] / n, sums[1] / n, sums[2] / n, sums[3] / n, skipped)
 

@@ -5,9 +5,10 @@ ptx stream); the functions below are the update steps both algorithms take.
 
 Conventions of every update:
 
-* Losses are **global** means: each rank scales its local mean by ``n_local * W / N_global`` (one counted
-  all-reduce of the count, :func:`global_scale`), so the engine's gradient average over ranks is exactly the mean
-  over the global mini-batch, whatever the world size.
+* Losses are **global** means: each rank scales its local mean by ``n_local * D / N_global`` over the ``D``
+  data-parallel ranks (one counted all-reduce of the count, :func:`global_scale`), so the engine's gradient average
+  over ranks is exactly the mean over the global mini-batch, whatever the world size (under sequence parallelism
+  ``D = W / s``; the split forwards' backward supplies the factor ``s``).
 * fp16: an overflow in the actor or the critic skips **both** updates (:func:`step_both`; the overflowing engine
   moves its loss scale, the other is skipped without touching its scale), as DeepSpeed-Chat's ``align_overflow``.
 * Every metric is a per-sample or per-token global mean (sums all-reduced, then divided by global counts).
@@ -278,9 +279,14 @@ def slice_experience(exp: Experience, lo: int, hi: int) -> Experience:
 
 
 def global_scale(engine: Engine, n_local: float) -> float:
-    """``n_local * W / N_global`` (see module docstring); 0 when the global count is 0."""
-    (total,) = global_sum(engine, [n_local])
-    return 0.0 if total == 0 else n_local * engine.comm.world_size / total
+    """``n_local * D / N_global`` over the ``D`` data-parallel ranks (see module docstring; the world without
+    sequence parallelism); 0 when the global count is 0. Under sequence parallelism the ``s`` ranks of an SP group
+    hold the same rows and compute the same loss from whole-row forwards, whose backward gives each rank ``s``
+    times its slice's part, so the engine's division by ``W = D s`` leaves the mean over data ranks."""
+    sp = engine.sequence_parallel
+    (total,) = data_sum(engine, [n_local])
+    data_world = engine.comm.world_size // (sp.size if sp is not None else 1)
+    return 0.0 if total == 0 else n_local * data_world / total
 
 
 def step_both(actor: Engine, critic: Engine | None) -> bool:
