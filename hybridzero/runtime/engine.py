@@ -283,13 +283,18 @@ class Engine(EngineTraining, EngineServices, DeepSpeedEngineAPI, nn.Module):  # 
         return build_optimizer(self.config.optimizer.type, self.config.optimizer.params, param_groups)
 
     def _build_scheduler(self, client: Any) -> Any:
-        if client is not None and self.optimizer is not None:
+        """Schedulers run on the torch optimizer behind the facade (DeepSpeed hands callables its basic optimizer):
+        its ``step`` is the one every path calls, the NVMe swapper's included, so torch's step-order check holds."""
+        if self.optimizer is None:
+            return None
+        torch_optimizer = self.optimizer.optimizer
+        if client is not None:
             if callable(client) and not hasattr(client, "step"):
-                return client(self.optimizer)
-            client.optimizer = self.optimizer  # re-point a scheduler built on the client optimizer
+                return client(torch_optimizer)
+            client.optimizer = torch_optimizer  # re-point a scheduler built on the client optimizer
             return client
-        if self.config.scheduler is not None and self.optimizer is not None:
-            return build_scheduler(self.config.scheduler.type, self.config.scheduler.params, self.optimizer)
+        if self.config.scheduler is not None:
+            return build_scheduler(self.config.scheduler.type, self.config.scheduler.params, torch_optimizer)
         return None
 
     # --- DeepSpeed-shaped API (training calls: runtime/training_calls.py) ---------------------------------------------
