@@ -102,7 +102,14 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Attributes the facade does not define are the inner optimizer's (its hook dicts, a client's extras)."""
         if name.startswith("__") or name in ("_inner", "_host", "_stage"):
             raise AttributeError(name)
-        return getattr(self.__dict__["_inner"], name)
+        inner = self.__dict__["_inner"]
+        try:
+            return getattr(inner, name)
+        except AttributeError:
+            raise AttributeError(
+                f"engine.optimizer (hybridzero's ZeroOptimizer over {type(inner).__name__}) has no attribute {name!r}; "
+                "DeepSpeed's wrapper names it answers are listed in the README (deepspeed alias section)"
+            ) from None
 
     def __repr__(self) -> str:
         return f"ZeroOptimizer(stage={self._stage}, {self._inner!r})"
