@@ -46,10 +46,15 @@ def _saved_groups(engine: Checkpointable, exclude_frozen: bool) -> dict[str, tup
     return out
 
 
+def _torch_optimizer(engine: Checkpointable) -> torch.optim.Optimizer | None:
+    """The torch optimizer behind ``engine.optimizer`` (its class names the saved state), or None."""
+    return engine.optimizer.optimizer if engine.optimizer is not None else None
+
+
 def _write_rank_file(engine: Checkpointable, partial: Path, exclude_frozen: bool) -> tuple[str, dict[str, Any]]:
     """Write this rank's tensors and RNG; returns the file's checksum and the rank's entry of ``meta.json``."""
     ranges = _saved_groups(engine, exclude_frozen)
-    per_element = optim_state.capture_per_element(engine.optimizer, engine.groups, ranges)
+    per_element = optim_state.capture_per_element(_torch_optimizer(engine), engine.groups, ranges)
     tensors: dict[str, torch.Tensor] = {}
     entry: dict[str, Any] = {}
     for g in engine.groups:
@@ -102,7 +107,7 @@ def _meta(engine: Checkpointable, tag: str, ranks: list[dict[str, Any]], exclude
             if g.name in saved
         },
         "ranks": ranks,
-        "optimizer": type(engine.optimizer).__name__ if engine.optimizer is not None else None,
+        "optimizer": type(engine.optimizer.optimizer).__name__ if engine.optimizer is not None else None,
         "hf_config": hf.to_dict() if hasattr(hf, "to_dict") else None,
         "model_class": type(engine.module).__name__,
     }
@@ -118,7 +123,7 @@ def _write_rank0(
     digests: dict[str, str],
     exclude_frozen: bool,
 ) -> None:
-    opt = engine.optimizer
+    opt = _torch_optimizer(engine)
     state = {
         "optimizer": None
         if opt is None
@@ -226,7 +231,7 @@ def save(
     try:
         partial.mkdir(parents=True, exist_ok=True)
         result = _write_rank_file(engine, partial, exclude_frozen_parameters)
-        other = optim_state.capture_other(engine.optimizer, engine.groups)
+        other = optim_state.capture_other(_torch_optimizer(engine), engine.groups)
     except (OSError, TypeError, ValueError, RuntimeError) as exc:
         result, other = describe(exc), {}
     gathered = comm.all_gather_object((result, other), phase=_PHASE)

@@ -18,6 +18,7 @@ from torch import nn
 from hybridzero.checkpoint.paths import CheckpointError
 from hybridzero.comm.collectives import Comm
 from hybridzero.optim.loss_scaler import LossScaler
+from hybridzero.runtime.zero_optimizer import ZeroOptimizer
 from hybridzero.zero.groups import ShardedGroup
 
 _PHASE = "checkpoint"
@@ -29,7 +30,7 @@ class Checkpointable(Protocol):
     comm: Comm
     module: nn.Module
     groups: list[ShardedGroup]
-    optimizer: torch.optim.Optimizer | None
+    optimizer: ZeroOptimizer | None
     lr_scheduler: Any
     loss_scaler: LossScaler
     global_steps: int

@@ -120,7 +120,7 @@ def _stage(
     if load_optimizer and engine.optimizer is not None:
         where = Path(engine._get_optimizer_ckpt_name(path.parent, path.name))  # asked only when optimizer state loads
         staged.optimizer = optim_state.stage_optimizer_state(
-            engine.optimizer, engine.groups, engine.comm.rank, tag, state["optimizer"], aliases, missing
+            engine.optimizer.optimizer, engine.groups, engine.comm.rank, tag, state["optimizer"], aliases, missing
         )
     if load_scheduler and engine.lr_scheduler is not None:
         staged.scheduler = check_state("scheduler", state["scheduler"], engine.lr_scheduler.state_dict(), str(where))
@@ -181,7 +181,7 @@ def apply_load(engine: Checkpointable, staged: StagedLoad) -> tuple[str, Any]:
             g.master.copy_(value.to(g.master.device))
             g.write_shard()
     if staged.optimizer is not None and engine.optimizer is not None:
-        optim_state.apply_optimizer_state(engine.optimizer, *staged.optimizer)
+        optim_state.apply_optimizer_state(engine.optimizer.optimizer, *staged.optimizer)
     if staged.scheduler is not None:
         engine.lr_scheduler.load_state_dict(staged.scheduler)
     if staged.loss_scaler is not None:

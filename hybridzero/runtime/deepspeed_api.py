@@ -34,6 +34,7 @@ from hybridzero.comm.collectives import Comm
 from hybridzero.config import Config
 from hybridzero.runtime import zero_param
 from hybridzero.runtime.fragments import TensorFragments, master_range
+from hybridzero.runtime.zero_optimizer import ZeroOptimizer
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.registry import REGISTRY
 
@@ -56,7 +57,7 @@ class DeepSpeedEngineAPI:
     comm: Comm
     coordinator: ZeroCoordinator
     param_owner: TensorFragments
-    optimizer: torch.optim.Optimizer | None
+    optimizer: ZeroOptimizer | None
     last_grad_norm: float | None
     boundary_override: bool | None
     global_steps: int
@@ -140,6 +141,11 @@ class DeepSpeedEngineAPI:
         return int(os.environ.get("LOCAL_RANK", "0"))
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
+    def allreduce_gradients(self, bucket_size: int | None = None) -> None:
+        """DeepSpeed's explicit gradient reduction: nothing to do here, every backward ends with its gradients
+        reduced into the fp32 gradient shards (read them through ``engine.optimizer.averaged_gradients``)."""
+        del bucket_size  # accepted for DeepSpeed's signature; reduction buckets come from reduce_bucket_size
+
     def empty_partition_cache(self) -> None:
         """Release every gathered ZeRO-3 buffer (not those pinned by an open ``GatheredParameters``) and the hpZ
         secondary shards. Between steps only; a no-op inside a forward or backward."""

@@ -42,6 +42,7 @@ from hybridzero.runtime.throughput import ThroughputTimer
 from hybridzero.runtime.tp_generate import TensorParallelGenerator
 from hybridzero.runtime.training_calls import EngineTraining
 from hybridzero.runtime.ulysses_hf import release
+from hybridzero.runtime.zero_optimizer import ZeroOptimizer
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import leaf, materialize
 from hybridzero.zero.coordinator import ZeroCoordinator
@@ -148,9 +149,11 @@ class Engine(EngineTraining, EngineServices, DeepSpeedEngineAPI, nn.Module):  # 
         if self.placement.state_in_files:  # streamed chunks hold at most sub_group_size elements
             views = sharded.split_views(views, z.sub_group_size)
         self._leaves = sharded.make_leaf_params(views)
-        self.optimizer = self._build_optimizer(optimizer, overrides)
+        inner = self._build_optimizer(optimizer, overrides)
+        # DeepSpeed's engine.optimizer: the torch optimizer behind a delegating facade with the ZeRO wrapper's names
+        self.optimizer = ZeroOptimizer(inner, self, z.stage) if inner is not None else None
         # ZeRO-Infinity: optimizer state and sharded masters (and with offload_param nvme compute shards) in files
-        self.swapper = build_swapper(z, self.optimizer, comm.rank, self.groups, self._leaves)
+        self.swapper = build_swapper(z, inner, comm.rank, self.groups, self._leaves)
         self.lr_scheduler = self._build_scheduler(lr_scheduler)
 
     # --- construction -------------------------------------------------------------------------------------------
@@ -280,13 +283,18 @@ class Engine(EngineTraining, EngineServices, DeepSpeedEngineAPI, nn.Module):  # 
         return build_optimizer(self.config.optimizer.type, self.config.optimizer.params, param_groups)
 
     def _build_scheduler(self, client: Any) -> Any:
-        if client is not None and self.optimizer is not None:
+        """Schedulers run on the torch optimizer behind the facade (DeepSpeed hands callables its basic optimizer):
+        its ``step`` is the one every path calls, the NVMe swapper's included, so torch's step-order check holds."""
+        if self.optimizer is None:
+            return None
+        torch_optimizer = self.optimizer.optimizer
+        if client is not None:
             if callable(client) and not hasattr(client, "step"):
-                return client(self.optimizer)
-            client.optimizer = self.optimizer  # re-point a scheduler built on the client optimizer
+                return client(torch_optimizer)
+            client.optimizer = torch_optimizer  # re-point a scheduler built on the client optimizer
             return client
-        if self.config.scheduler is not None and self.optimizer is not None:
-            return build_scheduler(self.config.scheduler.type, self.config.scheduler.params, self.optimizer)
+        if self.config.scheduler is not None:
+            return build_scheduler(self.config.scheduler.type, self.config.scheduler.params, torch_optimizer)
         return None
 
     # --- DeepSpeed-shaped API (training calls: runtime/training_calls.py) ---------------------------------------------

@@ -24,6 +24,7 @@ from hybridzero.runtime.hybrid import check_out_tokens, gathered_bytes, generati
 from hybridzero.runtime.memory import memory_report
 from hybridzero.runtime.sequence_parallel import SequenceParallel
 from hybridzero.runtime.tp_generate import TensorParallelGenerator
+from hybridzero.runtime.zero_optimizer import ZeroOptimizer
 from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.gathered import GatheredParameters, HasParamOwner
 from hybridzero.zero.groups import ShardedGroup
@@ -38,7 +39,7 @@ class EngineServices:
     comm: Comm
     coordinator: ZeroCoordinator
     groups: list[ShardedGroup]
-    optimizer: torch.optim.Optimizer | None
+    optimizer: ZeroOptimizer | None
     placement: Placement
     swapper: StateSwapper | None
     device: torch.device

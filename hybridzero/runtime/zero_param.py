@@ -1,10 +1,12 @@
 """An engine's answers to DeepSpeed's ``ds_*`` attributes (:mod:`hybridzero.zero.param_view`) at ZeRO-3.
 
 ``ds_tensor`` is a copy of this rank's part of the parameter in the compute dtype, flattened, exactly the size of
-``safe_get_local_fp32_param``'s answer (DeepSpeed's partition of the parameter; here cut at the gather group's
-partition boundaries). ``ds_status`` is the parameter's gather group's state: ``AVAILABLE`` while the group is whole
-(inside ``GatheredParameters``, a forward, a generation block, or always for a persistent group), ``INFLIGHT`` while
-its all-gather is in flight, else ``NOT_AVAILABLE``. At stages 0-2 there are no such attributes (as in DeepSpeed).
+``safe_get_local_fp32_param``'s answer (DeepSpeed's partition of the parameter; here cut at the gather group's partition
+boundaries). ``ds_status`` is the parameter's gather group's state: ``AVAILABLE`` while the group is whole (inside
+``GatheredParameters``, a forward, a generation block, or always for a persistent group), ``INFLIGHT`` while its
+all-gather is in flight, else ``NOT_AVAILABLE``. ``ds_persist`` is whether the parameter's group is the persistent one
+(parameters under ``stage3_param_persistence_threshold``, whole on every rank). At stages 0-2 there are no such
+attributes (as in DeepSpeed).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def _answer(fragments: EngineParams, param: nn.Parameter, name: str) -> Any:
         return fragments.ds_ids[id(slot.param)]
     if name in ("ds_shape", "ds_numel"):
         return torch.Size(slot.spec.shape)
+    if name == "ds_persist":
+        return group.replicated
     if name == "ds_status":
         if group.always_full or group.state is GroupState.GATHERED:
             return ZeroParamStatus.AVAILABLE

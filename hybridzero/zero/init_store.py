@@ -190,7 +190,7 @@ class InitStore:
     # --- DsOwner (hybridzero.zero.param_view): DeepSpeed's ds_* attributes ---------------------------------------
     def ds_attribute(self, param: nn.Parameter, name: str) -> Any:
         """``ds_id`` (construction order in this store), ``ds_shape``, ``ds_tensor`` (a copy of this rank's padded
-        slice), ``ds_status`` (``AVAILABLE`` while open)."""
+        slice), ``ds_status`` (``AVAILABLE`` while open), ``ds_persist`` (False: persistence is an engine's choice)."""
         entry = self._entries.get(param)
         if entry is None or name not in DS_ATTRIBUTES:
             raise AttributeError(f"{name}: not a parameter this zero.Init context partitions")
@@ -198,6 +198,8 @@ class InitStore:
             return next(i for i, p in enumerate(self._entries.keys()) if p is param)
         if name in ("ds_shape", "ds_numel"):
             return entry.shape
+        if name == "ds_persist":
+            return False
         if name == "ds_status":
             return ZeroParamStatus.NOT_AVAILABLE if entry.full is None else ZeroParamStatus.AVAILABLE
         return entry.shard.clone()

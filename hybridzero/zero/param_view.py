@@ -1,5 +1,5 @@
 """DeepSpeed's read-only per-parameter ZeRO-3 attributes (``ds_id``, ``ds_shape``, ``ds_numel``, ``ds_tensor``,
-``ds_status``) without storing anything on tensors.
+``ds_status``, ``ds_persist``) without storing anything on tensors.
 
 DeepSpeed sets these attributes on every parameter that ``zero.Init`` or a ZeRO-3 engine partitions, and code
 written for it (its unit tests, DeepSpeed-Chat's ``hasattr(p, "ds_id") and p.ds_status == NOT_AVAILABLE``) reads
@@ -28,7 +28,7 @@ from hybridzero.zero.registry import REGISTRY
 
 __all__ = ["DS_ATTRIBUTES", "DsOwner", "ZeroParamStatus", "ZeroParameter", "adopt", "release"]
 
-DS_ATTRIBUTES: tuple[str, ...] = ("ds_id", "ds_shape", "ds_numel", "ds_tensor", "ds_status")
+DS_ATTRIBUTES: tuple[str, ...] = ("ds_id", "ds_shape", "ds_numel", "ds_tensor", "ds_status", "ds_persist")
 
 
 class ZeroParamStatus(enum.Enum):
@@ -81,6 +81,12 @@ class ZeroParameter(nn.Parameter):
     def ds_status(self) -> ZeroParamStatus:
         """Whether the full value is on this rank now."""
         return self._ask("ds_status")
+
+    @property
+    def ds_persist(self) -> bool:
+        """Whether the parameter is persistent: kept whole on every rank between uses (an engine's parameters under
+        ``stage3_param_persistence_threshold``; never under ``zero.Init`` before an engine owns it)."""
+        return bool(self._ask("ds_persist"))
 
 
 def _swap(params: Iterable[nn.Parameter], old: type[nn.Parameter], new: type[nn.Parameter]) -> None:

@@ -209,8 +209,8 @@ def test_initialize_with_args(world, tmp_path) -> None:
 
 
 def test_ds_attributes_of_zero3_parameters(world) -> None:
-    """DeepSpeed's ``ds_id`` / ``ds_shape`` / ``ds_numel`` / ``ds_tensor`` / ``ds_status`` (read-only, computed from
-    the engine; ``ds_status`` NOT_AVAILABLE at rest for sharded parameters, AVAILABLE inside a gather):
+    """DeepSpeed's ``ds_id`` / ``ds_shape`` / ``ds_numel`` / ``ds_tensor`` / ``ds_status`` / ``ds_persist`` (read-only,
+    computed from the engine; ``ds_status`` NOT_AVAILABLE at rest for sharded parameters, AVAILABLE inside a gather):
     the ranks' ``ds_tensor`` parts, in rank order, are the full fp32 value where the parameter is sharded (or each is
     the whole value where it is persistent); stage 2 parameters have none."""
     pool = world(2)
@@ -218,7 +218,7 @@ def test_ds_attributes_of_zero3_parameters(world) -> None:
     got = pool.run(ds_attributes, spec)
     full = {n: p.detach() for n, p in build_model(spec).named_parameters()}  # the engine's start values
     for r in got:
-        checks = ("write_lost", "status", "shape", "ids", "local", "copy_unowned", "destroyed")
+        checks = ("write_lost", "status", "shape", "ids", "persist", "local", "copy_unowned", "destroyed")
         assert all(r[c] for c in checks), {c: r[c] for c in checks}
     for name, value in full.items():
         parts = [r["parts"][name] for r in got]

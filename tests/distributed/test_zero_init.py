@@ -114,6 +114,7 @@ def test_ds_attributes_of_init_parameters(world, stage: int) -> None:
     for r in got:
         assert r["rest"] == (Status.NOT_AVAILABLE, Status.NOT_AVAILABLE) and r["inside"] == Status.AVAILABLE
         assert r["after"] == Status.NOT_AVAILABLE and r["shape"] == ((3, 5), 15, (3,)) and r["ids"]
+        assert r["persist"] == (False, False)
         assert not r["outside"] and r["zeroed"] and r["destroyed"]
         assert r["engine"] == ((Status.NOT_AVAILABLE, (3, 5), True) if stage == 3 else False)
     whole = got[0]["whole"].reshape(-1)

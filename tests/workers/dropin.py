@@ -306,10 +306,10 @@ def initialize_with_args(tmp: str) -> dict[str, Any]:
 
 
 def ds_attributes(spec: RunSpec) -> dict[str, Any]:
-    """DeepSpeed's read-only ``ds_*`` attributes on every parameter of a ZeRO-3 engine (none at stages 0-2): the
-    full shape and size, a unique id, and ``ds_tensor`` (this rank's part, compute dtype) sized as
-    ``safe_get_local_fp32_param`` and equal to it; a deep copy (unowned) and a destroyed engine's parameters have
-    none."""
+    """DeepSpeed's read-only ``ds_*`` attributes on every parameter of a ZeRO-3 engine (none at stages 0-2): the full
+    shape and size, a unique id, ``ds_persist`` for the persistent ones, and ``ds_tensor`` (this rank's part, compute
+    dtype) sized as ``safe_get_local_fp32_param`` and equal to it; a deep copy (unowned) and a destroyed engine's
+    parameters have none."""
     import copy
 
     from hybridzero import utils
@@ -338,6 +338,11 @@ def ds_attributes(spec: RunSpec) -> dict[str, Any]:
         and [p.ds_status for p in named.values()] == rest,
         "shape": all(p.ds_shape == eager[n].shape and p.ds_numel == eager[n].numel() for n, p in named.items()),
         "ids": sorted(p.ds_id for p in named.values()) == list(range(len(named))),
+        # ds_persist: exactly the parameters under the persistence threshold, whole (AVAILABLE) at rest
+        "persist": {n: p.ds_persist for n, p in named.items()}
+        == {n: eager[n].numel() < spec.persistence_threshold for n in named}
+        and any(p.ds_persist for p in named.values())
+        and all(p.ds_status is Status.AVAILABLE and p.numel() > 0 for p in named.values() if p.ds_persist),
         "local": local_ok,
         "parts": parts,
         "copy_unowned": not hasattr(copy.deepcopy(next(iter(named.values()))), "ds_id"),

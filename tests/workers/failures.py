@@ -90,7 +90,7 @@ def _train_step(engine: Any, ids: torch.Tensor, fail: str = "") -> None:
         engine.module(input_ids=bad, labels=bad)
     loss = engine(input_ids=bad if fail == "forward" else ids, labels=ids).loss
     engine.backward(_FailInBackward.apply(loss) if fail == "backward" else loss)
-    engine.optimizer.fail_next = fail == "step"
+    engine.optimizer.optimizer.fail_next = fail == "step"  # the torch optimizer behind the facade
     engine.step()
 
 

@@ -356,6 +356,7 @@ def init_ds_attributes(stage: int) -> dict[str, Any]:
         "rest": (w.ds_status, b.ds_status),
         "shape": (tuple(w.ds_shape), w.ds_numel, tuple(b.ds_shape)),
         "ids": sorted({w.ds_id, b.ds_id}) == [0, 1],
+        "persist": (w.ds_persist, b.ds_persist),
         "outside": hasattr(outside.weight, "ds_status") or hasattr(outside.weight, "ds_id"),
         "part": w.ds_tensor,
     }

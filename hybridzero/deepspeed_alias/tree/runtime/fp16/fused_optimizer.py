@@ -1,5 +1,6 @@
 """``deepspeed.runtime.fp16.fused_optimizer``: ``FP16_Optimizer``, an import-only stand-in for DeepSpeed's internal
-fp16 wrapper (hybridzero's ``engine.optimizer`` is the torch optimizer; loss scaling lives in the engine)."""
+fp16 wrapper (hybridzero's ``engine.optimizer`` is its ``ZeroOptimizer`` over the torch optimizer; loss scaling lives in
+the engine, read as ``engine.optimizer.loss_scale``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,236 @@
+"""``engine.optimizer``: the torch optimizer over the fp32 master shards, answering DeepSpeed's ZeRO wrapper names.
+
+DeepSpeed's ``engine.optimizer`` is a wrapper (``DeepSpeedZeroOptimizer``, ``DeepSpeedZeroOptimizer_Stage3``) around
+the torch optimizer; code written for it reads ``optimizer.optimizer``, the flat fp32 partitions, the gradient
+partitions and the loss scale from it. :class:`ZeroOptimizer` is that wrapper's shape here: a
+``torch.optim.Optimizer`` that *delegates* everything (``param_groups``, ``state``, ``defaults``, ``step``,
+``zero_grad``, ``state_dict``, hooks; other attributes are read through) to the one torch optimizer the engine
+built, and computes DeepSpeed's names from the engine's gather groups on every read.
+
+Sub-groups: one per optimizer *leaf* (an ``nn.Parameter`` sharing the storage of one contiguous range of a gather
+group's fp32 master shard, the elements of one optimizer param group in that gather group on this rank; see
+:mod:`hybridzero.optim.sharded`). DeepSpeed's ``fp16_groups[j]`` are the model parameters whose elements leaf ``j``
+holds (on this rank), ``fp32_partitioned_groups_flat[j]`` is leaf ``j`` itself (a key of ``optimizer.state``),
+``get_fp32_grad_partitions()[j][i]`` is this rank's part of the fp32 gradient of ``fp16_groups[j][i]``.
+
+Invariants: nothing is copied; every tensor answered is a view of the live master or gradient shard (a write through
+it is a write to the shard, reads after a step see the step); the ranks' gradient parts of one parameter, in rank
+order, are its whole reduced gradient (or, for a persistent parameter, each rank's part is the whole gradient); the
+sub-group structure is recomputed from the groups on each read, so it cannot go stale. Under fp16 the gradient
+shards hold loss-scaled values until ``engine.step()`` unscales them, as DeepSpeed's do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from hybridzero.optim.loss_scaler import LossScaler
+from hybridzero.zero.groups import ShardedGroup, ShardMode
+
+__all__ = ["OptimizerHost", "SubGroup", "ZeroOptimizer", "sub_groups"]
+
+
+class OptimizerHost(Protocol):
+    """What the facade reads from its engine (all live state; the facade keeps none of its own)."""
+
+    groups: list[ShardedGroup]
+    loss_scaler: LossScaler
+    last_grad_norm: float | None
+    overflow: bool
+
+
+@dataclass(frozen=True)
+class SubGroup:
+    """One optimizer leaf: its gather group, its range in this rank's shard, and the parameters it covers as
+    ``(param, local_lo, local_hi)`` ranges of the shard."""
+
+    leaf: nn.Parameter
+    group: ShardedGroup
+    lo: int
+    hi: int
+    params: tuple[tuple[nn.Parameter, int, int], ...]
+
+
+def _shard_start(group: ShardedGroup) -> int:
+    """Flat offset of this rank's shard (0 for a whole master: persistent and stage-0 groups)."""
+    return 0 if group.master_is_whole else group.layout.shard_range(group.comm.rank)[0]
+
+
+def _locate(leaf: torch.Tensor, groups: Sequence[ShardedGroup]) -> tuple[ShardedGroup, int]:
+    """The gather group whose master ``leaf`` views, and the leaf's offset in it (by storage identity)."""
+    for group in groups:
+        master = group.master
+        if master.numel() and leaf.untyped_storage().data_ptr() == master.untyped_storage().data_ptr():
+            return group, int(leaf.storage_offset() - master.storage_offset())
+    raise RuntimeError("an optimizer leaf views no gather group's master shard (is the master offloaded to NVMe?)")
+
+
+def sub_groups(optimizer: torch.optim.Optimizer, groups: Sequence[ShardedGroup]) -> list[SubGroup]:
+    """Every leaf of ``optimizer`` (param groups in order), located in ``groups``, with the parameters it covers."""
+    out: list[SubGroup] = []
+    for param_group in optimizer.param_groups:
+        for leaf in param_group["params"]:
+            group, lo = _locate(leaf, groups)
+            hi, start = lo + leaf.numel(), _shard_start(group)
+            covered = []
+            for slot in group.slots:
+                a, b = max(slot.spec.offset - start, lo), min(slot.spec.end - start, hi)
+                if a < b and slot.trainable:
+                    covered.append((slot.param, a, b))
+            out.append(SubGroup(leaf, group, lo, hi, tuple(covered)))
+    return out
+
+
+class ZeroOptimizer(torch.optim.Optimizer):
+    """The engine's optimizer: ``inner`` (a torch optimizer over the master leaves) with DeepSpeed's wrapper names.
+
+    ``torch.optim.Optimizer.__init__`` is not called: ``param_groups``, ``state`` and ``defaults`` are the inner
+    optimizer's own objects, so a scheduler, a checkpoint or a user editing the learning rate through either sees
+    one state.
+    """
+
+    def __init__(self, inner: torch.optim.Optimizer, host: OptimizerHost, stage: int) -> None:
+        # plain attributes of the facade only; everything else is read from ``inner`` (``__getattr__``)
+        self.__dict__.update(_inner=inner, _host=host, _stage=stage)
+
+    def __getattr__(self, name: str) -> Any:
+        """Attributes the facade does not define are the inner optimizer's (its hook dicts, a client's extras)."""
+        if name.startswith("__") or name in ("_inner", "_host", "_stage"):
+            raise AttributeError(name)
+        inner = self.__dict__["_inner"]
+        try:
+            return getattr(inner, name)
+        except AttributeError:
+            raise AttributeError(
+                f"engine.optimizer (hybridzero's ZeroOptimizer over {type(inner).__name__}) has no attribute {name!r}; "
+                "DeepSpeed's wrapper names it answers are listed in the README (deepspeed alias section)"
+            ) from None
+
+    def __repr__(self) -> str:
+        return f"ZeroOptimizer(stage={self._stage}, {self._inner!r})"
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+    # --- torch.optim.Optimizer, delegated ---------------------------------------------------------------------------
+    @property
+    def optimizer(self) -> torch.optim.Optimizer:
+        """DeepSpeed's ``optimizer.optimizer``: the torch optimizer stepping the fp32 master leaves."""
+        return self._inner
+
+    @property
+    def param_groups(self) -> list[dict[str, Any]]:
+        return self._inner.param_groups
+
+    @param_groups.setter
+    def param_groups(self, value: list[dict[str, Any]]) -> None:
+        self._inner.param_groups = value
+
+    @property
+    def state(self) -> Any:
+        return self._inner.state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._inner.state = value
+
+    @property
+    def defaults(self) -> dict[str, Any]:
+        return self._inner.defaults
+
+    @defaults.setter
+    def defaults(self, value: dict[str, Any]) -> None:
+        self._inner.defaults = value
+
+    def step(self, closure: Callable[[], float] | None = None) -> Any:
+        """The inner optimizer's step on the master leaves (``engine.step()`` is what unscales, clips, steps and
+        writes the shards back; call that)."""
+        return self._inner.step(closure) if closure is not None else self._inner.step()
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """The inner optimizer's ``zero_grad`` (the leaves' gradients are re-bound to the shards at each step)."""
+        self._inner.zero_grad(set_to_none=set_to_none)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self._inner.state_dict()
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._inner.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group: dict[str, Any]) -> None:
+        raise RuntimeError(
+            "engine.optimizer.add_param_group: the engine's optimizer steps the fp32 master shards of the parameters "
+            "it was built with; pass every param group to initialize() (model_parameters= or the client optimizer)"
+        )
+
+    # --- DeepSpeed's ZeRO wrapper names -------------------------------------------------------------------------
+    def _sub_groups(self) -> list[SubGroup]:
+        if self._stage == 0:
+            raise AttributeError("DeepSpeed's ZeRO optimizer names exist at ZeRO stages 1-3 (this engine runs stage 0)")
+        return sub_groups(self._inner, self._host.groups)
+
+    @property
+    def fp16_groups(self) -> list[list[nn.Parameter]]:
+        """Per sub-group, the model parameters whose elements its leaf holds on this rank."""
+        return [[p for p, _, _ in sg.params] for sg in self._sub_groups()]
+
+    @property
+    def bit16_groups(self) -> list[list[nn.Parameter]]:
+        """DeepSpeed's stage 1/2 name of :attr:`fp16_groups`."""
+        return self.fp16_groups
+
+    @property
+    def fp32_partitioned_groups_flat(self) -> list[nn.Parameter]:
+        """Per sub-group, its fp32 master leaf (live: shares the master shard's storage; a key of ``state``)."""
+        return [sg.leaf for sg in self._sub_groups()]
+
+    @property
+    def single_partition_of_fp32_groups(self) -> list[nn.Parameter]:
+        """DeepSpeed's stage 1/2 name of :attr:`fp32_partitioned_groups_flat`."""
+        return self.fp32_partitioned_groups_flat
+
+    def get_fp32_grad_partitions(self) -> dict[int, dict[int, torch.Tensor]]:
+        """``{sub_group: {i: this rank's part of the fp32 gradient of fp16_groups[sub_group][i]}}``: views of the
+        reduced (averaged, accumulated over micro-steps) gradient shard."""
+        return {j: dict(enumerate(_grad_parts(sg))) for j, sg in enumerate(self._sub_groups())}
+
+    @property
+    def averaged_gradients(self) -> dict[int, list[torch.Tensor]]:
+        """``{sub_group: [gradient parts]}``, as :meth:`get_fp32_grad_partitions` (gradients are reduced at the end
+        of every backward here, so ``engine.allreduce_gradients()`` has nothing left to do)."""
+        return {j: _grad_parts(sg) for j, sg in enumerate(self._sub_groups())}
+
+    @property
+    def _global_grad_norm(self) -> float | None:
+        """The global gradient norm of the last applied step (computed when ``gradient_clipping`` is set)."""
+        return self._host.last_grad_norm
+
+    @property
+    def loss_scale(self) -> float:
+        """The current loss scale (fp16; 1.0 otherwise)."""
+        return self._host.loss_scaler.scale
+
+    @property
+    def cur_scale(self) -> float:
+        """DeepSpeed's loss scaler's name of :attr:`loss_scale`."""
+        return self.loss_scale
+
+    @property
+    def overflow(self) -> bool:
+        """Whether the last boundary step was skipped for inf/nan gradients (``engine.overflow``)."""
+        return self._host.overflow
+
+
+def _grad_parts(sg: SubGroup) -> list[torch.Tensor]:
+    """Views of the gradient shard for each parameter of ``sg`` (the stage-0 whole copy is not a shard: refused)."""
+    if sg.group.mode is ShardMode.DDP:
+        raise AttributeError("gradient partitions exist at ZeRO stages 1-3")
+    return [sg.group.grad_shard[a:b] for _, a, b in sg.params]
