@@ -68,9 +68,10 @@ RUNS: dict[str, dict[str, Any]] = {
     },
     "dapo": {"reward_funcs": [R + "first_is_digit"], "overlong_buffer_length": 2, "max_resample_rounds": 2},
 }
-# PPO (DeepSpeed-Chat's step 3): the critic's per-token values and the reward model's scores split too
+# PPO (DeepSpeed-Chat's step 3): the critic's per-token values and the reward model's scores split too; with the
+# EMA actor (beta 0.5: after two updates it is 0.75 of the way to the actor, far outside the tolerance of its start)
 PPO_RUNS: dict[str, dict[str, Any]] = {
-    "ppo": {"algorithm": "ppo", "critic_learning_rate": LR},
+    "ppo": {"algorithm": "ppo", "critic_learning_rate": LR, "enable_ema": True, "ema_beta": 0.5},
 }
 # the reward model scores too (with a reward function: both sources, weighted); its forwards are split as well
 RM_RUNS: dict[str, dict[str, Any]] = {
@@ -169,7 +170,9 @@ def test_grpo_reward_model_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path
 def test_ppo_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: int) -> None:
     """PPO: the actor's log-probs, the critic's per-token values (GAE's input, and the clipped value loss's, which
     trains the critic through the split forwards) and the reward model's scores: the same rewards, values, losses,
-    gradient norms and actor and critic parameters as the s = 1 run."""
+    gradient norms and actor and critic parameters as the s = 1 run. The EMA actor (split too, its shards over the
+    whole world as the actor's) moves from the same actor shards: the same EMA parameters, to the actor's
+    tolerance (a convex mix of the initial and the actor's parameters carries at most their rounding)."""
     base = world(1).run(grpo_params_run, _runs(dirs, prompts, tmp_path, 1, 1, PPO_RUNS), timeout=400)[0]
     assert {"critic_loss", "value", "critic_grad_norm"} <= base["ppo"]["history"][0].keys()
     results = world(world_size).run(
@@ -177,6 +180,6 @@ def test_ppo_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: 
     )
     for rank, res in enumerate(results):
         got = res["ppo"]
-        assert got["sp"] and got["rm_sp"] and got["critic_sp"] and not base["ppo"]["critic_sp"], rank
-        assert any(k.startswith("critic/") for k in got["params"]), rank
+        assert got["sp"] and got["rm_sp"] and got["critic_sp"] and got["ema_sp"] and not base["ppo"]["ema_sp"], rank
+        assert {n.split("/")[0] for n in got["params"] if "/" in n} >= {"critic", "ema"}, rank
         _check(got, base["ppo"], f"world {world_size} rank {rank} ppo")

@@ -95,12 +95,11 @@ def test_grpo_takes_sequence_parallel_size_with_reward_functions_and_model(
     from hybridzero.rlhf.settings import GRPOSettings
 
     funcs = ["--reward_funcs", "m:f"]
-    for given in (funcs, [], [*funcs, "--reward_model", "true"]):  # functions, the reward model alone, both
+    for given in (funcs, [], [*funcs, "--reward_model", "true"], [*funcs, "--enable_ema"]):  # EMA: split too
         args = build_parser().parse_args(["grpo", *given, "--sequence_parallel_size", "2"])
         s = settings_from_args(GRPOSettings, args)
         assert isinstance(s, GRPOSettings) and s.sequence_parallel_size == 2, given
     for extra, named in (
-        ([*funcs, "--enable_ema"], "enable_ema"),
         ([*funcs, "--packing_samples", "--max_tokens_per_batch", "64"], "max_tokens_per_batch"),
         ([*funcs, "--rollout_engine", "vllm"], "rollout_engine vllm"),
     ):

@@ -120,13 +120,13 @@ class PPOSettings(StepSettings, Step3LoRA):
 
     @model_validator(mode="after")
     def _check_sequence_parallel(self) -> PPOSettings:
-        """``sequence_parallel_size`` > 1 splits the actor, reference, critic and reward model: refuse the rest."""
+        """``sequence_parallel_size`` > 1 splits the actor, reference, critic, reward model and EMA actor: refuse
+        the rest."""
         sp = self.sequence_parallel_size
         off = {
             "unsup_coef/unsupervised_dataset_name": self.ptx_enabled,
             "max_tokens_per_batch": self.max_tokens_per_batch is not None,
             "rollout_engine vllm": self.rollout_engine != "hf",
-            "enable_ema": self.enable_ema,
             "inference_tp_size": self.inference_tp_size > 1,
         }
         given = [name for name, on in off.items() if on]
