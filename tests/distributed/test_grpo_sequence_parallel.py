@@ -73,6 +73,14 @@ RUNS: dict[str, dict[str, Any]] = {
 PPO_RUNS: dict[str, dict[str, Any]] = {
     "ppo": {"algorithm": "ppo", "critic_learning_rate": LR, "enable_ema": True, "ema_beta": 0.5},
 }
+# --max_tokens_per_batch: every rollout forward and each training mini-batch in packed chunks of <= 20 tokens (rows
+# of <= 14 tokens: chunks of one or two sequences, so a mini-batch of 4-8 rows takes several chunks; at dp 2 the data
+# ranks' chunk counts differ and the shorter pads with stand-ins); PPO with the reward model, GRPO without
+BUDGET = {"packing_samples": True, "max_tokens_per_batch": 20}
+BUDGET_RUNS: dict[str, dict[str, Any]] = {
+    "ppo-budget": {"algorithm": "ppo", "critic_learning_rate": LR, **BUDGET},
+    "grpo-budget": {"algorithm": "grpo", "reward_funcs": [R + "digit_share"], "beta": 0.05, **BUDGET},
+}
 # the reward model scores too (with a reward function: both sources, weighted); its forwards are split as well
 RM_RUNS: dict[str, dict[str, Any]] = {
     "grpo-rm": {"algorithm": "grpo", "reward_model": True, "reward_funcs": [R + "digit_share"], "beta": 0.05},
@@ -183,3 +191,20 @@ def test_ppo_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: 
         assert got["sp"] and got["rm_sp"] and got["critic_sp"] and got["ema_sp"] and not base["ppo"]["ema_sp"], rank
         assert {n.split("/")[0] for n in got["params"] if "/" in n} >= {"critic", "ema"}, rank
         _check(got, base["ppo"], f"world {world_size} rank {rank} ppo")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_token_budget_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: int) -> None:
+    """``--max_tokens_per_batch`` under SP: each chunk of the token budget is one packed row split over the SP group
+    (both ranks plan the same chunks from the same rows); each chunk's loss weighted by its share of the mini-batch's
+    tokens, so the chunks sum to the mini-batch's loss. The same numbers as the budgeted s = 1 run (whose chunks are
+    the same at world 2, and at world 4 differ only in which rows share a chunk: summation order)."""
+    base = world(1).run(grpo_params_run, _runs(dirs, prompts, tmp_path, 1, 1, BUDGET_RUNS), timeout=400)[0]
+    results = world(world_size).run(
+        grpo_params_run, _runs(dirs, prompts, tmp_path, world_size, 2, BUDGET_RUNS), timeout=500
+    )
+    for rank, res in enumerate(results):
+        for name in BUDGET_RUNS:
+            assert res[name]["sp"] and not base[name]["sp"], (rank, name)
+            _check(res[name], base[name], f"world {world_size} rank {rank} {name}")

@@ -125,7 +125,6 @@ class PPOSettings(StepSettings, Step3LoRA):
         sp = self.sequence_parallel_size
         off = {
             "unsup_coef/unsupervised_dataset_name": self.ptx_enabled,
-            "max_tokens_per_batch": self.max_tokens_per_batch is not None,
             "rollout_engine vllm": self.rollout_engine != "hf",
             "inference_tp_size": self.inference_tp_size > 1,
         }

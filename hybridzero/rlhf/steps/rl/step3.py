@@ -119,7 +119,8 @@ class Step3:
             self.roles: Roles = build_roles(s, self.world, self.plan.schedule_iterations, with_model)
             if s.packing_samples:
                 for engine in (self.roles.actor, self.roles.ref, self.roles.reward, self.roles.critic):
-                    if engine is not None:
+                    # an SP engine's attention is the Ulysses wrapper (its core was checked sdpa/eager at build)
+                    if engine is not None and engine.sequence_parallel is None:
                         check_packable(getattr(engine.module, "config", None))
             self.pad_id = pad_token_id(self.tok, pad_to_eos=True)
             self.eos_id = self.tok.eos_token_id
