@@ -311,9 +311,11 @@ def build_roles(s: PPOSettings, world: int, total_steps: int, with_reward_model:
     ref = load_actor_engine(s.actor_model_name_or_path, ref_cfg, False)
     ema = None  # the EMA copy has the actor's adapters and the same group membership, so the same layout
     if s.enable_ema:
-        ema = load_actor_engine(
-            s.actor_model_name_or_path, frozen(s.actor_zero_stage, s.offload_reference_model), False, lora=actor_lora
-        )
+        ema_cfg = frozen(s.actor_zero_stage, s.offload_reference_model)
+        if sp > 1:  # forwarded split like the actor; shards stay over the whole world, so the layout is the actor's
+            ema_cfg["sequence_parallel_size"] = sp
+            ema_cfg["train_batch_size"] = train * max(world // sp, 1)
+        ema = load_actor_engine(s.actor_model_name_or_path, ema_cfg, False, lora=actor_lora)
     reward = None
     if with_reward_model:
         reward_cfg = frozen(s.stage_of("reward"), s.offload_reward_model)

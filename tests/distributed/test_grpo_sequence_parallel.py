@@ -26,7 +26,9 @@ gradients' 2e-5 relative rounding moves by about as much, so the drift is <= 6 x
 own fp32 rounding (u |p| ~ 1.2e-7): ``rtol`` 2e-5, ``atol`` 1e-6. Measured: losses within 3e-8, parameters within
 1.2e-7 (one ulp). An entry whose gradient is within rounding of 0 could flip Adam's sign and move by ~lr: not seen.
 The same fixtures and tolerances serve GRPO with the reward model scoring (its scores split) and PPO (the critic's
-values split, trained through the split forwards; its gradient norm and parameters checked like the actor's).
+values split, trained through the split forwards; its gradient norm and parameters checked like the actor's; the EMA
+actor's parameters too), the token budget (chunked forwards: more, smaller sums) and ptx (an LM token mean over
+<= 112 tokens per step).
 What bites: a loss scaled for the world instead of the data-parallel ranks (which AdamW's update would hide) doubles
 the gradient norm and moves the clipped second-pass losses; an SP rank counted twice in the normalisers halves the
 losses.
@@ -49,7 +51,17 @@ from tests.workers.rlhf_runs import make_model_dirs
 GLOBAL_GEN, GLOBAL_TRAIN = 16, 8
 R = "tests.workers.rlvr_rewards:"
 EXACT = ("reward", "answer_len", "skipped_samples", "resampled_groups", "truncated_fraction")
-CLOSE = ("actor_loss", "clip_fraction", "approx_kl", "kl", "grad_norm", "critic_loss", "value", "critic_grad_norm")
+CLOSE = (
+    "actor_loss",
+    "clip_fraction",
+    "approx_kl",
+    "kl",
+    "grad_norm",
+    "critic_loss",
+    "value",
+    "critic_grad_norm",
+    "ptx_loss",
+)
 TOL = 2e-5
 SUM_TOL = 1e-6  # fp32 sums of <= 16 rewards split over dp ranks: <= 16 u ~ 1e-6 relative
 LR = 3e-3
@@ -68,9 +80,25 @@ RUNS: dict[str, dict[str, Any]] = {
     },
     "dapo": {"reward_funcs": [R + "first_is_digit"], "overlong_buffer_length": 2, "max_resample_rounds": 2},
 }
-# PPO (DeepSpeed-Chat's step 3): the critic's per-token values and the reward model's scores split too
+# PPO (DeepSpeed-Chat's step 3): the critic's per-token values and the reward model's scores split too; with the
+# EMA actor (beta 0.5: after two updates it is 0.75 of the way to the actor, far outside the tolerance of its start)
 PPO_RUNS: dict[str, dict[str, Any]] = {
-    "ppo": {"algorithm": "ppo", "critic_learning_rate": LR},
+    "ppo": {"algorithm": "ppo", "critic_learning_rate": LR, "enable_ema": True, "ema_beta": 0.5},
+}
+# --max_tokens_per_batch: every rollout forward and each training mini-batch in packed chunks of <= 20 tokens (rows
+# of <= 14 tokens: chunks of one or two sequences, so a mini-batch of 4-8 rows takes several chunks; at dp 2 the data
+# ranks' chunk counts differ and the shorter pads with stand-ins); PPO with the reward model, GRPO without
+BUDGET = {"packing_samples": True, "max_tokens_per_batch": 20}
+BUDGET_RUNS: dict[str, dict[str, Any]] = {
+    "ppo-budget": {"algorithm": "ppo", "critic_learning_rate": LR, **BUDGET},
+    "grpo-budget": {"algorithm": "grpo", "reward_funcs": [R + "digit_share"], "beta": 0.05, **BUDGET},
+}
+# ptx (DeepSpeed-Chat's unsupervised step after each mini-batch, coefficient 0.5): its LM batches dealt to data ranks
+# and each packed row split over the SP group; PPO with one whole-batch forward, GRPO in the token budget's chunks
+PTX = {"unsupervised_dataset_name": "demo", "unsupervised_dataset_config_name": "demo", "unsup_coef": 0.5}
+PTX_RUNS: dict[str, dict[str, Any]] = {
+    "ppo-ptx": {"algorithm": "ppo", "critic_learning_rate": LR, **PTX},
+    "grpo-ptx-budget": {"algorithm": "grpo", "reward_funcs": [R + "digit_share"], "beta": 0.05, **PTX, **BUDGET},
 }
 # the reward model scores too (with a reward function: both sources, weighted); its forwards are split as well
 RM_RUNS: dict[str, dict[str, Any]] = {
@@ -169,7 +197,9 @@ def test_grpo_reward_model_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path
 def test_ppo_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: int) -> None:
     """PPO: the actor's log-probs, the critic's per-token values (GAE's input, and the clipped value loss's, which
     trains the critic through the split forwards) and the reward model's scores: the same rewards, values, losses,
-    gradient norms and actor and critic parameters as the s = 1 run."""
+    gradient norms and actor and critic parameters as the s = 1 run. The EMA actor (split too, its shards over the
+    whole world as the actor's) moves from the same actor shards: the same EMA parameters, to the actor's
+    tolerance (a convex mix of the initial and the actor's parameters carries at most their rounding)."""
     base = world(1).run(grpo_params_run, _runs(dirs, prompts, tmp_path, 1, 1, PPO_RUNS), timeout=400)[0]
     assert {"critic_loss", "value", "critic_grad_norm"} <= base["ppo"]["history"][0].keys()
     results = world(world_size).run(
@@ -177,6 +207,41 @@ def test_ppo_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: 
     )
     for rank, res in enumerate(results):
         got = res["ppo"]
-        assert got["sp"] and got["rm_sp"] and got["critic_sp"] and not base["ppo"]["critic_sp"], rank
-        assert any(k.startswith("critic/") for k in got["params"]), rank
+        assert got["sp"] and got["rm_sp"] and got["critic_sp"] and got["ema_sp"] and not base["ppo"]["ema_sp"], rank
+        assert {n.split("/")[0] for n in got["params"] if "/" in n} >= {"critic", "ema"}, rank
         _check(got, base["ppo"], f"world {world_size} rank {rank} ppo")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_token_budget_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: int) -> None:
+    """``--max_tokens_per_batch`` under SP: each chunk of the token budget is one packed row split over the SP group
+    (both ranks plan the same chunks from the same rows); each chunk's loss weighted by its share of the mini-batch's
+    tokens, so the chunks sum to the mini-batch's loss. The same numbers as the budgeted s = 1 run (whose chunks are
+    the same at world 2, and at world 4 differ only in which rows share a chunk: summation order)."""
+    base = world(1).run(grpo_params_run, _runs(dirs, prompts, tmp_path, 1, 1, BUDGET_RUNS), timeout=400)[0]
+    results = world(world_size).run(
+        grpo_params_run, _runs(dirs, prompts, tmp_path, world_size, 2, BUDGET_RUNS), timeout=500
+    )
+    for rank, res in enumerate(results):
+        for name in BUDGET_RUNS:
+            assert res[name]["sp"] and not base[name]["sp"], (rank, name)
+            _check(res[name], base[name], f"world {world_size} rank {rank} {name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_ptx_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: int) -> None:
+    """ptx under SP: the SP group shares its data rank's slice of each global LM batch (``per_device_training_batch
+    _size x D`` records, the s = 1 run's batch), packed and split by sequence; the LM loss is scaled for the data
+    ranks as the RL losses are. The same ptx losses (token means over <= 8 x 14 tokens: reassociation <= 112 u ~
+    7e-6 relative, inside ``TOL``), gradient norms (of the ptx step, each iteration's last) and parameters as the
+    s = 1 run. Dealing ptx by world rank instead gives the SP ranks different batches: the split forward fails."""
+    base = world(1).run(grpo_params_run, _runs(dirs, prompts, tmp_path, 1, 1, PTX_RUNS), timeout=400)[0]
+    results = world(world_size).run(
+        grpo_params_run, _runs(dirs, prompts, tmp_path, world_size, 2, PTX_RUNS), timeout=500
+    )
+    for rank, res in enumerate(results):
+        for name in PTX_RUNS:
+            assert res[name]["sp"] and "ptx_loss" in base[name]["history"][0], (rank, name)
+            _check(res[name], base[name], f"world {world_size} rank {rank} {name}")

@@ -95,18 +95,19 @@ def test_grpo_takes_sequence_parallel_size_with_reward_functions_and_model(
     from hybridzero.rlhf.settings import GRPOSettings
 
     funcs = ["--reward_funcs", "m:f"]
-    for given in (funcs, [], [*funcs, "--reward_model", "true"]):  # functions, the reward model alone, both
+    budget = ["--packing_samples", "--max_tokens_per_batch", "64"]
+    ptx = ["--unsupervised_dataset_name", "demo", "--unsupervised_dataset_config_name", "demo"]
+    for given in (funcs, [], [*funcs, "--reward_model", "true"], [*funcs, "--enable_ema", *budget, *ptx]):
         args = build_parser().parse_args(["grpo", *given, "--sequence_parallel_size", "2"])
         s = settings_from_args(GRPOSettings, args)
         assert isinstance(s, GRPOSettings) and s.sequence_parallel_size == 2, given
     for extra, named in (
-        ([*funcs, "--enable_ema"], "enable_ema"),
-        ([*funcs, "--packing_samples", "--max_tokens_per_batch", "64"], "max_tokens_per_batch"),
         ([*funcs, "--rollout_engine", "vllm"], "rollout_engine vllm"),
+        ([*funcs, "--enable_hybrid_engine", "--inference_tp_size", "2"], "inference_tp_size"),
     ):
         assert main(["grpo", *extra, "--sequence_parallel_size", "2"]) == 2, extra
         err = capsys.readouterr().err
-        assert "sequence_parallel_size = 2 splits the actor, reference, critic and reward model only" in err
+        assert "sequence_parallel_size = 2 generates with rollout_engine hf and inference_tp_size 1 only" in err
         assert f"turn off {named}" in err, (extra, err)
 
 

@@ -14,7 +14,8 @@ def grpo_params_run(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
     trainer's loop without checkpoints and reports): per iteration its metrics plus ``grad_norm`` (the actor's
     pre-clipping gradient norm of the iteration's last step: a wrongly scaled loss shows there, while AdamW's update
     is blind to a uniform scale; PPO: the critic's too, ``critic_grad_norm``), and the full fp32 parameters at the
-    end (every rank: the gather is collective) of the actor, and for PPO of the critic (``critic/`` names)."""
+    end (every rank: the gather is collective) of the actor, for PPO of the critic (``critic/`` names) and with
+    ``enable_ema`` of the EMA actor (``ema/`` names)."""
     from hybridzero.rlhf.steps.rl.step3 import Step3
 
     out: dict[str, dict[str, Any]] = {}
@@ -32,6 +33,8 @@ def grpo_params_run(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
             params = _full_params(run.roles.actor, "")
             if run.roles.critic is not None:
                 params.update(_full_params(run.roles.critic, "critic/"))
+            if run.roles.ema is not None:
+                params.update(_full_params(run.roles.ema, "ema/"))
         finally:
             run.close()
         out[name] = {
@@ -40,6 +43,7 @@ def grpo_params_run(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
             "sp": run.roles.actor.sequence_parallel is not None,
             "rm_sp": run.roles.reward is not None and run.roles.reward.sequence_parallel is not None,
             "critic_sp": run.roles.critic is not None and run.roles.critic.sequence_parallel is not None,
+            "ema_sp": run.roles.ema is not None and run.roles.ema.sequence_parallel is not None,
         }
     return out
 

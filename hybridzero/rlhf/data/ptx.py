@@ -6,8 +6,9 @@ dataset directory, or a name whose local copy is ``DATA_ROOT/NAME/CONFIG`` or ``
 ``wikitext-2-raw-v1``: its ``train`` split). A record with a ``text`` column is that text (DeepSpeed-Chat's ptx
 data); one with ``prompt``/``response`` (or pairwise) columns is ``prompt + response``; either ends with eos and has
 the LM loss on every token (pretraining-style). Batches are global batches of
-``per_device_training_batch_size x W`` records in a seeded order that restarts (reshuffled) when exhausted; rank
-``r`` takes slice ``r``. The stream is a pure function of the number of batches drawn, so a resumed run can
+``per_device_training_batch_size x D`` records over the ``D`` data-parallel ranks (the world, or ``W / s`` under
+sequence parallelism, whose SP groups share a slice) in a seeded order that restarts (reshuffled) when exhausted;
+data rank ``r`` takes slice ``r``. The stream is a pure function of the number of batches drawn, so a resumed run can
 re-position it with :meth:`PtxStream.skip`.
 """
 

@@ -216,10 +216,10 @@ def sequence_logprobs(
 ) -> torch.Tensor:
     """``[B, T-1]`` fp32 log-probabilities of each next token under ``engine``'s causal LM (``packed``: on packed
     rows of ``capacity`` tokens, 0 where the next token is padding; :mod:`hybridzero.packed_forward`). An engine
-    with sequence parallelism always forwards packed rows split over its SP group (:mod:`.sp_logprobs`; the
-    token budget is refused with it by the settings)."""
+    with sequence parallelism always forwards packed rows split over its SP group (:mod:`.sp_logprobs`; with a
+    token budget's ``capacity`` the packed rows are that wide, each rank forwarding its ``1 / s`` of them)."""
     if getattr(engine, "sequence_parallel", None) is not None:
-        return sp_logprobs(engine, sequences, attention_mask)
+        return sp_logprobs(engine, sequences, attention_mask, capacity if packed else None)
     if packed:
         return packed_logprobs(engine, sequences, attention_mask, capacity=capacity)
     logits = engine(**causal_kwargs(sequences, attention_mask)).logits
@@ -235,9 +235,9 @@ def critic_values(
 ) -> torch.Tensor:
     """``[B, T-1]`` fp32 values of a value-head engine at positions ``0 .. T-2`` (``packed``: on packed rows of
     ``capacity`` tokens). An engine with sequence parallelism always forwards packed rows split over its SP group
-    (:mod:`.sp_values`)."""
+    (:mod:`.sp_values`; ``capacity`` as in :func:`sequence_logprobs`)."""
     if getattr(engine, "sequence_parallel", None) is not None:
-        return sp_token_values(engine, sequences, attention_mask)[:, :-1]
+        return sp_token_values(engine, sequences, attention_mask, capacity if packed else None)[:, :-1]
     if packed:
         return packed_values(engine, sequences, attention_mask, capacity=capacity)[:, :-1]
     return engine(input_ids=sequences, attention_mask=attention_mask)[:, :-1]
@@ -270,7 +270,9 @@ def make_experience(
     mask, so cutting all-padding columns changes nothing but the work; the per-token results are put back at
     the fixed layout (zeros on the cut columns, which no mask selects). ``packed``: every forward on packed rows
     (:mod:`hybridzero.packed_forward`); the per-sample tensors are the same. ``max_tokens`` (with ``packed``):
-    every forward in chunks of at most that many tokens (:mod:`hybridzero.token_budget`)."""
+    every forward in chunks of at most that many tokens (:mod:`hybridzero.token_budget`); under sequence parallelism
+    each chunk's packed row is split over the SP group (the group's ranks hold the same rows, so plan the same
+    chunks), about ``max_tokens / s`` tokens per rank."""
     lo, hi = used_columns(ro.attention_mask)
     seq, mask = ro.sequences[:, lo:hi], ro.attention_mask[:, lo:hi]
     width = ro.sequences.shape[1] - 1
@@ -293,7 +295,7 @@ def make_experience(
             else torch.zeros_like(logprobs)
         )
         if reward is not None and reward.sequence_parallel is not None:  # split over the SP group (.sp_values)
-            rewards = sp_last_values(reward, seq, mask)
+            rewards = run(reward, lambda q, m: sp_last_values(reward, q, m, capacity=max_tokens))
         elif reward is not None and packed:
             rewards = run(reward, lambda q, m: packed_last_values(reward, q, m, capacity=max_tokens))
         elif reward is not None:

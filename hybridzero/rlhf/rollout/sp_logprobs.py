@@ -28,14 +28,17 @@ from hybridzero.runtime.sequence_parallel import IGNORE_INDEX
 __all__ = ["sp_logprobs"]
 
 
-def sp_logprobs(engine: Engine, sequences: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+def sp_logprobs(
+    engine: Engine, sequences: torch.Tensor, attention_mask: torch.Tensor, capacity: int | None = None
+) -> torch.Tensor:
     """``[B, T-1]`` fp32 log-probabilities of each next token of ``sequences`` under ``engine`` (which runs
     sequence parallelism), 0 where the next token is padding; the same tensor on every rank of the SP group, which
-    must all pass the same rows. Differentiable (module docstring: gradient ``s`` times the slice's part)."""
+    must all pass the same rows. Differentiable (module docstring: gradient ``s`` times the slice's part).
+    ``capacity`` (a token budget's chunk): packed rows of that many slots, each rank forwarding ``capacity / s``."""
     sp = engine.sequence_parallel
     if sp is None:
         raise ValueError("sp_logprobs needs an engine with sequence_parallel_size > 1")
-    packed = pack_padded(sequences.to(engine.device), attention_mask.to(engine.device))
+    packed = pack_padded(sequences.to(engine.device), attention_mask.to(engine.device), capacity=capacity)
     part = sp.shard_packed(packed, None, 0, mask_dtype(engine))
     targets = part.pop("shift_labels")
     logits = engine(**part, use_cache=False).logits.float()  # [R, w, V]: this rank's slots of every packed row

@@ -81,9 +81,9 @@ class PPOSettings(StepSettings, Step3LoRA):
     sequence_parallel_size: int = Field(
         1,
         ge=1,
-        description="Ulysses sequence parallelism: groups of this many ranks share each prompt's rollouts, every "
-        "actor, reference, critic and reward-model forward split over the group by sequence (README 'Sequence "
-        "parallelism')",
+        description="Ulysses sequence parallelism: groups of this many ranks share each prompt's rollouts and ptx "
+        "batches, every actor, reference, critic and reward-model forward split over the group by sequence (README "
+        "'Sequence parallelism')",
     )
 
     @property
@@ -120,20 +120,19 @@ class PPOSettings(StepSettings, Step3LoRA):
 
     @model_validator(mode="after")
     def _check_sequence_parallel(self) -> PPOSettings:
-        """``sequence_parallel_size`` > 1 splits the actor, reference, critic and reward model: refuse the rest."""
+        """``sequence_parallel_size`` > 1 splits every forward of the actor, reference, critic, reward model, EMA
+        actor and ptx step (token budget included); its rollouts come from the hf engine untouched by tensor
+        parallelism: refuse the rest."""
         sp = self.sequence_parallel_size
         off = {
-            "unsup_coef/unsupervised_dataset_name": self.ptx_enabled,
-            "max_tokens_per_batch": self.max_tokens_per_batch is not None,
             "rollout_engine vllm": self.rollout_engine != "hf",
-            "enable_ema": self.enable_ema,
             "inference_tp_size": self.inference_tp_size > 1,
         }
         given = [name for name, on in off.items() if on]
         if sp > 1 and given:
             raise ValueError(
-                f"sequence_parallel_size = {sp} splits the actor, reference, critic and reward model only; turn off "
-                f"{', '.join(given)} (or use sequence_parallel_size = 1)"
+                f"sequence_parallel_size = {sp} generates with rollout_engine hf and inference_tp_size 1 only; turn "
+                f"off {', '.join(given)} (or use sequence_parallel_size = 1)"
             )
         return self
 

@@ -17,7 +17,9 @@ The math is :mod:`hybridzero.rlhf.algorithms.ppo` (pure); this module only seque
 their data rank's rollouts; the actor's log-probs (``rollout/sp_logprobs.py``), the critic's per-token values and
 the reward model's scores (``rollout/sp_values.py``) come from split forwards summed back to whole rows, so GAE,
 both clipped losses and every metric are the ``s = 1`` numbers on the group's ranks; the losses are scaled for the
-data-parallel ranks (:func:`~hybridzero.rlhf.steps.rl.step3.global_scale`), metrics count each SP group once.
+data-parallel ranks (:func:`~hybridzero.rlhf.steps.rl.step3.global_scale`), metrics count each SP group once. The
+EMA actor's shards span the whole world as the actor's do, so step 4 is unchanged; the ptx step's LM batch is shared
+by the group and split likewise (:func:`~hybridzero.rlhf.steps.rl.step3.ptx_update`).
 """
 
 from __future__ import annotations

@@ -25,11 +25,11 @@ import torch
 import transformers
 from transformers import PretrainedConfig
 
-from hybridzero.packed_forward import check_packable
+from hybridzero.packed_forward import check_packable, packed_lm_sums
 from hybridzero.rlhf.data.dealing import Plan, epoch_order, make_plan, rank_prompts
 from hybridzero.rlhf.data.ptx import PtxStream
 from hybridzero.rlhf.data.tokens import load_prompt_rows, pad_token_id, prompt_tensors
-from hybridzero.rlhf.engines import Roles, build_roles, data_sum, global_sum, world_comm
+from hybridzero.rlhf.engines import Roles, build_roles, data_sum, world_comm
 from hybridzero.rlhf.models import load_tokenizer
 from hybridzero.rlhf.rewards.sources import RewardSet
 from hybridzero.rlhf.rollout.backends import VLLMEngine, build_vllm_engine, truncated_is_weights
@@ -119,11 +119,13 @@ class Step3:
             self.roles: Roles = build_roles(s, self.world, self.plan.schedule_iterations, with_model)
             if s.packing_samples:
                 for engine in (self.roles.actor, self.roles.ref, self.roles.reward, self.roles.critic):
-                    if engine is not None:
+                    # an SP engine's attention is the Ulysses wrapper (its core was checked sdpa/eager at build)
+                    if engine is not None and engine.sequence_parallel is None:
                         check_packable(getattr(engine.module, "config", None))
             self.pad_id = pad_token_id(self.tok, pad_to_eos=True)
             self.eos_id = self.tok.eos_token_id
-            self.ptx = PtxStream(s, self.tok, self.pad_id, self.rank, self.world) if s.ptx_enabled else None
+            # ptx batches are dealt to data-parallel ranks too: an SP group shares one slice, split by sequence
+            self.ptx = PtxStream(s, self.tok, self.pad_id, self.data_rank, self.data_world) if s.ptx_enabled else None
             self.vllm: VLLMEngine | None = None  # started at the first rollout (its weight sync is collective)
             if self.roles.actor.config.hybrid_engine.rollout_engine == "vllm":  # set from s.rollout_engine
                 self.vllm = build_vllm_engine(s, cast(Any, self.roles.actor.module).config, self.world, self.rank)
@@ -306,21 +308,29 @@ def ptx_update(actor: Engine, batch: dict[str, torch.Tensor], coef: float, max_t
     """DeepSpeed-Chat's unsupervised step: ``coef x`` the LM loss (global token mean) as a separate actor step;
     returns the global mean LM loss (before ``coef``). ``max_tokens`` (``--max_tokens_per_batch``): the batch's
     sequences forwarded and backwarded in packed chunks of at most that many tokens, the same loss
-    (:func:`~hybridzero.token_budget.budget_lm_backward`)."""
+    (:func:`~hybridzero.token_budget.budget_lm_backward`). Under sequence parallelism every rank of an SP group holds
+    the same (right-padded) batch; its sequences are packed and each packed row split over the group
+    (:func:`~hybridzero.packed_forward.packed_lm_sums`; the backward gives each rank ``s`` times its slice's part,
+    which :func:`global_scale`'s data-parallel count expects)."""
     labels = batch["labels"]
     n_tokens = float((labels[:, 1:] != -100).sum())
     scale = coef * global_scale(actor, n_tokens)
+    lengths = batch["attention_mask"].sum(dim=1).tolist()
+    examples = [(batch["input_ids"][b, :n].tolist(), labels[b, :n].tolist()) for b, n in enumerate(lengths)]
     if max_tokens is not None:
-        lengths = batch["attention_mask"].sum(dim=1).tolist()
-        examples = [(batch["input_ids"][b, :n].tolist(), labels[b, :n].tolist()) for b, n in enumerate(lengths)]
         value = budget_lm_backward(actor, examples, 0, max_tokens, scale=scale)[0]
+    elif actor.sequence_parallel is not None:  # one packed forward of the whole batch, split over the SP group
+        nll = packed_lm_sums(actor, examples, 0)[0]
+        loss = nll / max(n_tokens, 1.0)
+        actor.backward(loss * scale)
+        value = float(loss.detach())
     else:
         moved = {k: v.to(actor.device) for k, v in batch.items()}
         loss = actor(**moved).loss
         actor.backward(loss * scale)
         value = float(loss.detach())
     step_both(actor, None)
-    total, count = global_sum(actor, [value * n_tokens, n_tokens])
+    total, count = data_sum(actor, [value * n_tokens, n_tokens])  # each SP group once
     return total / max(count, 1.0)
 
 
