@@ -99,9 +99,14 @@ def _common(a: argparse.Namespace, world: int) -> dict[str, Any]:
 
 
 def _vllm_keys(a: argparse.Namespace) -> dict[str, Any]:
-    """TRL's colocated vLLM (each rank its own in-process engine), as TRL's docs configure it; none without the flag."""
+    """TRL's colocated vLLM (each rank its own in-process engine), as TRL's docs configure it; none without the flag.
+
+    On a CPU host vLLM sizes its KV cache from ``VLLM_CPU_KVCACHE_SPACE`` (GiB), not from the memory share: it is
+    set to 1 GiB, the KV cache our ``vllm`` variants get (``--vllm_kv_cache_gb`` default); with vLLM's own default
+    a rank reached ~10.8 GB RSS here and was OOM-killed at world 2 on the 24 GB machine."""
     if not a.use_vllm:
         return {}
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     return dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.3, vllm_enable_sleep_mode=False)
 
 
