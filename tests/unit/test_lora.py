@@ -75,13 +75,17 @@ def _peft_twin(ours: nn.Module, r: int) -> nn.Module:
 
 
 def test_training_equals_peft_within_fp32_rounding() -> None:
-    """Same init, data and AdamW: losses and adapters agree with peft to fp32 rounding (the two compute
-    ``(x R) L`` vs ``B(A x)`` with the same association, so differences are a few ulps over 4 steps)."""
+    """Same init, data and plain SGD: losses and adapters agree with peft to fp32 rounding. The two compute
+    ``(x R) L`` vs ``B(A x)``, equal up to the order of fp32 additions, so each gradient differs by a few ulps of its
+    summands and SGD's parameters by ``lr`` times that per step (linear, so the bound holds for every entry). AdamW
+    would divide each gradient by its own running magnitude: an entry that is a near-cancelling sum then carries a
+    large relative rounding error into an update of size ``lr`` (seen: 2.3e-6 after 4 steps with peft 0.21), which
+    no fixed tolerance bounds."""
     torch.manual_seed(0)
     ours = _lora_opt(r=3)
     twin = _peft_twin(ours, 3)
     ids = torch.randint(1, 90, (4, 2, 9))
-    opts = [torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2) for m in (ours, twin)]
+    opts = [torch.optim.SGD([p for p in m.parameters() if p.requires_grad], lr=0.5) for m in (ours, twin)]
     for step in range(4):
         losses = []
         for model, opt in zip((ours, twin), opts):
