@@ -6,13 +6,11 @@ dropout at 0 (:func:`dropout_overrides`), so their log-probabilities are determi
 DeepSpeed-Chat's ``--dropout`` (:func:`set_dropout`; unset keeps the model's own) and step 1 saves its config with
 dropout 0; a value model (reward model, critic) otherwise keeps its config's dropout.
 
-A **value model** is a causal LM's trunk (``AutoModel``: embeddings, blocks, final norm; no LM head) plus a value
-head of ``hidden_size`` weights: ``value[b, t] = <hidden[b, t], v_head>``. The reward model's score of a sequence
-is its value at the sequence's last real token (:func:`last_token_index`); the critic's values are read at every
-position. The head is an elementwise product and a sum rather than ``nn.Linear(h, 1)``: a one-output linear takes
-a matrix-vector path on CPU whose rounding depends on the weight's address alignment, and a sharded engine binds
-parameters as views at arbitrary offsets; elementwise ops round the same everywhere, so sharded runs stay
-comparable with unsharded ones.
+A **value model** is a causal LM's trunk (``AutoModel``: no LM head) plus a value head of ``hidden_size`` weights:
+``value[b, t] = <hidden[b, t], v_head>``; a reward model's score is the value at the last real token
+(:func:`last_token_index`), a critic's values are read at every position. The head is an elementwise product and a
+sum, not ``nn.Linear(h, 1)``, whose CPU matrix-vector rounding depends on the weight's address alignment (a sharded
+engine binds parameters as views at arbitrary offsets): elementwise ops round the same everywhere.
 
 On disk a value model is a Hugging Face directory: ``config.json`` of the causal LM it came from,
 ``value_model.safetensors`` (keys ``transformer.*`` and ``v_head``), the tokenizer files, and ``value_model.json``

@@ -1,5 +1,4 @@
-"""Per-rank bodies of the DeepSpeed drop-in tests (tests/distributed/test_deepspeed_api.py): DeepSpeed's engine-free
-API (``zero.GatheredParameters``, ``utils.safe_*``, ``comm``) and the engine as an ``nn.Module``."""
+"""Per-rank bodies of tests/distributed/test_deepspeed_api.py: DeepSpeed's engine-free API, the engine as a module."""
 
 from __future__ import annotations
 
