@@ -261,10 +261,18 @@ def _widen(part: torch.Tensor, lo: int, width: int) -> torch.Tensor:
 
 
 def make_experience(
-    roles: Roles, ro: Rollout, *, with_ref: bool = True, packed: bool = False, max_tokens: int | None = None
+    roles: Roles,
+    ro: Rollout,
+    *,
+    with_ref: bool = True,
+    packed: bool = False,
+    max_tokens: int | None = None,
+    with_old: bool = True,
 ) -> Experience:
     """Score a rollout with the old policy, the reference (``with_ref``; else its log-probs are the old policy's:
-    a zero KL), the critic (zeros for GRPO) and the reward model (zeros without one).
+    a zero KL), the critic (zeros for GRPO) and the reward model (zeros without one). ``with_old=False``: no actor
+    pass; the old log-probs are zeros, to be taken from the update forward (:mod:`hybridzero.rlhf.steps.rl.
+    old_policy`), and without ``with_ref`` the reference's are zeros too (still a zero KL).
 
     Every forward runs on the batch's used columns only (:func:`used_columns`): positions come from the attention
     mask, so cutting all-padding columns changes nothing but the work; the per-token results are put back at
@@ -285,7 +293,11 @@ def make_experience(
             if engine is not None:
                 engine.eval()
         actor, ref, critic, reward = roles.actor, roles.ref, roles.critic, roles.reward
-        logprobs = run(actor, lambda q, m: sequence_logprobs(actor, q, m, packed, max_tokens))
+        logprobs = (
+            run(actor, lambda q, m: sequence_logprobs(actor, q, m, packed, max_tokens))
+            if with_old
+            else torch.zeros(seq.shape[0], seq.shape[1] - 1, device=seq.device)
+        )
         ref_logprobs = (
             run(ref, lambda q, m: sequence_logprobs(ref, q, m, packed, max_tokens)) if with_ref else logprobs.clone()
         )

@@ -84,6 +84,13 @@ class GRPOSettings(PPOSettings):
         "raise", description="a reward function that raises, hangs or returns NaN: fail the run, or skip the sample"
     )
     stop_strings: list[str] = Field(default_factory=list, description="generation stops after any of these strings")
+    old_logprobs: Literal["auto", "rollout_pass"] = Field(
+        "auto",
+        description="auto: when an iteration is one on-policy optimizer step (one pass, mini-batches = "
+        "gradient_accumulation_steps, no dropout, no ptx between mini-batches, no IS correction) the loss's old "
+        "log-probs are the update forward's own, detached (TRL's rule), and the rollout skips that actor pass; "
+        "rollout_pass: always a separate no-grad pass at rollout",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -2,7 +2,9 @@
 
 1. **Rollout.** ``group_size`` samples of every prompt (contiguous rows, each with its own sampling seed), up to
    ``max_completion_length`` tokens or a stop string, scored by the actor (old log-probs, recorded once for all
-   ``num_iterations`` passes) and, with ``beta > 0``, the reference (:meth:`Step3.rollout`).
+   ``num_iterations`` passes; none when the iteration is one on-policy step: they are then the update forward's
+   own, detached, :mod:`~hybridzero.rlhf.steps.rl.old_policy`) and, with ``beta > 0``, the reference
+   (:meth:`Step3.rollout`).
 2. **Rewards.** Reward functions and/or the reward model, weighted; failures raised on every rank or skipped
    (:mod:`hybridzero.rlhf.rewards.sources`); DAPO's overlong shaping and dynamic sampling
    (:mod:`hybridzero.rlhf.steps.rl.grpo_rollout`).
@@ -45,6 +47,7 @@ from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.rollout.generate import sequence_logprobs, used_columns
 from hybridzero.rlhf.settings import GRPOSettings
 from hybridzero.rlhf.steps.rl.grpo_rollout import GroupBatch, sample_groups
+from hybridzero.rlhf.steps.rl.old_policy import check_on_policy
 from hybridzero.rlhf.steps.rl.step3 import (
     Step3,
     UpdateStats,
@@ -94,12 +97,21 @@ def _slots(attention_mask: torch.Tensor, packed: bool, budgeted: bool = False) -
 
 
 def grpo_update(
-    run: Step3, exp: Experience, adv: torch.Tensor, trains: torch.Tensor, counted: torch.Tensor
+    run: Step3,
+    exp: Experience,
+    adv: torch.Tensor,
+    trains: torch.Tensor,
+    counted: torch.Tensor,
+    policy_step: int | None = None,
 ) -> UpdateStats:
     """One actor step on a mini-batch: ``trains [b]`` rows enter the loss, ``counted [b]`` (not skipped) rows count
-    in the normalisers. A mini-batch without a training token anywhere takes no step (reported as skipped)."""
+    in the normalisers. A mini-batch without a training token anywhere takes no step (reported as skipped).
+    ``policy_step`` not None: the batch was scored without the old log-prob pass (:mod:`.old_policy`); the old
+    log-probs are this forward's own, detached; with a KL term they are written into ``exp.logprobs`` (a view of the
+    generation batch's experience) for the rollout KL metric that reads them afterwards."""
     s, actor = run.s, run.roles.actor
     assert isinstance(s, GRPOSettings)
+    check_on_policy(policy_step, actor.global_steps)
     mask = exp.action_mask.bool() & trains.to(exp.action_mask.device)[:, None]
     n_seqs, n_tokens = data_sum(actor, [float(counted.sum()), float(mask.sum())])
     data_ranks = actor.comm.world_size // (actor.sequence_parallel.size if actor.sequence_parallel else 1)
@@ -112,9 +124,11 @@ def grpo_update(
             logp = sequence_logprobs(
                 actor, exp.sequences[rows], exp.attention_mask[rows], s.packing_samples, s.max_tokens_per_batch
             )
+            if policy_step is not None and s.grpo_kl_coef:  # the rollout KL metric reads them (zero KL without)
+                exp.logprobs[rows] = logp.detach().to(exp.logprobs.dtype)
             out = clipped_policy_loss(
                 logp,
-                exp.logprobs[rows],
+                exp.logprobs[rows] if policy_step is None else logp.detach(),
                 exp.ref_logprobs[rows] if s.grpo_kl_coef else None,
                 adv[rows.to(adv.device)],
                 mask[rows],
@@ -197,7 +211,7 @@ def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
                 if gb.rb.is_weights is not None:  # truncated IS (vLLM): w * A per token (w > 0, so = w * loss)
                     c_lo, c_hi = used_columns(full.attention_mask)
                     mb_adv = mb_adv[:, None] * gb.rb.is_weights[lo:hi, c_lo : c_hi - 1]
-                stats.append(grpo_update(run, mb, mb_adv, gb.trains[lo:hi], ~gb.skipped[lo:hi]))
+                stats.append(grpo_update(run, mb, mb_adv, gb.trains[lo:hi], ~gb.skipped[lo:hi], gb.rb.policy_step))
                 if run.ptx is not None:
                     ptx_losses.append(
                         ptx_update(roles.actor, run.ptx.next_batch(), s.unsup_coef, s.max_tokens_per_batch)
@@ -208,5 +222,6 @@ def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
     metrics = mean_update_stats(stats, ptx_losses if run.ptx is not None else None, with_critic=False)
     metrics.update(run.rollout_metrics([gb.rb for gb in batches], with_values=False))
     metrics.update(_rollout_metrics(run, batches, padding))
+    metrics["old_logprob_pass"] = float(any(gb.rb.policy_step is None for gb in batches))
     timing = {"e2e_s": time.perf_counter() - t0, "generation_s": t1 - t0, "training_s": train_s}
     return {**metrics, **timing, "actor_lr": roles.actor.get_lr()[0]}

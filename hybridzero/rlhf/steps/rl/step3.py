@@ -37,6 +37,7 @@ from hybridzero.rlhf.rollout.backends.vllm_rollout import vllm_rollout
 from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.rollout.generate import Rollout, make_experience, rollout, rollout_stats
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
+from hybridzero.rlhf.steps.rl.old_policy import has_dropout, old_logprobs_from_update
 from hybridzero.runtime.engine import Engine
 from hybridzero.token_budget import budget_lm_backward
 
@@ -65,6 +66,7 @@ class RolloutBatch:
     finished: torch.Tensor | None = None  # [B] bool: the answer ended (EOS or stop string) within the limit
     sample_ids: list[int] | None = None  # each row's sampling id (its seed with the run seed)
     is_weights: torch.Tensor | None = None  # [B, P+A-1] truncated IS weights (vLLM rollouts with the correction)
+    policy_step: int | None = None  # no old log-prob pass: the actor's global_steps at rollout (.old_policy)
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,7 @@ class Step3:
                     # an SP engine's attention is the Ulysses wrapper (its core was checked sdpa/eager at build)
                     if engine is not None and engine.sequence_parallel is None:
                         check_packable(getattr(engine.module, "config", None))
+            self.actor_dropout = has_dropout(self.roles.actor.module)  # train-mode forwards differ from eval's
             self.pad_id = pad_token_id(self.tok, pad_to_eos=True)
             self.eos_id = self.tok.eos_token_id
             # ptx batches are dealt to data-parallel ranks too: an SP group shares one slice, split by sequence
@@ -195,13 +198,24 @@ class Step3:
         """Score a rollout with every role; with the sampler's log-probs and the correction on, its IS weights."""
         s = self.s
         with_ref = not isinstance(s, GRPOSettings) or s.grpo_kl_coef > 0  # GRPO without a KL term: no reference pass
+        actor = self.roles.actor
+        on_policy = old_logprobs_from_update(
+            s, self.updates_per_iteration, actor.micro_steps, dropout=self.actor_dropout, ptx=self.ptx is not None
+        )
         exp = make_experience(
-            self.roles, ro, with_ref=with_ref, packed=s.packing_samples, max_tokens=s.max_tokens_per_batch
+            self.roles,
+            ro,
+            with_ref=with_ref,
+            packed=s.packing_samples,
+            max_tokens=s.max_tokens_per_batch,
+            with_old=not on_policy,
         )
         weights = None
         if sampler is not None and s.vllm_importance_sampling_correction:
             weights = truncated_is_weights(exp.logprobs, sampler, exp.action_mask, s.vllm_importance_sampling_cap)
-        return RolloutBatch(exp, prompt_ids, ro.finished, sample_ids, weights)
+        return RolloutBatch(
+            exp, prompt_ids, ro.finished, sample_ids, weights, actor.global_steps if on_policy else None
+        )
 
     def _sample_vllm(
         self, ids: torch.Tensor, mask: torch.Tensor, prompt_ids: list[int], sample_ids: list[int], run_seed: int
