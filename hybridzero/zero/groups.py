@@ -109,17 +109,23 @@ class ShardedGroup(FileBackedMaster):
         # qwZ: primary gathers move block-int8 weights (dequantized into the compute buffer on arrival)
         self.quantize_block = quantize_block if mode is ShardMode.ZERO3 else None
         self._decode: Callable[[], None] | None = None
-        self._placeholder = torch.empty(0, dtype=compute_dtype, device=device)
+        self._init_buffers(source, aliases or {})
+
+    # --- construction -------------------------------------------------------------------------------------------
+    def _init_buffers(self, source: TensorSource | None, aliases: Mapping[str, Sequence[str]]) -> None:
+        """The master, the gradient shard and (for the always-full modes) the gathered compute buffer."""
+        self._placeholder = torch.empty(0, dtype=self.compute_dtype, device=self.device)
         whole_master = self.master_is_whole
-        self.master = self._init_master(source, aliases or {}, whole_master)
+        self.master = self._init_master(source, aliases, whole_master)
         self.init_files()  # ZeRO-Infinity (zero/infinity.py): none until offload_to_files
         self._send: torch.Tensor | None = None  # the gather's input, alive until the gather completed
         # A group of frozen parameters only (LoRA's base: zero/partition.py splits mixed blocks) has no gradient
         # bytes at all; every other group keeps whole, equal-sized gradient shards on every rank.
-        frozen_only = self.n_trainable == 0 and mode is not ShardMode.DDP
+        frozen_only = self.n_trainable == 0 and self.mode is not ShardMode.DDP
         self.grad_shard = self._host_zeros(0 if frozen_only else self.layout.shard_numel)
         # DDP steps the whole master copy: its gradient is the all-gathered grad shards (assembled at step time).
-        self.opt_grad = self._host_zeros(self.layout.padded_numel) if mode is ShardMode.DDP else self.grad_shard
+        ddp = self.mode is ShardMode.DDP
+        self.opt_grad = self._host_zeros(self.layout.padded_numel) if ddp else self.grad_shard
         if self.always_full:
             self.full = self.compute_shard() if whole_master else self._gathered_copy(self.compute_shard())
             self._bind(self.full)
@@ -127,7 +133,6 @@ class ShardedGroup(FileBackedMaster):
         else:
             self._unbind()
 
-    # --- construction -------------------------------------------------------------------------------------------
     def _host_zeros(self, numel: int) -> torch.Tensor:
         pin = self.placement.pin_memory and self.host.type == "cpu"
         return torch.zeros(numel, dtype=torch.float32, device=self.host, pin_memory=pin)
