@@ -2,9 +2,16 @@
 
 Each helper packs a batch (:mod:`hybridzero.packing`), runs ``model`` once on the packed rows (an
 :class:`~hybridzero.runtime.engine.Engine` or any HF causal LM / value model module), and unpacks, so the caller's
-math sees exactly the tensors an unpadded forward would give (same shapes, zeros on padding). ``model`` must use an
-attention implementation that reads a 4D additive mask as given (Hugging Face ``eager`` and ``sdpa`` do; see
-:func:`check_packable`). The mask is built in ``dtype`` (the compute dtype: ``sdpa`` wants the query's dtype).
+math sees exactly the tensors an unpadded forward would give (same shapes, zeros on padding). How the rows reach
+the model depends on its attention implementation (:func:`packed_inputs`; :func:`check_packable` refuses others):
+
+* ``eager`` / ``sdpa``: ``[R, W]`` rows and a 4D block-causal additive mask, which both use as given; the mask is
+  built in ``dtype`` (the compute dtype: ``sdpa`` wants the query's dtype);
+* a flash-attention implementation (:func:`is_varlen_attention`: ``flash_attention_2/3/4``, a hub flash kernel):
+  no mask; the rows flattened to ``[1, R * W]`` with per-sequence positions and flash-attention varlen's
+  ``cu_seq_lens_q/k`` / ``max_length_q/k`` keyword arguments (:func:`~hybridzero.packing.varlen_kwargs`), which HF
+  models pass through to their attention function. Without a ``capacity`` the whole batch is one row: no padding
+  slot at all (flash's cost follows the segments, not a row width).
 
 Invariant: for every real token, the packed forward computes the same function of the same inputs as the padded
 forward (same tokens before it in its own sequence, same positions); only the summation order of reductions over
@@ -29,16 +36,19 @@ from hybridzero.packing import (
 
 __all__ = [
     "PACKABLE_ATTENTION",
+    "attention_implementation",
     "check_packable",
+    "is_varlen_attention",
     "mask_dtype",
     "packed_lm_loss",
     "packed_lm_sums",
     "packed_logprobs",
+    "packed_inputs",
     "packed_values",
     "packed_last_values",
 ]
 
-PACKABLE_ATTENTION = ("eager", "sdpa")
+PACKABLE_ATTENTION = ("eager", "sdpa")  # take the 4D block-causal mask as given
 Model = Callable[..., Any]
 
 
@@ -48,14 +58,50 @@ def mask_dtype(model: Model) -> torch.dtype:
     return dtype if isinstance(dtype, torch.dtype) else torch.float32
 
 
+def is_varlen_attention(impl: str | None) -> bool:
+    """Whether transformers runs attention implementation ``impl`` as flash attention (so packed rows go in as
+    flash-attention varlen keyword arguments, not a mask). Transformers' own rule (``is_flash_attention_requested``
+    in ``transformers.utils.generic``; its mask interface and the flash kwargs follow it): ``"flash"`` in the name.
+    Pure; ``tests/unit/test_packing_varlen.py`` pins the agreement with transformers."""
+    return impl is not None and "flash" in impl
+
+
+def attention_implementation(model: Model) -> str:
+    """``model``'s attention implementation (an engine's: its module's): the HF config's ``_attn_implementation``,
+    ``"eager"`` when unset."""
+    config = getattr(getattr(model, "module", model), "config", None)
+    return getattr(config, "_attn_implementation", None) or "eager"
+
+
 def check_packable(config: Any) -> None:
-    """Raise ``ValueError`` unless ``config``'s attention implementation takes a 4D block-causal mask as given."""
+    """Raise ``ValueError`` unless ``config``'s attention implementation can run packed rows: it takes a 4D
+    block-causal mask as given (:data:`PACKABLE_ATTENTION`) or is a flash one (:func:`is_varlen_attention`)."""
     impl = getattr(config, "_attn_implementation", None) or "eager"
-    if impl not in PACKABLE_ATTENTION:
+    if impl not in PACKABLE_ATTENTION and not is_varlen_attention(impl):
         raise ValueError(
-            f"packing_samples needs attention implementation {' or '.join(PACKABLE_ATTENTION)} (a 4D mask as given), "
-            f"got {impl!r}; load the model with attn_implementation='sdpa' or turn packing off"
+            f"packing_samples needs attention implementation {' or '.join(PACKABLE_ATTENTION)} (a 4D mask as given) "
+            f"or a flash-attention one (flash_attention_2/3/4: varlen), got {impl!r}; load the model with "
+            "attn_implementation='sdpa' or turn packing off"
         )
+
+
+def packed_inputs(model: Model, packed: PackedBatch, dtype: torch.dtype) -> dict[str, Any]:
+    """The forward keyword arguments of ``packed`` for ``model``'s attention (module docstring): flattened rows
+    and flash varlen kwargs, or ``[R, W]`` rows and the block-causal mask in ``dtype``; ``use_cache`` False."""
+    return packed.model_kwargs(dtype, varlen=is_varlen_attention(attention_implementation(model)))
+
+
+def _rows(per_slot: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
+    """A per-slot output (``[R, W, ...]``, or ``[1, R * W, ...]`` from flattened rows) as ``[R, W, ...]``."""
+    return per_slot.reshape(*packed.input_ids.shape, *per_slot.shape[2:])
+
+
+def _capacity(model: Model, capacity: int | None, total: int) -> int | None:
+    """The row capacity: the caller's; else under flash attention all ``total`` tokens in one row (no padding
+    slot); else None (:func:`~hybridzero.packing.plan_rows`' default, the longest sequence)."""
+    if capacity is not None or not is_varlen_attention(attention_implementation(model)):
+        return capacity
+    return max(total, 1)
 
 
 def _next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -73,18 +119,18 @@ def packed_logprobs(
     capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B, T-1]`` fp32 next-token log-probs of a padded batch (each row's real tokens one contiguous run),
-    computed on packed rows of ``capacity`` tokens (default: the longest row); 0 where token ``t + 1`` is not a
-    real token of the same row."""
-    packed = pack_padded(input_ids, attention_mask, capacity=capacity)
-    logits = model(**packed.model_kwargs(dtype or mask_dtype(model))).logits
+    computed on packed rows of ``capacity`` tokens (default: the longest row; under flash attention one row of
+    all the tokens); 0 where token ``t + 1`` is not a real token of the same row."""
+    packed = pack_padded(input_ids, attention_mask, capacity=_capacity(model, capacity, int(attention_mask.sum())))
+    logits = _rows(model(**packed_inputs(model, packed, dtype or mask_dtype(model))).logits, packed)
     return unpack_next_token(_next_token_logprobs(logits, packed.input_ids), packed, input_ids.shape[1])
 
 
 def _values(model: Model, packed: PackedBatch, dtype: torch.dtype) -> torch.Tensor:
-    """``[R, W]`` values of a value-head model (``forward(input_ids, attention_mask, position_ids)``)."""
-    return model(
-        input_ids=packed.input_ids, attention_mask=packed.attention_mask(dtype), position_ids=packed.position_ids
-    )
+    """``[R, W]`` values of a value-head model (``forward(input_ids, attention_mask, position_ids, **varlen)``)."""
+    inputs = packed_inputs(model, packed, dtype)
+    del inputs["use_cache"]  # a value model runs its trunk without a cache anyway
+    return _rows(model(**inputs), packed)
 
 
 def packed_values(
@@ -95,7 +141,7 @@ def packed_values(
     capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B, T]`` values of a value-head model at every real token, from packed rows (0 on padding)."""
-    packed = pack_padded(input_ids, attention_mask, capacity=capacity)
+    packed = pack_padded(input_ids, attention_mask, capacity=_capacity(model, capacity, int(attention_mask.sum())))
     return unpack_tokens(_values(model, packed, dtype or mask_dtype(model)), packed, input_ids.shape[1])
 
 
@@ -107,7 +153,7 @@ def packed_last_values(
     capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B]`` values at each row's last real token (a reward model's scores), from packed rows."""
-    packed = pack_padded(input_ids, attention_mask, capacity=capacity)
+    packed = pack_padded(input_ids, attention_mask, capacity=_capacity(model, capacity, int(attention_mask.sum())))
     row, col = packed.last_token_slots()
     return _values(model, packed, dtype or mask_dtype(model))[row, col]
 
@@ -121,8 +167,8 @@ def packed_lm_loss(
     capacity: int | None = None,
 ) -> tuple[torch.Tensor, int, int]:
     """``(loss, real_tokens, slots)``: HF's causal-LM loss (mean over non-ignored labels, as unpacked) of
-    ``(input_ids, labels)`` examples on packed rows of ``capacity`` tokens (default: the longest example); ``slots``
-    is ``R * W`` (the padding share is ``1 - real_tokens / slots``).
+    ``(input_ids, labels)`` examples on packed rows of ``capacity`` tokens (default: the longest example; under
+    flash attention one row of them all); ``slots`` is ``R * W`` (the padding share is ``1 - real_tokens / slots``).
 
     An engine with sequence parallelism (``model.sequence_parallel`` set; every rank of an SP group passes the same
     examples) forwards this rank's slice of the rows with the whole rows' block-causal mask and returns the same
@@ -141,19 +187,21 @@ def packed_lm_sums(
 ) -> tuple[torch.Tensor, torch.Tensor, PackedBatch]:
     """``(summed cross-entropy, predicted-token count, packed batch)`` of :func:`packed_lm_loss`'s forward (the
     sum and count over the whole rows, on every rank of an SP group)."""
-    packed = pack_lists([e[0] for e in examples], pad_id, capacity)
+    packed = pack_lists([e[0] for e in examples], pad_id, _capacity(model, capacity, sum(len(e[0]) for e in examples)))
     labels = shifted_labels(packed, [e[1] for e in examples])
     where = device if device is not None else getattr(model, "device", "cpu")
     mdtype = dtype or mask_dtype(model)
-    sp = getattr(model, "sequence_parallel", None)
+    sp = getattr(model, "sequence_parallel", None)  # Ulysses over an sdpa/eager core: the whole rows' mask
     if sp is not None:
         batch = {k: v.to(where) for k, v in sp.shard_packed(packed, labels, pad_id, mdtype).items()}
         targets = batch.pop("shift_labels")
         logits = model(**batch, use_cache=False).logits
         total, count = sp.token_sums(logits, targets)
         return total, count, packed
-    moved = {k: v.to(where) if isinstance(v, torch.Tensor) else v for k, v in packed.model_kwargs(mdtype).items()}
-    logits = model(**moved).logits
+    inputs = packed_inputs(model, packed, mdtype)
+    logits = _rows(
+        model(**{k: v.to(where) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}).logits, packed
+    )
     targets = labels[:, 1:].to(where)
     total = torch.nn.functional.cross_entropy(
         logits[:, :-1].float().flatten(0, 1), targets.flatten(), ignore_index=-100, reduction="sum"

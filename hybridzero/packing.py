@@ -12,7 +12,12 @@ the attention work of a row never exceeds a padded row's). Each packed token kee
   token ``i`` sees token ``j`` iff both are in the same segment and ``j <= i`` (a padding slot sees only itself, so
   no softmax row is empty). Hugging Face models use a 4D mask as given, for ``eager`` and ``sdpa`` alike.
   Position ids alone do not isolate sequences in those paths (measured: the second sequence's logits move); the
-  block-causal mask does. Flash-attention's varlen path would take :func:`cu_seq_lens` instead of the dense mask.
+  block-causal mask does.
+
+Flash attention takes no dense mask: :func:`varlen_kwargs` gives Hugging Face's padding-free format instead (the
+rows flattened into one ``[1, R * W]`` row, per-sequence positions, and flash-attention varlen's ``cu_seq_lens_q/k``
+and ``max_length_q/k`` from :func:`cu_seq_lens`), which transformers passes to ``flash_attn_varlen_func``: causal
+attention inside each segment, and a segment is one sequence (or one row's padding tail).
 
 Invariants (each tested in ``tests/unit/test_packing.py``): every real token appears exactly once; unpacking a
 packed per-token tensor gives the padded layout back (zeros on padding); the packed forward of a causal LM equals
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -41,6 +47,7 @@ __all__ = [
     "token_budget_chunks",
     "unpack_next_token",
     "unpack_tokens",
+    "varlen_kwargs",
 ]
 
 
@@ -128,8 +135,12 @@ class PackedBatch:
         """The ``[R, 1, W, W]`` block-causal additive mask (:func:`block_causal_mask`) in ``dtype``."""
         return block_causal_mask(self.segments, dtype)
 
-    def model_kwargs(self, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor | bool]:
-        """Forward keyword arguments of an HF causal LM / trunk for this packed batch (no KV cache)."""
+    def model_kwargs(self, dtype: torch.dtype = torch.float32, varlen: bool = False) -> dict[str, Any]:
+        """Forward keyword arguments of an HF causal LM / trunk for this packed batch (no KV cache): the
+        ``[R, W]`` rows with the block-causal mask in ``dtype`` (``eager``/``sdpa``), or with ``varlen`` the rows
+        flattened to ``[1, R * W]`` with flash-attention's varlen keyword arguments (:func:`varlen_kwargs`)."""
+        if varlen:
+            return {**varlen_kwargs(self), "use_cache": False}
         return {
             "input_ids": self.input_ids,
             "attention_mask": self.attention_mask(dtype),
@@ -254,7 +265,7 @@ def shifted_labels(packed: PackedBatch, labels: Sequence[Sequence[int]], ignore_
 
 def cu_seq_lens(packed: PackedBatch) -> torch.Tensor:
     """``[n_segments + 1]`` int32 cumulative lengths of the flattened rows' segments (padding tails included as
-    their own segments): flash-attention varlen's ``cu_seqlens`` for ``input_ids.flatten()``."""
+    their own segments): flash-attention varlen's ``cu_seqlens`` for ``input_ids.flatten()`` (on the CPU)."""
     lengths: list[int] = []
     width = packed.input_ids.shape[1]
     for r in range(packed.input_ids.shape[0]):
@@ -264,6 +275,28 @@ def cu_seq_lens(packed: PackedBatch) -> torch.Tensor:
         if tail:
             lengths.append(tail)
     return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+
+
+def varlen_kwargs(packed: PackedBatch) -> dict[str, Any]:
+    """Hugging Face's padding-free format of ``packed`` for flash attention (what ``DataCollatorWithFlattening(
+    return_flash_attn_kwargs=True)`` emits): ``input_ids`` and ``position_ids`` ``[1, R * W]`` (the rows
+    flattened, positions restarting at every sequence), ``cu_seq_lens_q = cu_seq_lens_k`` (:func:`cu_seq_lens`,
+    int32 on the rows' device) and ``max_length_q = max_length_k`` (the longest segment, a Python int); no
+    ``attention_mask``. Transformers' flash path then calls ``flash_attn_varlen_func`` on the flattened tokens.
+
+    Invariant: each segment is exactly one sequence or one row's padding tail, so causal attention inside each
+    segment gives every real token the same keys as the block-causal mask. Per-slot outputs ``[1, R * W, ...]``
+    reshape to the rows ``[R, W, ...]``."""
+    cu = cu_seq_lens(packed).to(packed.input_ids.device)
+    longest = int((cu[1:] - cu[:-1]).max()) if cu.numel() > 1 else 0
+    return {
+        "input_ids": packed.input_ids.reshape(1, -1),
+        "position_ids": packed.position_ids.reshape(1, -1),
+        "cu_seq_lens_q": cu,
+        "cu_seq_lens_k": cu,
+        "max_length_q": longest,
+        "max_length_k": longest,
+    }
 
 
 def packed_slots(attention_mask: torch.Tensor, capacity: int | None = None) -> int:

@@ -157,13 +157,14 @@ class ValueHeadModel(nn.Module):
         input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
+        **varlen: Any,
     ) -> torch.Tensor:
         """Values ``[B, T]`` in fp32 at every position (no KV cache). Positions come from a ``[B, T]`` mask unless
-        ``position_ids`` is given (packed rows: a 4D block-causal mask and per-sequence positions)."""
+        ``position_ids`` is given (packed rows: a 4D block-causal mask, or flash's ``varlen`` kwargs, passed on)."""
         mask = attention_mask if attention_mask is not None else torch.ones_like(input_ids)
         positions = position_ids if position_ids is not None else _mask_positions(mask)
         hidden = self.transformer(
-            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False
+            input_ids=input_ids, attention_mask=mask, position_ids=positions, use_cache=False, **varlen
         ).last_hidden_state
         return (hidden.float() * self.v_head.float()).sum(-1)
 

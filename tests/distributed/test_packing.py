@@ -8,6 +8,8 @@ averaged over ranks (one more reduction of at most 4 terms).
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 
@@ -32,7 +34,18 @@ def _same_grads(pair: tuple[dict[str, torch.Tensor], ...], what: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [1, 2, 4])
 def test_packed_training_equals_padded(world, world_size: int) -> None:
-    results = world(world_size).run(packing_parity_run, timeout=300)
+    _check_parity(world(world_size).run(packing_parity_run, timeout=300), world_size)
+
+
+@pytest.mark.slow
+def test_packed_flash_varlen_training_equals_padded_at_world_2(world) -> None:
+    """The packed side through flash's varlen path (the pure-torch reference of ``tests/harness/
+    varlen_reference.py``: flattened rows, ``cu_seq_lens``, no mask) in ZeRO-3 engines; the padded side sdpa."""
+    _check_parity(world(2).run(packing_parity_run, True, timeout=300), 2, varlen=True)
+
+
+def _check_parity(results: list[dict[str, dict[str, Any]]], world_size: int, varlen: bool = False) -> None:
+    """Every rank's packed numbers equal its padded ones; the ranks' all-reduced gradients are identical."""
     for rank, result in enumerate(results):
         for name in MODEL_NAMES:
             sft, grpo = result[name]["sft"], result[name]["grpo"]
@@ -40,6 +53,7 @@ def test_packed_training_equals_padded(world, world_size: int) -> None:
             _close(sft["loss"], f"{where} SFT loss")
             _same_grads(sft["grads"], f"{where} SFT")
             assert sft["pad"][1] < 0.6 * sft["pad"][0], f"{where} padding share (padded, packed) {sft['pad']}"
+            assert not varlen or sft["pad"][1] == 0.0, f"{where}: flash packs one row with no padding slot"
             for key in ("scores", "advantages", "old_logprobs", "loss"):
                 _close(grpo[key], f"{where} GRPO {key}")
             _same_grads(grpo["grads"], f"{where} GRPO")

@@ -8,6 +8,7 @@ full gradients of one GRPO update. The test compares the two sides.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
@@ -15,10 +16,12 @@ import torch
 MODEL_NAMES = ("llama", "opt", "gpt2_tied")
 
 
-def _engines(name: str, seed: int) -> tuple[Any, Any]:
-    """Two identical fp32 ZeRO-3 engines (SGD: the test reads gradients only, before any step)."""
+def _engines(name: str, seed: int, varlen: bool = False) -> tuple[Any, Any]:
+    """Two identical fp32 ZeRO-3 engines (SGD: the test reads gradients only, before any step); ``varlen``: the
+    second runs the flash-varlen reference attention (``tests/harness/varlen_reference.py``), the first sdpa."""
     import hybridzero
     from tests.harness.models import MODEL_FACTORIES
+    from tests.harness.varlen_reference import register, use_reference
 
     world = torch.distributed.get_world_size()
     config = {
@@ -28,9 +31,12 @@ def _engines(name: str, seed: int) -> tuple[Any, Any]:
         "optimizer": {"type": "SGD", "params": {"lr": 0.0}},
     }
     out = []
-    for _ in range(2):
+    for side in range(2):
         model = MODEL_FACTORIES[name](seed)
         model.set_attn_implementation("sdpa")
+        if varlen and side == 1:
+            register()
+            use_reference(model)
         engine, *_ = hybridzero.initialize(model=model, config=config, model_parameters=model.parameters())
         out.append(engine)
     return out[0], out[1]
@@ -53,11 +59,11 @@ def _sft_examples(vocab: int, rank: int) -> list[tuple[list[int], list[int]]]:
     return out
 
 
-def _sft(name: str, rank: int) -> dict[str, Any]:
+def _sft(name: str, rank: int, varlen: bool = False) -> dict[str, Any]:
     from hybridzero.packed_forward import packed_lm_loss
     from hybridzero.rlhf.steps.sft import sft_batch
 
-    padded, packed = _engines(name, seed=3)
+    padded, packed = _engines(name, seed=3, varlen=varlen)
     examples = _sft_examples(int(padded.module.config.vocab_size), rank)
     batch = sft_batch(examples, pad_id=0)
     ref = padded(**batch).loss
@@ -88,19 +94,21 @@ def _rollout_batch(vocab: int, rank: int) -> tuple[torch.Tensor, torch.Tensor, t
     return seq, mask, action
 
 
-def _grpo(name: str, rank: int) -> dict[str, Any]:
+def _grpo(name: str, rank: int, varlen: bool = False) -> dict[str, Any]:
     from hybridzero.packed_forward import packed_last_values
     from hybridzero.rlhf.algorithms.grpo import aggregate_loss, clipped_policy_loss, group_advantages
     from hybridzero.rlhf.models import ValueHeadModel, last_token_index
     from hybridzero.rlhf.rollout.generate import sequence_logprobs
+    from tests.harness.varlen_reference import use_reference
 
-    padded, packed = _engines(name, seed=5)
+    padded, packed = _engines(name, seed=5, varlen=varlen)
     seq, mask, action = _rollout_batch(int(padded.module.config.vocab_size), rank)
     scorer = ValueHeadModel(padded.module.config, head_seed=9).eval()  # the reward model (a trunk + head)
+    packed_scorer = use_reference(copy.deepcopy(scorer)) if varlen else scorer
     with torch.no_grad():
         scores = (
             scorer(seq, mask).gather(1, last_token_index(mask)[:, None]).squeeze(1),
-            packed_last_values(scorer, seq, mask),
+            packed_last_values(packed_scorer, seq, mask),
         )
         old = (sequence_logprobs(padded, seq, mask), sequence_logprobs(packed, seq, mask, packed=True))
     adv = tuple(group_advantages(s, 4, baseline="group_mean", scale="group") for s in scores)
@@ -124,7 +132,8 @@ def _grpo(name: str, rank: int) -> dict[str, Any]:
     }
 
 
-def packing_parity_run() -> dict[str, Any]:
-    """One rank: SFT and GRPO packed-vs-padded numbers for every model of :data:`MODEL_NAMES`."""
+def packing_parity_run(varlen: bool = False) -> dict[str, Any]:
+    """One rank: SFT and GRPO packed-vs-padded numbers for every model of :data:`MODEL_NAMES`; ``varlen``: the
+    packed side runs flash-varlen (the reference attention), the padded side sdpa."""
     rank = torch.distributed.get_rank()
-    return {name: {"sft": _sft(name, rank), "grpo": _grpo(name, rank)} for name in MODEL_NAMES}
+    return {name: {"sft": _sft(name, rank, varlen), "grpo": _grpo(name, rank, varlen)} for name in MODEL_NAMES}
