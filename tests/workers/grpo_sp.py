@@ -16,7 +16,8 @@ def grpo_params_run(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
     is blind to a uniform scale; PPO: the critic's too, ``critic_grad_norm``), and the full fp32 parameters at the
     end (every rank: the gather is collective) of the actor, for PPO of the critic (``critic/`` names) and with
     ``enable_ema`` of the EMA actor (``ema/`` names); ``generated``: the rows this rank's rollout engine generated,
-    ``rows_gathered_sp`` / ``rows_gathered_elsewhere``: the ledger's calls of the SP rows' all-gather."""
+    ``rows_gathered_sp`` / ``rows_gathered_elsewhere``: the ledger's calls of the SP rows' all-gather; ``tp_calls``:
+    of the tensor-parallel generation group."""
     from hybridzero.rlhf.steps.rl.step3 import Step3
 
     out: dict[str, dict[str, Any]] = {}
@@ -70,7 +71,11 @@ def _rows_gathered(actor: Any) -> dict[str, int]:
 
     ledger = actor.comm.ledger
     on_sp = ledger.total(ROWS_LABEL, group="sp", phase="rollout").calls
-    return {"rows_gathered_sp": on_sp, "rows_gathered_elsewhere": ledger.total(ROWS_LABEL).calls - on_sp}
+    return {
+        "rows_gathered_sp": on_sp,
+        "rows_gathered_elsewhere": ledger.total(ROWS_LABEL).calls - on_sp,
+        "tp_calls": ledger.total(group="tp").calls,  # tensor-parallel generation's collectives
+    }
 
 
 def _settings_and_iteration(given: dict[str, Any]) -> tuple[Any, Any]:
