@@ -104,10 +104,10 @@ def test_tensor_parallel_generation_under_sp_equals_s1(
     world, demo_dirs, prompts, tmp_path: Path, world_size: int, sp: int, tp: int
 ) -> None:
     """World 2 and 4, s = t = 2 (each TP group is an SP group; at world 4 two data ranks); world 4, s = 4, t = 2 (two
-    TP groups inside one SP group,
-    each joining two shares; 4 query heads over 2 kv heads: Ulysses repeats the kv heads at s = 4). DAPO refills a
-    single dead group (2 samples) at least once: at s = 4 two ranks' shares are empty and generate placeholders, so
-    one TP group's joint batch is two placeholder rows. Measured: metrics within 2.4e-7, parameters within 4.1e-7."""
+    TP groups inside one SP group, each joining two shares; 4 query heads over 2 kv heads: Ulysses repeats the kv
+    heads at s = 4). DAPO refills a single dead group (2 samples) at least once: at s = 4 two ranks' shares are empty
+    and generate placeholders, so one TP group's joint batch is two placeholder rows. Measured: metrics within
+    2.4e-7, parameters within 4.1e-7."""
     base = world(1).run(grpo_params_run, _runs(demo_dirs, prompts, tmp_path, 1, 1, 1, TP_RUNS), timeout=400)[0]
     runs = _runs(demo_dirs, prompts, tmp_path, world_size, sp, tp, TP_RUNS)
     results = world(world_size).run(grpo_params_run, runs, timeout=500)
