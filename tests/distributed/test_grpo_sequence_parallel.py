@@ -10,7 +10,9 @@ passes per batch, so the second sees ratios != 1), ``gspo`` (the sequence-level 
 whole answer; stop strings; the non-hybrid generate path) and ``dapo`` (the token normaliser, clip-higher, dynamic
 sampling: regenerated groups).
 
-Checked: the same rewards, answer lengths and sample counts (the SP group generates the s = 1 samples), the same
+Checked: the same rewards, answer lengths and sample counts (the SP group's ranks generate the s = 1 samples between
+them, each a contiguous share, and all-gather the rows over the group: ``rlhf/rollout/sp_split.py``; each sample's
+tokens depend only on its seed and logits, so the smaller batches change only the logits' rounding), the same
 losses, clip fractions, KLs and gradient norms, and the same parameters after training.
 
 Tolerances. The split forwards differ from the s = 1 forwards only in summation order (the Ulysses exchanges move
@@ -164,17 +166,45 @@ def _check(got: dict[str, Any], want: dict[str, Any], where: str) -> None:
         torch.testing.assert_close(got["params"][name], w, rtol=TOL, atol=PARAM_ATOL, msg=f"{where} {name}")
 
 
+def _gaps(got: dict[str, Any], want: dict[str, Any]) -> dict[str, float]:
+    """The largest absolute differences of the ``CLOSE`` metrics and of the parameters (printed: ``pytest -s``)."""
+    pairs = zip(got["history"], want["history"])
+    close = max((abs(g[k] - w[k]) for g, w in pairs for k in CLOSE if k in w), default=0.0)
+    params = max(float((got["params"][n] - w).abs().max()) for n, w in want["params"].items())
+    return {"metrics": close, "params": params}
+
+
+def _check_split(results: list[dict[str, Any]], base: dict[str, Any], name: str, halves: bool) -> None:
+    """Generation was split over each SP group (rows gathered over the SP group, nowhere else). ``halves`` (s = 2,
+    dp 1): the two ranks generated the s = 1 run's rows between them, each its half (every call's row count is even:
+    groups of 2); else each rank generated under half of world 1's rows (s = 2 at dp 2, where a data rank without a
+    dead group adds a placeholder refill; s = 4)."""
+    assert base[name]["rows_gathered_sp"] == 0 and base[name]["rows_gathered_elsewhere"] == 0, name
+    for rank, res in enumerate(results):
+        got = res[name]
+        assert got["rows_gathered_sp"] > 0 and got["rows_gathered_elsewhere"] == 0, (rank, name)
+        if halves:
+            assert 2 * got["generated"] == base[name]["generated"], (rank, name, got["generated"])
+        else:
+            assert 2 * got["generated"] < base[name]["generated"], (rank, name, got["generated"])
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_grpo_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: int) -> None:
+    """Generation split by sample over the SP group (``rlhf/rollout/sp_split.py``): hybrid engine (grpo, dapo with
+    its refills) and ZeRO-3 ``module.generate`` (gspo)."""
     base = world(1).run(grpo_params_run, _runs(dirs, prompts, tmp_path, 1, 1), timeout=400)[0]
     assert sum(m["resampled_groups"] for m in base["dapo"]["history"]) > 0  # dynamic sampling was exercised
     assert base["grpo"]["history"][1]["clip_fraction"] >= 0.0
     results = world(world_size).run(grpo_params_run, _runs(dirs, prompts, tmp_path, world_size, 2), timeout=500)
+    for name in RUNS:
+        _check_split(results, base, name, world_size == 2)
     for rank, res in enumerate(results):
         for name in RUNS:
             assert res[name]["sp"] and not base[name]["sp"], (rank, name)  # the actor's forwards were split
             _check(res[name], base[name], f"world {world_size} rank {rank} {name}")
+            print(f"world {world_size} rank {rank} {name} gaps {_gaps(res[name], base[name])}")
 
 
 @pytest.mark.slow
@@ -205,11 +235,13 @@ def test_ppo_at_sp2_equals_s1(world, dirs, prompts, tmp_path: Path, world_size: 
     results = world(world_size).run(
         grpo_params_run, _runs(dirs, prompts, tmp_path, world_size, 2, PPO_RUNS), timeout=500
     )
+    _check_split(results, base, "ppo", world_size == 2)
     for rank, res in enumerate(results):
         got = res["ppo"]
         assert got["sp"] and got["rm_sp"] and got["critic_sp"] and got["ema_sp"] and not base["ppo"]["ema_sp"], rank
         assert {n.split("/")[0] for n in got["params"] if "/" in n} >= {"critic", "ema"}, rank
         _check(got, base["ppo"], f"world {world_size} rank {rank} ppo")
+        print(f"world {world_size} rank {rank} ppo gaps {_gaps(got, base['ppo'])}")
 
 
 @pytest.mark.slow

@@ -15,13 +15,16 @@ def grpo_params_run(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
     pre-clipping gradient norm of the iteration's last step: a wrongly scaled loss shows there, while AdamW's update
     is blind to a uniform scale; PPO: the critic's too, ``critic_grad_norm``), and the full fp32 parameters at the
     end (every rank: the gather is collective) of the actor, for PPO of the critic (``critic/`` names) and with
-    ``enable_ema`` of the EMA actor (``ema/`` names)."""
+    ``enable_ema`` of the EMA actor (``ema/`` names); ``generated``: the rows this rank's rollout engine generated,
+    ``rows_gathered_sp`` / ``rows_gathered_elsewhere``: the ledger's calls of the SP rows' all-gather; ``tp_calls``:
+    of the tensor-parallel generation group."""
     from hybridzero.rlhf.steps.rl.step3 import Step3
 
     out: dict[str, dict[str, Any]] = {}
     for name, given in runs.items():
         settings, iteration = _settings_and_iteration(given)
         run = Step3(settings, None)
+        generated = _count_generated(run)
         try:
             history = []
             for it in range(run.plan.total_iterations):
@@ -44,8 +47,35 @@ def grpo_params_run(runs: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]
             "rm_sp": run.roles.reward is not None and run.roles.reward.sequence_parallel is not None,
             "critic_sp": run.roles.critic is not None and run.roles.critic.sequence_parallel is not None,
             "ema_sp": run.roles.ema is not None and run.roles.ema.sequence_parallel is not None,
+            "generated": generated[0],
+            **_rows_gathered(run.roles.actor),
         }
     return out
+
+
+def _count_generated(run: Any) -> list[int]:
+    """A counter of the rows this rank's rollout engine is asked to generate (wraps this run's ``_generate``)."""
+    count, inner = [0], run._generate
+
+    def counting(prompt_ids: list[int], sample_ids: list[int], run_seed: int) -> Any:
+        count[0] += len(prompt_ids)
+        return inner(prompt_ids, sample_ids, run_seed)
+
+    run._generate = counting
+    return count
+
+
+def _rows_gathered(actor: Any) -> dict[str, int]:
+    """Ledger calls of the rollout rows' all-gather: over the SP group (phase rollout) and over any other group."""
+    from hybridzero.rlhf.rollout.sp_split import ROWS_LABEL
+
+    ledger = actor.comm.ledger
+    on_sp = ledger.total(ROWS_LABEL, group="sp", phase="rollout").calls
+    return {
+        "rows_gathered_sp": on_sp,
+        "rows_gathered_elsewhere": ledger.total(ROWS_LABEL).calls - on_sp,
+        "tp_calls": ledger.total(group="tp").calls,  # tensor-parallel generation's collectives
+    }
 
 
 def _settings_and_iteration(given: dict[str, Any]) -> tuple[Any, Any]:

@@ -117,8 +117,9 @@ class Step3Timing:
     * ``training_s``: wall time of the update(s) of this step (all PPO epochs).
     * ``batch_size``: generated sequences (experience samples) **per rank** this step.
     * ``prompt_len`` / ``answer_len``: padded prompt width and maximum answer length (tokens).
-    * ``world_size``: ranks (each generated ``batch_size`` sequences; with sequence parallelism the ``s`` ranks of a
-      group generated the same ones, so distinct sequences are ``batch_size * world_size / sequence_parallel``).
+    * ``world_size``: ranks (each held ``batch_size`` sequences; with sequence parallelism the ``s`` ranks of a
+      group hold the same ones, each having generated ``1 / s`` of them, so distinct sequences are
+      ``batch_size * world_size / sequence_parallel``).
     * ``sequence_parallel``: ranks that share each sequence (Ulysses ``s``; 1 without).
     * ``dtype_bytes``: element size of the compute dtype used for generation (:func:`element_size`).
     * ``unsup_batch_size``: unsupervised (ptx) sequences per rank the actor also trained on this step.

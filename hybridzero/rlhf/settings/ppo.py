@@ -81,7 +81,8 @@ class PPOSettings(StepSettings, Step3LoRA):
     sequence_parallel_size: int = Field(
         1,
         ge=1,
-        description="Ulysses sequence parallelism: groups of this many ranks share each prompt's rollouts and ptx "
+        description="Ulysses sequence parallelism: groups of this many ranks share each data rank's rollouts (each "
+        "rank generates 1/N of the samples on any rollout engine, the rows all-gathered in the group) and ptx "
         "batches, every actor, reference, critic and reward-model forward split over the group by sequence (README "
         "'Sequence parallelism')",
     )
@@ -115,24 +116,6 @@ class PPOSettings(StepSettings, Step3LoRA):
             raise ValueError(
                 f"vllm_max_model_len = {self.vllm_max_model_len} is shorter than max_prompt_seq_len + 1 = "
                 f"{self.max_prompt_seq_len + 1}"
-            )
-        return self
-
-    @model_validator(mode="after")
-    def _check_sequence_parallel(self) -> PPOSettings:
-        """``sequence_parallel_size`` > 1 splits every forward of the actor, reference, critic, reward model, EMA
-        actor and ptx step (token budget included); its rollouts come from the hf engine untouched by tensor
-        parallelism: refuse the rest."""
-        sp = self.sequence_parallel_size
-        off = {
-            "rollout_engine vllm": self.rollout_engine != "hf",
-            "inference_tp_size": self.inference_tp_size > 1,
-        }
-        given = [name for name, on in off.items() if on]
-        if sp > 1 and given:
-            raise ValueError(
-                f"sequence_parallel_size = {sp} generates with rollout_engine hf and inference_tp_size 1 only; turn "
-                f"off {', '.join(given)} (or use sequence_parallel_size = 1)"
             )
         return self
 

@@ -19,13 +19,15 @@
 Every prompt's group lives on one rank and in one training mini-batch (checked by the settings).
 
 **Sequence parallelism** (``sequence_parallel_size`` s > 1). The prompts are dealt to the ``W / s`` data-parallel
-ranks; the ``s`` ranks of an SP group all generate the same seeded samples of their data rank's prompts (each
-sample's answer depends only on its own seed and logits: :mod:`hybridzero.rlhf.rollout.generate`) and take SP rank
-0's rows and scores (broadcasts, so they are bitwise equal). Generation cannot be split by sequence (a decode step
-has one token), so this costs no more wall time than one rank generating while the others wait, keeps every rank's
-calls in step (generation gathers parameters) and needs no gather of answers afterwards. Every log-prob forward (old
-policy, reference, the update) is split over the group by sequence and summed back to whole rows
-(:mod:`hybridzero.rlhf.rollout.sp_logprobs`), and so is the reward model's scoring forward
+ranks; a decode step has one token and cannot be split by sequence, so the ``s`` ranks of an SP group split their
+data rank's samples instead: each generates a contiguous ``1 / s`` share (on the hf engine, tensor-parallel or not,
+or on its own vLLM engine; each sample's answer depends only on its own seed and logits:
+:mod:`hybridzero.rlhf.rollout.generate`), and the rows are all-gathered over the group in sample order
+(:mod:`hybridzero.rlhf.rollout.sp_split`), so every rank holds the same rows, bitwise, and generation costs each rank
+about ``1 / s`` of the data rank's. Every rank makes the same generation calls (a rank with an empty share generates a
+placeholder row), including DAPO's refills (the group's dead groups are the same on its ranks: SP rank 0's scores,
+broadcast). Every log-prob forward (old policy, reference, the update) is split over the group by sequence and
+summed back to whole rows (:mod:`hybridzero.rlhf.rollout.sp_logprobs`), and so is the reward model's scoring forward
 (:mod:`hybridzero.rlhf.rollout.sp_values`: each score is read from whole rows summed over the group), so the GRPO
 loss, its normalisers and every metric are computed from whole sequences, identically on the ``s`` ranks: sums over
 ranks count each SP group once (:func:`~hybridzero.rlhf.engines.data_sum`) and the loss is scaled by the

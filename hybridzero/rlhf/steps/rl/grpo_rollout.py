@@ -11,7 +11,9 @@ of such groups is above 0, every rank regenerates its dead groups — same promp
 retried next round, and after the last round the remaining dead groups stay (advantage 0). A rank without a dead
 group regenerates its first group and discards it, because generation and scoring gather parameters and the reward
 agreement is a collective: every rank makes the same calls in every round. Each group's fate depends only on its
-own samples, so the refilled batch is the same at every world size.
+own samples, so the refilled batch is the same at every world size. Under sequence parallelism the ranks of an SP
+group hold the same rows and SP rank 0's scores, so they find the same dead groups and split each refill's samples
+among themselves like any rollout (:meth:`~hybridzero.rlhf.steps.rl.step3.Step3.sample`).
 """
 
 from __future__ import annotations

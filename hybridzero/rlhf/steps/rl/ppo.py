@@ -14,12 +14,13 @@
 The math is :mod:`hybridzero.rlhf.algorithms.ppo` (pure); this module only sequences engine calls.
 
 **Sequence parallelism** (``sequence_parallel_size`` s > 1), as in GRPO: the ``s`` ranks of an SP group share
-their data rank's rollouts; the actor's log-probs (``rollout/sp_logprobs.py``), the critic's per-token values and
-the reward model's scores (``rollout/sp_values.py``) come from split forwards summed back to whole rows, so GAE,
-both clipped losses and every metric are the ``s = 1`` numbers on the group's ranks; the losses are scaled for the
-data-parallel ranks (:func:`~hybridzero.rlhf.steps.rl.step3.global_scale`), metrics count each SP group once. The
-EMA actor's shards span the whole world as the actor's do, so step 4 is unchanged; the ptx step's LM batch is shared
-by the group and split likewise (:func:`~hybridzero.rlhf.steps.rl.step3.ptx_update`).
+their data rank's rollouts, each generating a ``1 / s`` share of the samples and all-gathering the rows in the group
+(:mod:`hybridzero.rlhf.rollout.sp_split`); the actor's log-probs (``rollout/sp_logprobs.py``), the critic's
+per-token values and the reward model's scores (``rollout/sp_values.py``) come from split forwards summed back to
+whole rows, so GAE, both clipped losses and every metric are the ``s = 1`` numbers on the group's ranks; the losses
+are scaled for the data-parallel ranks (:func:`~hybridzero.rlhf.steps.rl.step3.global_scale`), metrics count each SP
+group once. The EMA actor's shards span the whole world as the actor's do, so step 4 is unchanged; the ptx step's LM
+batch is shared by the group and split likewise (:func:`~hybridzero.rlhf.steps.rl.step3.ptx_update`).
 """
 
 from __future__ import annotations

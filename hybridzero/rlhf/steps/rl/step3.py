@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -36,6 +36,7 @@ from hybridzero.rlhf.rollout.backends import VLLMEngine, build_vllm_engine, trun
 from hybridzero.rlhf.rollout.backends.vllm_rollout import vllm_rollout
 from hybridzero.rlhf.rollout.experience import Experience
 from hybridzero.rlhf.rollout.generate import Rollout, make_experience, rollout, rollout_stats
+from hybridzero.rlhf.rollout.sp_split import gather_rollout, generated_rows
 from hybridzero.rlhf.settings import GRPOSettings, PPOSettings
 from hybridzero.rlhf.steps.rl.old_policy import has_dropout, old_logprobs_from_update
 from hybridzero.runtime.engine import Engine
@@ -107,7 +108,7 @@ class Step3:
             s, self.tok, model_context(self.hf_config)
         )
         # the prompts are dealt to data-parallel ranks: under sequence parallelism the s ranks of an SP group
-        # (consecutive ranks) share one rank's share, all generating the same seeded samples (:meth:`sample`)
+        # (consecutive ranks) share one data rank's samples, each generating 1/s of them (:meth:`sample`)
         self.sp_size = int(getattr(s, "sequence_parallel_size", 1))
         self.data_world, self.data_rank = max(self.world // self.sp_size, 1), self.rank // self.sp_size
         self.plan: Plan = make_plan(s, self.data_world, len(self.prompts))
@@ -161,20 +162,38 @@ class Step3:
 
     def sample(self, prompt_ids: list[int], sample_ids: list[int], run_seed: int) -> RolloutBatch:
         """Generate one answer per entry of ``prompt_ids`` (sampling ids ``sample_ids``, run seed ``run_seed``) and
-        score them; every rank calls it the same number of times (generation and scoring gather parameters)."""
-        s = self.s
+        score them; every rank calls it the same number of times (generation and scoring gather parameters). Under
+        sequence parallelism the SP group splits the samples: this rank generates its share and the group's rows
+        are all-gathered (:mod:`~hybridzero.rlhf.rollout.sp_split`), so every rank of the group scores the same
+        whole rows, bitwise equal, in the order of ``prompt_ids``."""
+        sp = self.roles.actor.sequence_parallel
+        n = len(prompt_ids)
+        mine = generated_rows(n, sp.size, sp.comm.rank) if sp is not None else list(range(n))
+        ro, sampler = self._generate([prompt_ids[i] for i in mine], [sample_ids[i] for i in mine], run_seed)
+        if sp is not None:
+            ro, sampler = gather_rollout(sp.comm, ro, sampler, n)
+        return self._scored(ro, prompt_ids, sample_ids, sampler)
+
+    def _generate(
+        self, prompt_ids: list[int], sample_ids: list[int], run_seed: int
+    ) -> tuple[Rollout, torch.Tensor | None]:
+        """This rank's rollout of ``prompt_ids`` on the run's rollout engine, with the sampler's log-probs when the
+        importance-sampling correction needs them (vLLM; else ``None``). The colocated vLLM engine is synced from
+        the actor first if the actor has stepped (collective over the world)."""
+        s, actor = self.s, self.roles.actor
         ids, mask = prompt_tensors(self.tok, [self.prompts[i] for i in prompt_ids], self.pad_id)
-        actor = self.roles.actor
+        ids, mask = ids.to(actor.device), mask.to(actor.device)
+        decoding = self._decoding(sample_ids, run_seed)
         if self.vllm is not None:
-            return self._sample_vllm(ids, mask, prompt_ids, sample_ids, run_seed)
+            ro, sampler = vllm_rollout(self.vllm, actor, ids, mask, **decoding)
+            return ro, sampler if s.vllm_importance_sampling_correction else None
         generate: Callable[..., torch.Tensor] = (
             actor.generate if s.enable_hybrid_engine else cast(Any, actor.module).generate
         )
         sp = actor.sequence_parallel
         local = sp.local_attention() if sp is not None and not s.enable_hybrid_engine else contextlib.nullcontext()
         with local:  # a decode step cannot be split over the SP group (engine.generate does this itself)
-            ro = rollout(generate, ids.to(actor.device), mask.to(actor.device), **self._decoding(sample_ids, run_seed))
-        return self._scored(same_in_sp_group(actor, ro), prompt_ids, sample_ids)
+            return rollout(generate, ids, mask, **decoding), None
 
     def _decoding(self, sample_ids: list[int], run_seed: int) -> dict[str, Any]:
         """The decoding keywords both rollout engines take (seeds, widths, special ids, sampling, stop strings)."""
@@ -217,17 +236,6 @@ class Step3:
             exp, prompt_ids, ro.finished, sample_ids, weights, actor.global_steps if on_policy else None
         )
 
-    def _sample_vllm(
-        self, ids: torch.Tensor, mask: torch.Tensor, prompt_ids: list[int], sample_ids: list[int], run_seed: int
-    ) -> RolloutBatch:
-        """:meth:`sample` on the colocated vLLM engine (synced from the actor first if it has stepped)."""
-        actor = self.roles.actor
-        assert self.vllm is not None
-        ro, sampler = vllm_rollout(
-            self.vllm, actor, ids.to(actor.device), mask.to(actor.device), **self._decoding(sample_ids, run_seed)
-        )
-        return self._scored(ro, prompt_ids, sample_ids, sampler)
-
     def minibatches(self, exp: Experience) -> Iterator[tuple[int, int]]:
         """``(lo, hi)`` row ranges of the training mini-batches of one generation batch."""
         train = self.s.per_device_training_batch_size
@@ -264,29 +272,6 @@ class Step3:
             for row, m in zip(rb.exp.sequences.cpu(), rb.exp.attention_mask.cpu())
         ]
         return [self.prompts[i] for i in rb.prompt_ids], answers
-
-
-def same_in_sp_group(actor: Engine, ro: Rollout) -> Rollout:
-    """``ro`` as SP rank 0 of this rank's SP group generated it (every rank of the group generated the same seeded
-    samples of the same prompts; the broadcast makes them bitwise equal even where kernels are not deterministic,
-    since the group's split forwards need identical rows). Without sequence parallelism: ``ro``."""
-    sp = actor.sequence_parallel
-    if sp is None:
-        return ro
-
-    def rank0(t: torch.Tensor) -> torch.Tensor:
-        held = t.to(device=actor.device, dtype=torch.long).contiguous()
-        sp.comm.broadcast(held, 0, phase="rollout")
-        return held.to(device=t.device, dtype=t.dtype)
-
-    finished = rank0(ro.finished) if ro.finished is not None else None
-    return replace(
-        ro,
-        sequences=rank0(ro.sequences),
-        attention_mask=rank0(ro.attention_mask),
-        action_mask=rank0(ro.action_mask),
-        finished=finished,
-    )
 
 
 def slice_experience(exp: Experience, lo: int, hi: int) -> Experience:
