@@ -7,7 +7,9 @@ engine over both ranks, fed full Hugging Face tensors from the ZeRO-3 shards (vL
   (a sample's answer depends on its seed, not on the rank or the group it sits in).
 * GRPO at world 2 with tp 2 gives the world-1 run's metrics (same global batch; both fp32 on vLLM) within
   tests/distributed/test_rlhf_grpo.py's tolerance (relative 2e-4, absolute 2e-5: the same samples, trained in a
-  different reduction order; the two engines' logits differ by rounding only).
+  different reduction order; the two engines' logits differ by rounding only). Measured: every compared metric
+  within 3e-8 (reward 3.0e-8, actor loss 7.5e-9), answer lengths equal; with each rank keeping the wrong rows the
+  greedy test fails.
 
 vLLM's engine start is slow (20-50 s a rank here) and a process can host engines of one tensor-parallel size only,
 so tp 2 and tp 1 run in their own pools, each started once for the module's two tests."""
