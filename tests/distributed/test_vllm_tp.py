@@ -4,7 +4,8 @@ engine over both ranks, fed full Hugging Face tensors from the ZeRO-3 shards (vL
 * Greedy tokens (with and without EOS) equal Hugging Face's fp32 greedy tokens for the trainer's weights, before
   and after three training updates, on every rank's own prompts (unequal shares, joined in the group and handed
   back); and they equal a tensor-parallel-1 engine's at world 1 for the same weights, and so do the seeded samples
-  (a sample's answer depends on its seed, not on the rank or the group it sits in).
+  (a sample's answer depends on its seed, not on the rank or the group it sits in). Also at world 4: two engines
+  of two ranks each.
 * GRPO at world 2 with tp 2 gives the world-1 run's metrics (same global batch; both fp32 on vLLM) within
   tests/distributed/test_rlhf_grpo.py's tolerance (relative 2e-4, absolute 2e-5: the same samples, trained in a
   different reduction order; the two engines' logits differ by rounding only). Measured: every compared metric
@@ -41,20 +42,38 @@ def _joined(results: list[dict[str, Any]], phase: str, key: str) -> list[list[in
     return [row for r in sorted(results, key=lambda r: r["rank"]) for row in r[phase][key]]
 
 
-def test_greedy_tokens_at_tp_2_equal_hugging_faces_and_tp_1s_before_and_after_updates(world) -> None:
-    tp2 = world(2, env=TP2).run(vllm_tp_tokens, 2, timeout=540)
-    tp1 = world(1, env=TP1).run(vllm_tp_tokens, 1, timeout=400)
+@pytest.fixture(scope="module")
+def tp1(world) -> list[dict[str, Any]]:
+    """The tensor-parallel-1 engine's tokens at world 1 (all prompts on one rank)."""
+    return world(1, env=TP1).run(vllm_tp_tokens, 1, timeout=400)
+
+
+def _check(tp2: list[dict[str, Any]], tp1: list[dict[str, Any]]) -> None:
+    """Every rank's tokens equal HF's for its weights; the group's joined rows equal the tp 1 engine's."""
     for r in tp2 + tp1:
         for phase in ("start", "updated"):
             assert r[phase]["greedy"] == r[phase]["hf"], (r["rank"], phase)
             assert r[phase]["greedy_eos"] == r[phase]["hf_eos"], (r["rank"], phase)
         assert r["start"]["hf"] != r["updated"]["hf"]  # the updates moved the weights
         assert r["syncs"] == 2
-    assert [r["prompt_gathers"] for r in tp2] == [6, 6]  # one per generate call, over the tp group
+    assert [r["prompt_gathers"] for r in tp2] == [6] * len(tp2)  # one per generate call, over the tp group
     assert tp1[0]["prompt_gathers"] == 0
     for key in ("greedy", "greedy_eos", "sampled"):
         assert _joined(tp2, "start", key) == _joined(tp1, "start", key), key
     assert _joined(tp2, "start", "sampled") != _joined(tp2, "start", "greedy")  # it did sample
+
+
+def test_greedy_tokens_at_tp_2_equal_hugging_faces_and_tp_1s_before_and_after_updates(world, tp1) -> None:
+    _check(world(2, env=TP2).run(vllm_tp_tokens, 2, timeout=540), tp1)
+
+
+def test_two_engines_of_two_ranks_at_world_4(world, tp1) -> None:
+    """vLLM's groups (ranks 0-1, 2-3) are the project's: each group's prompts come back to their own ranks."""
+    pool = world(4, env=TP2)
+    try:
+        _check(pool.run(vllm_tp_tokens, 2, timeout=600), tp1)
+    finally:
+        pool.close()  # four engines' memory: not kept for the rest of the session
 
 
 def _settings(actor: str, value: str, out: Path, world: int) -> dict[str, Any]:
