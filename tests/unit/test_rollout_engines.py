@@ -41,8 +41,7 @@ def test_settings_and_config_name_the_rollout_engine_and_what_it_cannot_do() -> 
     assert PPOSettings().rollout_engine == "hf" and GRPOSettings(rollout_engine="vllm").rollout_engine == "vllm"
     with pytest.raises(ValidationError, match="rollout_engine"):
         GRPOSettings(rollout_engine="sglang")
-    with pytest.raises(ValidationError, match="inference_tp_size = 2 with rollout_engine = 'vllm': not supported"):
-        PPOSettings(rollout_engine="vllm", inference_tp_size=2)
+    assert PPOSettings(rollout_engine="vllm", inference_tp_size=2).inference_tp_size == 2  # one engine per 2 ranks
     with pytest.raises(ValidationError, match="vllm_importance_sampling_correction needs rollout_engine = 'vllm'"):
         GRPOSettings(vllm_importance_sampling_correction=True)
     base = {"train_micro_batch_size_per_gpu": 1}
@@ -62,6 +61,42 @@ def test_vllm_dtype_defaults_to_the_training_dtype_and_may_differ() -> None:
     assert build_vllm_engine(s, config, 1, 0).opts.dtype == "bf16"  # sampler bf16, trainer fp32
     with pytest.raises(ValidationError, match="vllm_dtype"):
         GRPOSettings(rollout_engine="vllm", vllm_dtype="fp8")
+
+
+def test_a_tensor_parallel_size_that_cannot_split_the_world_or_the_model_fails_in_one_line() -> None:
+    from hybridzero.rlhf.rollout.backends import build_vllm_engine
+    from hybridzero.rlhf.rollout.backends.vllm_tp import _mismatch, valid_tp_sizes
+
+    even = tiny_llama(
+        hidden_size=36, head_dim=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=66
+    ).config
+    s = GRPOSettings(rollout_engine="vllm", inference_tp_size=2)
+    assert build_vllm_engine(s, even, 4, 3).opts.tensor_parallel_size == 2  # two engines of two ranks
+    assert valid_tp_sizes(even, 4) == [1, 2]  # 66 / 4 is not whole
+    assert valid_tp_sizes(
+        tiny_llama(hidden_size=36, head_dim=32, num_attention_heads=4, intermediate_size=64).config, 4
+    ) == [1, 2, 4]
+    cases = [  # (config, tp, world, expected pieces)
+        (even, 2, 3, ["inference_tp_size = 2", "does not divide the world size 3", "valid: 1"]),
+        (even, 4, 4, ["cannot split Llama's intermediate_size = 66 over 4 ranks", "valid here: 1, 2"]),
+        (tiny_llama().config, 2, 2, ["num_attention_heads = 5", "intermediate_size = 67", "valid here: 1"]),
+    ]
+    for config, tp, world, pieces in cases:
+        with pytest.raises(RolloutEngineError) as err:
+            build_vllm_engine(GRPOSettings(rollout_engine="vllm", inference_tp_size=tp), config, world, 0)
+        message = str(err.value)
+        assert "\n" not in message and all(p in message for p in pieces), message
+    # kv heads (vLLM's rule): split when t divides them, replicated when they divide t, refused otherwise
+    one_kv = tiny_llama(
+        hidden_size=36, head_dim=32, num_attention_heads=4, num_key_value_heads=1, intermediate_size=64
+    ).config
+    three_kv = tiny_llama(
+        hidden_size=36, head_dim=32, num_attention_heads=6, num_key_value_heads=3, intermediate_size=66
+    ).config
+    assert valid_tp_sizes(one_kv, 4) == [1, 2, 4] and valid_tp_sizes(three_kv, 2) == [1]
+    assert _mismatch([{"a": 1}, {"a": 1}]) is None
+    problem = _mismatch([{"top_k": 0, "eos_id": 2}, {"top_k": 0, "eos_id": 3}])
+    assert problem is not None and "eos_id differs within a group (group rank 0: 2, group rank 1: 3)" in problem
 
 
 def test_missing_vllm_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -36,7 +36,10 @@ class PPOSettings(StepSettings, Step3LoRA):
     critic_gradient_checkpointing: bool = False
     enable_hybrid_engine: bool = False
     inference_tp_size: int = Field(
-        1, ge=1, description="with enable_hybrid_engine: actor generation tensor-parallel over groups of N ranks"
+        1,
+        ge=1,
+        description="actor generation tensor-parallel over groups of N consecutive ranks: the hybrid engine's (with "
+        "enable_hybrid_engine) or, with rollout_engine vllm, one vLLM engine per group",
     )
     tp_gather_partition_size: int = Field(8, ge=1, description="layers gathered at once while cutting the TP copies")
     # Rollout engine (hybridzero.rlhf.rollout.backends): hf = hybrid-engine / ZeRO-3 generation, vllm = colocated vLLM
@@ -107,11 +110,6 @@ class PPOSettings(StepSettings, Step3LoRA):
             if self.vllm_importance_sampling_correction:
                 raise ValueError("vllm_importance_sampling_correction needs rollout_engine = 'vllm'")
             return self
-        if self.inference_tp_size > 1:
-            raise ValueError(
-                f"inference_tp_size = {self.inference_tp_size} with rollout_engine = 'vllm': not supported "
-                "(each rank runs its own vLLM engine); use 1, or rollout_engine = 'hf'"
-            )
         if self.vllm_max_model_len is not None and self.vllm_max_model_len < self.max_prompt_seq_len + 1:
             raise ValueError(
                 f"vllm_max_model_len = {self.vllm_max_model_len} is shorter than max_prompt_seq_len + 1 = "

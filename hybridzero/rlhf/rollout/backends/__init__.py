@@ -2,8 +2,9 @@
 
 ``hf`` (default): the hybrid engine / ZeRO-3 ``generate`` on the actor itself
 (:func:`hybridzero.rlhf.rollout.generate.rollout`).
-``vllm``: a colocated vLLM engine on each rank (:mod:`.vllm_engine`), synced from the actor's shards after every
-update (:mod:`.weights`), with an optional truncated importance-sampling correction (:mod:`.importance`).
+``vllm``: a colocated vLLM engine on each rank, or on each ``inference_tp_size`` group of ranks (:mod:`.vllm_engine`,
+:mod:`.vllm_tp`), synced from the actor's shards after every update (:mod:`.weights`), with an optional truncated
+importance-sampling correction (:mod:`.importance`).
 """
 
 from __future__ import annotations
@@ -47,5 +48,6 @@ def build_vllm_engine(s: PPOSettings, hf_config: PretrainedConfig, world: int, r
         max_model_len=s.vllm_max_model_len or s.max_prompt_seq_len + s.max_answer_seq_len,
         enforce_eager=s.vllm_enforce_eager,
         sleep_mode=s.vllm_enable_sleep_mode,
+        tensor_parallel_size=s.inference_tp_size,  # t > 1: one engine per group of t ranks (checked in one line)
     )
     return VLLMEngine(hf_config, opts, world, rank)

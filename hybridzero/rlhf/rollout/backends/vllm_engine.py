@@ -3,7 +3,10 @@
 * **Colocated, in-process.** Each rank builds its own ``vllm.LLM`` with the V1 engine core in the calling process
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): no server, no extra process to start or to leave behind. In a world of
   more than one rank the engines run with ``distributed_executor_backend="external_launcher"`` over the ranks that
-  ``torchrun`` started (vLLM tensor parallelism 1: every rank generates its own prompts).
+  ``torchrun`` started. With ``tensor_parallel_size`` t = 1 every rank generates its own prompts; with t > 1 the t
+  consecutive ranks of a group hold one engine's shards together and generate their joint prompts
+  (:mod:`~hybridzero.rlhf.rollout.backends.vllm_tp`; t must divide the world and the model's head counts, checked
+  in one line when the engine is built).
 * **Start.** The engine is built from the actor's Hugging Face config written to a private temporary folder,
   with ``load_format="dummy"`` (no weight file is written or read) and no tokenizer (prompts go in as token ids,
   answers come out as token ids); the real weights arrive by :meth:`VLLMEngine.sync_weights` before any rollout.
@@ -13,7 +16,8 @@
   runner (through ``LLM.collective_rpc``) consuming a *lazy* iterator over
   :func:`~hybridzero.rlhf.rollout.backends.weights.hf_weight_buckets`: each ZeRO-3 group is gathered only when vLLM
   asks for its tensors and released before the next one, so the full model never exists beyond vLLM's own copy.
-  Names are Hugging Face's; LoRA is merged. (The model's own ``load_weights`` after vLLM has post-processed its
+  Names are Hugging Face's; LoRA is merged. With t > 1 every rank still hands over the full tensors and vLLM's
+  weight loaders keep this rank's slice. (The model's own ``load_weights`` after vLLM has post-processed its
   layers fails half-way on the CPU build; ``reload_weights`` re-runs that post-processing.) Every sync is timed and
   recorded in the actor's ledger (``collective="weight_sync"``, phase ``rollout_sync``, its bytes), next to the
   gathers it issued.
@@ -39,7 +43,9 @@ from typing import Any
 import torch
 from transformers import PretrainedConfig
 
+from hybridzero.comm.collectives import Comm
 from hybridzero.rlhf.rollout.backends.base import Generations, RolloutEngineError, SamplingSpec, SyncStats
+from hybridzero.rlhf.rollout.backends.vllm_tp import vllm_tp_problem
 from hybridzero.rlhf.rollout.backends.weights import SYNC_PHASE, hf_weight_buckets
 from hybridzero.runtime.engine import Engine
 
@@ -56,7 +62,8 @@ _LAUNCHER_ENV = ("LOCAL_WORLD_SIZE", "LOCAL_RANK", "RANK", "WORLD_SIZE", "MASTER
 class VLLMOptions:
     """Engine knobs (CLI ``--vllm_*``): ``dtype`` (fp32 / bf16; fp16 where the platform has it),
     ``gpu_memory_utilization`` (GPU: the engine's share of device memory), ``kv_cache_gb`` (the KV cache's size;
-    on CPU what ``VLLM_CPU_KVCACHE_SPACE`` sets), ``max_model_len``, ``enforce_eager``, ``sleep_mode``."""
+    on CPU what ``VLLM_CPU_KVCACHE_SPACE`` sets), ``max_model_len``, ``enforce_eager``, ``sleep_mode``,
+    ``tensor_parallel_size`` (CLI ``--inference_tp_size``: ranks per engine)."""
 
     dtype: str = "fp32"
     gpu_memory_utilization: float = 0.3
@@ -64,6 +71,7 @@ class VLLMOptions:
     max_model_len: int = 2048
     enforce_eager: bool = True
     sleep_mode: bool = False
+    tensor_parallel_size: int = 1
 
 
 def import_vllm() -> Any:
@@ -143,12 +151,18 @@ class _ProcessState:
 
 
 class VLLMEngine:
-    """One rank's colocated vLLM engine (module docstring). Not thread-safe; owned by the trainer of this rank."""
+    """One rank's colocated vLLM engine (module docstring). Not thread-safe; owned by the trainer of this rank.
+    ``group``: the project's :class:`Comm` over this rank's tensor-parallel group (set by the first
+    :func:`~hybridzero.rlhf.rollout.backends.vllm_rollout.ensure_synced` when t > 1; ``None`` otherwise)."""
 
     name = "vllm"
 
     def __init__(self, hf_config: PretrainedConfig, opts: VLLMOptions, world_size: int, rank: int) -> None:
+        problem = vllm_tp_problem(hf_config, opts.tensor_parallel_size, world_size)
+        if problem is not None:
+            raise RolloutEngineError(problem)
         self.hf_config, self.opts = hf_config, opts
+        self.group: Comm | None = None
         self.world_size, self.rank = world_size, rank
         self.llm: Any = None
         self._dir: str | None = None
@@ -182,6 +196,8 @@ class VLLMEngine:
             kwargs["gpu_memory_utilization"] = self.opts.gpu_memory_utilization
         if self.world_size > 1:
             kwargs["distributed_executor_backend"] = "external_launcher"
+        if self.opts.tensor_parallel_size > 1:  # vLLM's groups: consecutive ranks, as vllm_tp's
+            kwargs["tensor_parallel_size"] = self.opts.tensor_parallel_size
         kept = _ProcessState.take()
         try:
             self.llm = vllm.LLM(**kwargs)

@@ -4,7 +4,8 @@
 Before generating, the engine takes the actor's weights if the actor has stepped since its last sync (every rank
 calls this the same number of times with the same step count, so the sync's gathers stay in step). Each sample
 draws with its own seed ``sample_seed(run_seed, sample id)`` inside vLLM: the same sample id gives the same answer
-on any rank, though not the answer the ``hf`` engine's Gumbel sampler draws. A failure on any rank (vLLM raising
+on any rank (and in any tensor-parallel group: :mod:`.vllm_tp` joins a group's prompts, each keeping its seed),
+though not the answer the ``hf`` engine's Gumbel sampler draws. A failure on any rank (vLLM raising
 while generating or taking weights) is raised on every rank at the same point (``comm.agree``): no rank is left
 waiting in a collective.
 """
@@ -18,8 +19,10 @@ import torch
 
 from hybridzero.rlhf.rollout.backends.base import SamplingSpec
 from hybridzero.rlhf.rollout.backends.vllm_engine import VLLMEngine
+from hybridzero.rlhf.rollout.backends.vllm_tp import TP_COMM_NAME, group_generate
 from hybridzero.rlhf.rollout.generate import Rollout, fit_width, lay_out, sample_seed
 from hybridzero.runtime.engine import Engine
+from hybridzero.runtime.tp_generate import tp_groups
 
 __all__ = ["ensure_synced", "vllm_rollout"]
 
@@ -30,7 +33,11 @@ def _unpadded(ids: torch.Tensor, mask: torch.Tensor) -> list[list[int]]:
 
 
 def ensure_synced(engine: VLLMEngine, actor: Engine) -> None:
-    """Start the engine and load the actor's weights unless they are already loaded (collective; agreed)."""
+    """Start the engine and load the actor's weights unless they are already loaded (collective; agreed). With
+    tensor parallelism the first call also builds the engine's group :class:`Comm` (a world collective)."""
+    tp = engine.opts.tensor_parallel_size
+    if tp > 1 and engine.group is None:
+        engine.group = actor.comm.split(tp_groups(actor.comm.world_size, tp), name=TP_COMM_NAME)
     error: BaseException | None = None
     try:
         if engine.synced_step != actor.global_steps:
@@ -68,7 +75,7 @@ def vllm_rollout(
     error: BaseException | None = None
     gens = None
     try:
-        gens = engine.generate(_unpadded(prompt_ids, prompt_mask), sampling)
+        gens = group_generate(engine, engine.group, _unpadded(prompt_ids, prompt_mask), sampling)
     except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
         error = exc
     actor.comm.agree(error, "vLLM generation", phase="rollout")
