@@ -123,20 +123,23 @@ def test_tensor_parallel_generation_under_sp_equals_s1(
 
 @pytest.mark.slow
 def test_vllm_rollouts_at_sp2_equal_s1(world, demo_dirs, prompts, tmp_path: Path) -> None:
+    """World 2 with s = 2 on vLLM engines of one rank each, and on one engine of both ranks (vLLM tensor parallelism
+    2: the SP split's shares are joined again in the TP group, generated once, taken back), against world 1."""
     pytest.importorskip("vllm")
     env = {"HYBRIDZERO_TEST_POOL": "vllm"}  # pools of their own: vLLM's state stays out of the others
     out: list[list[dict[str, Any]]] = []
-    for size in (1, 2):
+    for size, tp in ((1, 1), (2, 1), (2, 2)):
         pool = world(size, env=env)
         try:
-            runs = _runs(demo_dirs, prompts, tmp_path, size, size, 1, VLLM_RUNS)
+            runs = _runs(demo_dirs, prompts, tmp_path, size, size, tp, VLLM_RUNS)
             out.append(pool.run(grpo_params_run, runs, timeout=540))
         finally:
             pool.close()
-    base, results = out[0][0], out[1]
-    for name in VLLM_RUNS:
-        _check_split(results, base, name, True)
-        for rank, res in enumerate(results):
-            assert res[name]["sp"] and not base[name]["sp"], (rank, name)
-            _check(res[name], base[name], f"world 2 vllm rank {rank} {name}")
-            print(f"world 2 vllm rank {rank} {name} gaps {_gaps(res[name], base[name])}")
+    base = out[0][0]
+    for tp, results in ((1, out[1]), (2, out[2])):
+        for name in VLLM_RUNS:
+            _check_split(results, base, name, True)
+            for rank, res in enumerate(results):
+                assert res[name]["sp"] and not base[name]["sp"], (rank, name)
+                _check(res[name], base[name], f"world 2 vllm tp {tp} rank {rank} {name}")
+                print(f"world 2 vllm tp {tp} rank {rank} {name} gaps {_gaps(res[name], base[name])}")
