@@ -12,7 +12,10 @@ Phases come from the engine's own root-level events::
   released; prefetch never crosses a phase end. Backward re-gathers what it needs — except groups the valid
   forward trace says are reused within ``stage3_max_reuse_distance`` (and fit ``stage3_max_live_parameters``):
   with grad enabled those stay gathered for the backward (DeepSpeed's reuse rule), and the next phase end that is
-  not a grad-enabled forward (the end of backward, a ``no_grad`` forward, a step) releases them.
+  not a grad-enabled forward (the end of backward, a ``no_grad`` forward, a step) releases them. As in DeepSpeed,
+  whose trace is one recorded step, the rule applies only while the previous grad-enabled root forward was
+  followed by a backward: after forwards without one (validation with grad on) every group is released at the end
+  of the forward, until a backward comes again.
 * Outside a root forward (IDLE), a block or a root-group module called directly (``generate`` helpers, a critic's
   value method, ``get_input_embeddings()(ids)``) gathers its group for that call and releases it after; with grad
   enabled its outputs get the same pre-backward hooks, so such calls train correctly too.
@@ -135,7 +138,7 @@ class ZeroCoordinator(PhaseMachine):
             self.phase = Phase.FORWARD
             self.prefetcher.begin("forward")
             self._in_flight_before = sys.exc_info()[1]  # forward called inside an ``except`` block: not ours
-            self._grad_forward = torch.is_grad_enabled()
+            self._note_root_forward()
         if self._root is not None:
             self.use(self._root, "forward")
 
@@ -261,6 +264,7 @@ class ZeroCoordinator(PhaseMachine):
             return
         if self.phase is Phase.FORWARD:
             self.end_phase()
+        self._note_backward()
         self.phase = Phase.BACKWARD
         self.prefetcher.begin("backward")
         torch.autograd.Variable._execution_engine.queue_callback(self._timed(self._end_backward))
