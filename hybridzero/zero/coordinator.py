@@ -82,6 +82,7 @@ class ZeroCoordinator(PhaseMachine):
         self.bypass = False  # hybrid generation: everything is gathered and pinned; hooks do nothing
         self._in_flight_before: BaseException | None = None  # exception being handled when the root forward began
         self._handles: list[RemovableHandle] = []
+        self._restore_handles: list[RemovableHandle] = []  # while the persistent group is evicted (evict_whole)
         self._root = next((g for g in groups if g.owner == ""), None)
         self._timer = reducer.comm.ledger.timer  # the step profile: every hook body is a "hooks" region
         self._install(module)
@@ -119,11 +120,43 @@ class ZeroCoordinator(PhaseMachine):
         return hook
 
     def remove_hooks(self) -> None:
-        """Detach from the module (after draining); the module keeps its current parameter views."""
+        """Detach from the module (after draining; an evicted persistent group rebound); the module keeps its
+        current parameter views."""
         self.end_phase()
+        self.restore_whole()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+    # --- the persistent group's eviction (empty_partition_cache) ----------------------------------------------
+    def evict_whole(self) -> None:
+        """DeepSpeed's ``empty_partition_cache`` frees persistent parameters too: when quiescent, turn the unpinned
+        persistent group's parameters into size-0 placeholders (its whole master stays). Every path that runs the
+        model or reads it brings them back first (:meth:`restore_whole`, rank-local): the root forward, a backward,
+        ``release_held`` (step, checkpoint, generation, weight sync), ``wait`` (``GatheredParameters``, state
+        dicts), and, until then, a forward pre-hook on each module holding one of them (called directly)."""
+        if not self.is_quiescent() or self.bypass:
+            return
+        evicted = [g for g in self.groups if g.replicated and g.pins == 0 and g.state is GroupState.GATHERED]
+        for group in evicted:
+            group.evict()
+        owned = {id(slot.param) for group in evicted for slot in group.slots}
+        if not owned or self._restore_handles:
+            return
+        for sub in self.module.modules():
+            if any(id(p) in owned for p in sub.parameters(recurse=False)):
+                self._restore_handles.append(sub.register_forward_pre_hook(self._restore_pre_hook))
+
+    def _restore_pre_hook(self, module: nn.Module, args: Any) -> None:
+        if not self.bypass:
+            self.restore_whole()
+
+    def restore_whole(self) -> None:
+        """Rebind an evicted persistent group and drop the pre-hooks that waited for it."""
+        super().restore_whole()
+        for handle in self._restore_handles:
+            handle.remove()
+        self._restore_handles.clear()
 
     # --- forward hooks ------------------------------------------------------------------------------------------
     def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
@@ -135,6 +168,7 @@ class ZeroCoordinator(PhaseMachine):
             return
         self._depth += 1
         if self._depth == 1:
+            self.restore_whole()
             self.phase = Phase.FORWARD
             self.prefetcher.begin("forward")
             self._in_flight_before = sys.exc_info()[1]  # forward called inside an ``except`` block: not ours
@@ -264,6 +298,7 @@ class ZeroCoordinator(PhaseMachine):
             return
         if self.phase is Phase.FORWARD:
             self.end_phase()
+        self.restore_whole()  # evicted after the forward: its gradients accumulate into whole parameters
         self._note_backward()
         self.phase = Phase.BACKWARD
         self.prefetcher.begin("backward")

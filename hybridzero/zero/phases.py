@@ -177,9 +177,18 @@ class PhaseMachine:
 
     # --- checks -------------------------------------------------------------------------------------------------
     def release_held(self) -> None:
-        """Release groups a grad-enabled forward kept gathered for a backward that has not come (no-op otherwise)."""
+        """Back to rest between phases: release groups a grad-enabled forward kept gathered for a backward that has
+        not come, and rebind an evicted persistent group (no-op otherwise)."""
         if self.phase is Phase.IDLE:
             self.end_phase()
+        self.restore_whole()
+
+    def restore_whole(self) -> None:
+        """Rebind persistent groups that ``empty_partition_cache`` evicted, from their whole masters. Rank-local
+        (no collective), so it is safe on any subset of ranks at any point."""
+        for group in self.groups:
+            if group.replicated and group.state is GroupState.SHARDED:
+                group.wait("forward")
 
     def assert_quiescent(self) -> None:
         """Raise if anything is gathered (but always-whole groups), pending or unreduced."""

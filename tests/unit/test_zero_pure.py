@@ -6,6 +6,7 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from hybridzero.comm.ledger import Ledger
 from hybridzero.zero.layout import ALIGN, build_layout, intersect, padded_numel
@@ -70,8 +71,23 @@ def test_tied_weights_go_to_root_and_small_ones_persist() -> None:
     plans = plan_groups(model, persistence_threshold=100)
     by_name = {p.name: p for p in plans}
     assert "transformer.wte.weight" in by_name[ROOT].param_names  # shared with lm_head
-    assert all(model.get_parameter(n).numel() < 100 for n in by_name[PERSISTENT].param_names)
+    assert all(model.get_parameter(n).numel() <= 100 for n in by_name[PERSISTENT].param_names)
     assert by_name[PERSISTENT].replicated and not by_name[ROOT].replicated
+
+
+def test_persistence_threshold_is_inclusive_as_in_deepspeed() -> None:
+    """DeepSpeed keeps a parameter whole when ``numel <= stage3_param_persistence_threshold``: a weight of exactly
+    the threshold persists, one element more does not; threshold 0 persists nothing that has elements."""
+    model = nn.Sequential(nn.Linear(10, 10), nn.Linear(101, 1, bias=False))  # 100 + 10 elements, then 101
+
+    def persistent(threshold: int) -> tuple[str, ...]:
+        plans = {p.name: p.param_names for p in plan_groups(model, persistence_threshold=threshold)}
+        return plans.get(PERSISTENT, ())
+
+    assert persistent(100) == ("0.weight", "0.bias")
+    assert persistent(99) == ("0.bias",)
+    assert persistent(101) == ("0.weight", "0.bias", "1.weight")
+    assert persistent(0) == ()
 
 
 def test_prefetch_follows_trace_and_invalidates_on_deviation() -> None:
