@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from torch import nn
 
 from hybridzero.comm.ledger import Ledger
-from hybridzero.zero.layout import ALIGN, build_layout, intersect, padded_numel
+from hybridzero.zero.layout import ALIGN, PARTITION_ALIGN, build_layout, intersect, padded_numel
 from hybridzero.zero.partition import PERSISTENT, ROOT, find_blocks, plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from tests.harness.models import MODEL_FACTORIES
@@ -21,6 +21,16 @@ def test_padded_numel_bounds(numel: int, world: int) -> None:
     assert padded % world == 0
     assert padded >= max(numel, 1)
     assert padded < max(numel, 1) + world
+
+
+@given(sizes=st.lists(st.integers(1, 50), min_size=1, max_size=6), world=st.integers(1, 9))
+def test_layout_partitions_start_aligned(sizes: list[int], world: int) -> None:
+    """Every rank's partition starts at a multiple of ``PARTITION_ALIGN`` elements (4 bytes in 16-bit, DeepSpeed's
+    ``nccl_start_alignment_factor``); padding stays under one alignment unit per rank (none needed over one rank)."""
+    layout = build_layout([f"p{i}" for i in range(len(sizes))], [torch.Size([s]) for s in sizes], world)
+    align = PARTITION_ALIGN if world > 1 else 1
+    assert all(layout.shard_range(r)[0] % align == 0 for r in range(world))
+    assert layout.numel <= layout.padded_numel < layout.numel + align * world
 
 
 @settings(max_examples=50)
