@@ -10,7 +10,7 @@ import difflib
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["ConfigError", "join_key", "show", "unknown_key_error"]
+__all__ = ["ConfigAssertionError", "ConfigError", "join_key", "show", "unknown_key_error"]
 
 
 class ConfigError(ValueError):
@@ -25,6 +25,11 @@ class ConfigError(ValueError):
         super().__init__(message)
         self.key = key
         self.value = value
+
+
+class ConfigAssertionError(ConfigError, AssertionError):
+    """A :class:`ConfigError` for a rule DeepSpeed enforces with an ``assert``: also an ``AssertionError``, the type
+    DeepSpeed raises there (its tests catch that)."""
 
 
 def join_key(prefix: str, name: str) -> str:

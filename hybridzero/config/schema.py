@@ -15,7 +15,7 @@ from pydantic import PrivateAttr, model_validator
 
 from .base import Block, spellings
 from .batch import BATCH_KEYS, resolve_batch_sizes
-from .errors import ConfigError, show, unknown_key_error
+from .errors import ConfigAssertionError, ConfigError, show, unknown_key_error
 from .models import BF16Config, FP16Config, HybridEngineConfig, ZeroConfig
 from .optim import OptimizerConfig, SchedulerConfig
 from .values import boolean, choice, freeze, integer, interval, is_auto, key, number, optional, thaw
@@ -96,13 +96,19 @@ def _batch_value(value: Any) -> Any:
     return value
 
 
+NCCL_START_ALIGNMENT_FACTOR = 2
+"""DeepSpeed's ZeRO 1/2 partition alignment in elements (4 bytes in 16-bit); ``zero.layout.PARTITION_ALIGN`` pads
+every gather group's partitions to it, and ``allgather_bucket_size`` must be a multiple of it at stages 1-2."""
+
+
 class Config(Block):
     """The whole config.
 
     Invariants: ``train_batch_size == train_micro_batch_size_per_gpu * gradient_accumulation_steps * world_size /
     sequence_parallel_size``
     with all four >= 1; fp16 and bf16 are not both enabled; ``zero.hpz_partition_size`` and
-    ``hybrid_engine.inference_tp_size`` divide ``world_size``;
+    ``hybrid_engine.inference_tp_size`` divide ``world_size``; at stages 1-2 ``zero.allgather_bucket_size`` is a
+    multiple of ``NCCL_START_ALIGNMENT_FACTOR`` (DeepSpeed asserts it; it has no other effect here);
     ``raw`` is a deep read-only copy of the JSON
     it came from (``raw_dict()`` for a mutable one). ``gradient_clipping`` 0 means no clipping; 0.0 is the default
     of every DeepSpeed release before deepspeedai/DeepSpeed#8068, which changed it to 1.0.
@@ -175,6 +181,7 @@ class Config(Block):
                 value=True,
             )
         _must_divide(self.world_size, self.zero.hpz_partition_size, "zero_optimization.zero_hpz_partition_size", "")
+        _check_allgather_bucket(self.zero.stage, self.zero.allgather_bucket_size)
         _must_divide(
             self.world_size,
             self.hybrid_engine.inference_tp_size,
@@ -235,6 +242,20 @@ def _sp_size(data: dict[str, Any], world: int) -> int:
         return 1
     _must_divide(world, size, "sequence_parallel_size", f" (groups of {size} consecutive ranks share each sequence)")
     return size
+
+
+def _check_allgather_bucket(stage: int, size: int) -> None:
+    """DeepSpeed's ZeRO 1/2 optimizer asserts ``allgather_bucket_size`` is a multiple of its partition alignment;
+    so does this (a :class:`ConfigAssertionError`, also an ``AssertionError`` as DeepSpeed's)."""
+    factor = NCCL_START_ALIGNMENT_FACTOR
+    if stage in (1, 2) and size % factor:
+        raise ConfigAssertionError(
+            f"zero_optimization.allgather_bucket_size = {size} is invalid at stage {stage}: allgather_bucket_size "
+            f"must be a multiple of nccl_start_alignment_factor ({factor}), as DeepSpeed asserts; use "
+            f"{size - size % factor or factor}",
+            key="zero_optimization.allgather_bucket_size",
+            value=size,
+        )
 
 
 def _must_divide(world_size: int, size: int, key: str, why: str) -> None:

@@ -147,12 +147,15 @@ class DeepSpeedEngineAPI:
         del bucket_size  # accepted for DeepSpeed's signature; reduction buckets come from reduce_bucket_size
 
     def empty_partition_cache(self) -> None:
-        """Release every gathered ZeRO-3 buffer (not those pinned by an open ``GatheredParameters``) and the hpZ
-        secondary shards. Between steps only; a no-op inside a forward or backward."""
+        """Release every gathered ZeRO-3 buffer (not those pinned by an open ``GatheredParameters``), the hpZ
+        secondary shards and, as DeepSpeed, the persistent parameters' whole copies: every parameter is size 0
+        until the model next runs or is read through the engine, which brings the persistent ones back from their
+        whole masters (no collective). Between steps only; a no-op inside a forward or backward."""
         self.coordinator.release_held()
         if self.coordinator.is_quiescent():
             for group in self.coordinator.groups:
                 group.drop_secondary()
+            self.coordinator.evict_whole()
 
     def destroy(self) -> None:
         """Detach from the module: hooks removed, gathered buffers released, parameters no longer owned (the

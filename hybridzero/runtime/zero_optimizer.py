@@ -31,6 +31,7 @@ from torch import nn
 
 from hybridzero.optim.loss_scaler import LossScaler
 from hybridzero.zero.groups import ShardedGroup, ShardMode
+from hybridzero.zero.layout import PARTITION_ALIGN
 
 __all__ = ["OptimizerHost", "SubGroup", "ZeroOptimizer", "sub_groups"]
 
@@ -102,6 +103,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """Attributes the facade does not define are the inner optimizer's (its hook dicts, a client's extras)."""
         if name.startswith("__") or name in ("_inner", "_host", "_stage"):
             raise AttributeError(name)
+        own = getattr(type(self), name, None)
+        if isinstance(own, property) and own.fget is not None:
+            return own.fget(self)  # a stage-gated name of the facade raised: raise its own error, not the inner's
         inner = self.__dict__["_inner"]
         try:
             return getattr(inner, name)
@@ -222,6 +226,33 @@ class ZeroOptimizer(torch.optim.Optimizer):
     def cur_scale(self) -> float:
         """DeepSpeed's loss scaler's name of :attr:`loss_scale`."""
         return self.loss_scale
+
+    def _whole_stage(self, name: str) -> None:
+        if self._stage not in (1, 2):
+            raise AttributeError(
+                f"{name}: DeepSpeed's ZeRO stage 1/2 optimizer name, answered at stages 1-2 (this engine runs stage "
+                f"{self._stage})"
+            )
+
+    @property
+    def nccl_start_alignment_factor(self) -> int:
+        """Stages 1-2: every rank's partition of a gather group's flat buffer starts at a multiple of this many
+        elements (4 bytes in 16-bit), as DeepSpeed's all-gather send buffers do (``zero.layout.PARTITION_ALIGN``)."""
+        self._whole_stage("nccl_start_alignment_factor")
+        return PARTITION_ALIGN
+
+    @property
+    def parallel_partitioned_bit16_groups(self) -> list[list[torch.Tensor]]:
+        """Stages 1-2: per gather group (not per sub-group), the ranks' partitions of its flat compute-dtype buffer
+        in rank order -- live views of the whole parameters this rank computes with (DeepSpeed's are per optimizer
+        param group)."""
+        self._whole_stage("parallel_partitioned_bit16_groups")
+        out = []
+        for group in self._host.groups:
+            assert group.full is not None  # stages 1-2: every group is whole on every rank
+            size = group.layout.shard_numel
+            out.append([group.full[r * size : (r + 1) * size] for r in range(group.layout.world_size)])
+        return out
 
     @property
     def overflow(self) -> bool:

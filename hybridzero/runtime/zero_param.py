@@ -3,10 +3,10 @@
 ``ds_tensor`` is a copy of this rank's part of the parameter in the compute dtype, flattened, exactly the size of
 ``safe_get_local_fp32_param``'s answer (DeepSpeed's partition of the parameter; here cut at the gather group's partition
 boundaries). ``ds_status`` is the parameter's gather group's state: ``AVAILABLE`` while the group is whole (inside
-``GatheredParameters``, a forward, a generation block, or always for a persistent group), ``INFLIGHT`` while its
-all-gather is in flight, else ``NOT_AVAILABLE``. ``ds_persist`` is whether the parameter's group is the persistent one
-(parameters under ``stage3_param_persistence_threshold``, whole on every rank). At stages 0-2 there are no such
-attributes (as in DeepSpeed).
+``GatheredParameters``, a forward, a generation block, or always for a persistent group but after
+``empty_partition_cache()``), ``INFLIGHT`` while its all-gather is in flight, else ``NOT_AVAILABLE``. ``ds_persist``
+is whether the parameter's group is the persistent one (parameters of at most ``stage3_param_persistence_threshold``
+elements, whole on every rank). At stages 0-2 there are no such attributes (as in DeepSpeed).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _answer(fragments: EngineParams, param: nn.Parameter, name: str) -> Any:
     if name == "ds_persist":
         return group.replicated
     if name == "ds_status":
-        if group.always_full or group.state is GroupState.GATHERED:
+        if group.state is GroupState.GATHERED:  # a persistent group is, unless empty_partition_cache evicted it
             return ZeroParamStatus.AVAILABLE
         return ZeroParamStatus.INFLIGHT if group.state is GroupState.GATHERING else ZeroParamStatus.NOT_AVAILABLE
     part = param_part(master_range(group), slot)

@@ -12,7 +12,10 @@ Phases come from the engine's own root-level events::
   released; prefetch never crosses a phase end. Backward re-gathers what it needs — except groups the valid
   forward trace says are reused within ``stage3_max_reuse_distance`` (and fit ``stage3_max_live_parameters``):
   with grad enabled those stay gathered for the backward (DeepSpeed's reuse rule), and the next phase end that is
-  not a grad-enabled forward (the end of backward, a ``no_grad`` forward, a step) releases them.
+  not a grad-enabled forward (the end of backward, a ``no_grad`` forward, a step) releases them. As in DeepSpeed,
+  whose trace is one recorded step, the rule applies only while the previous grad-enabled root forward was
+  followed by a backward: after forwards without one (validation with grad on) every group is released at the end
+  of the forward, until a backward comes again.
 * Outside a root forward (IDLE), a block or a root-group module called directly (``generate`` helpers, a critic's
   value method, ``get_input_embeddings()(ids)``) gathers its group for that call and releases it after; with grad
   enabled its outputs get the same pre-backward hooks, so such calls train correctly too.
@@ -79,6 +82,7 @@ class ZeroCoordinator(PhaseMachine):
         self.bypass = False  # hybrid generation: everything is gathered and pinned; hooks do nothing
         self._in_flight_before: BaseException | None = None  # exception being handled when the root forward began
         self._handles: list[RemovableHandle] = []
+        self._restore_handles: list[RemovableHandle] = []  # while the persistent group is evicted (evict_whole)
         self._root = next((g for g in groups if g.owner == ""), None)
         self._timer = reducer.comm.ledger.timer  # the step profile: every hook body is a "hooks" region
         self._install(module)
@@ -116,11 +120,43 @@ class ZeroCoordinator(PhaseMachine):
         return hook
 
     def remove_hooks(self) -> None:
-        """Detach from the module (after draining); the module keeps its current parameter views."""
+        """Detach from the module (after draining; an evicted persistent group rebound); the module keeps its
+        current parameter views."""
         self.end_phase()
+        self.restore_whole()
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+
+    # --- the persistent group's eviction (empty_partition_cache) ----------------------------------------------
+    def evict_whole(self) -> None:
+        """DeepSpeed's ``empty_partition_cache`` frees persistent parameters too: when quiescent, turn the unpinned
+        persistent group's parameters into size-0 placeholders (its whole master stays). Every path that runs the
+        model or reads it brings them back first (:meth:`restore_whole`, rank-local): the root forward, a backward,
+        ``release_held`` (step, checkpoint, generation, weight sync), ``wait`` (``GatheredParameters``, state
+        dicts), and, until then, a forward pre-hook on each module holding one of them (called directly)."""
+        if not self.is_quiescent() or self.bypass:
+            return
+        evicted = [g for g in self.groups if g.replicated and g.pins == 0 and g.state is GroupState.GATHERED]
+        for group in evicted:
+            group.evict()
+        owned = {id(slot.param) for group in evicted for slot in group.slots}
+        if not owned or self._restore_handles:
+            return
+        for sub in self.module.modules():
+            if any(id(p) in owned for p in sub.parameters(recurse=False)):
+                self._restore_handles.append(sub.register_forward_pre_hook(self._restore_pre_hook))
+
+    def _restore_pre_hook(self, module: nn.Module, args: Any) -> None:
+        if not self.bypass:
+            self.restore_whole()
+
+    def restore_whole(self) -> None:
+        """Rebind an evicted persistent group and drop the pre-hooks that waited for it."""
+        super().restore_whole()
+        for handle in self._restore_handles:
+            handle.remove()
+        self._restore_handles.clear()
 
     # --- forward hooks ------------------------------------------------------------------------------------------
     def _root_pre_forward(self, module: nn.Module, args: Any) -> None:
@@ -132,10 +168,11 @@ class ZeroCoordinator(PhaseMachine):
             return
         self._depth += 1
         if self._depth == 1:
+            self.restore_whole()
             self.phase = Phase.FORWARD
             self.prefetcher.begin("forward")
             self._in_flight_before = sys.exc_info()[1]  # forward called inside an ``except`` block: not ours
-            self._grad_forward = torch.is_grad_enabled()
+            self._note_root_forward()
         if self._root is not None:
             self.use(self._root, "forward")
 
@@ -261,6 +298,8 @@ class ZeroCoordinator(PhaseMachine):
             return
         if self.phase is Phase.FORWARD:
             self.end_phase()
+        self.restore_whole()  # evicted after the forward: its gradients accumulate into whole parameters
+        self._note_backward()
         self.phase = Phase.BACKWARD
         self.prefetcher.begin("backward")
         torch.autograd.Variable._execution_engine.queue_callback(self._timed(self._end_backward))

@@ -10,8 +10,11 @@ Invariants (each tested):
   complete it. There is no "in flight" without that handle.
 * Parameters are views into the gathered buffer while GATHERED and size-0 placeholders otherwise (a stray use fails
   loudly instead of computing with stale data). Nothing is stored on the ``nn.Parameter`` objects.
-* Only ZERO3 groups ever leave GATHERED: the persistent group and every group of ZeRO stages 0–2 keep their
-  parameters whole on every rank (their flat buffer is always bound).
+* Only ZERO3 groups ever leave GATHERED through ``release``: every group of ZeRO stages 0–2 keeps its parameters
+  whole on every rank (its flat buffer is always bound). The persistent group is whole except after
+  :meth:`ShardedGroup.evict` (``engine.empty_partition_cache()``, as DeepSpeed frees persistent parameters there):
+  SHARDED then, with the whole master kept, and ``wait`` rebinds it from that master locally (no collective, so
+  any rank may do it at any time).
 * Modes (:class:`ShardMode`): ``ZERO3`` shards parameters, gradients and master weights; ``PARAMS_WHOLE``
   (stages 1 and 2) shards gradients and master weights and all-gathers the updated parameters after each step;
   ``DDP`` (stage 0) reduces gradients through shards, then all-gathers them and steps a whole master copy on every
@@ -170,8 +173,14 @@ class ShardedGroup(FileBackedMaster):
         return self.layout.padded_numel
 
     def start_gather(self, phase: str) -> None:
-        """Issue the all-gather asynchronously (SHARDED → GATHERING); no-op in any other state."""
+        """Issue the all-gather asynchronously (SHARDED → GATHERING); no-op in any other state. An evicted
+        persistent group is rebound from its whole master instead (SHARDED → GATHERED, no collective)."""
         if self.state is not GroupState.SHARDED:
+            return
+        if self.replicated:
+            self.full = self.compute_shard()
+            self._bind(self.full)
+            self.state = GroupState.GATHERED
             return
         self.full = torch.empty(self.layout.padded_numel, dtype=self.compute_dtype, device=self.device)
         if self.secondary_valid():
@@ -237,6 +246,15 @@ class ShardedGroup(FileBackedMaster):
             self._bind(self.full)
             self.state = GroupState.GATHERED
 
+    def evict(self) -> None:
+        """Persistent group only, unpinned and whole: drop its bound buffer (GATHERED → SHARDED, parameters become
+        size-0 placeholders); the whole master stays, and the next ``wait`` rebinds from it. No-op otherwise."""
+        if not self.replicated or self.pins or self.state is not GroupState.GATHERED:
+            return
+        self._unbind()
+        self.full = None
+        self.state = GroupState.SHARDED
+
     def release(self) -> None:
         """Drop the full parameters (any state → SHARDED; a pending gather is completed first)."""
         if self.always_full or self.state is GroupState.SHARDED:
@@ -259,9 +277,11 @@ class ShardedGroup(FileBackedMaster):
             slot.param.data = self._placeholder
 
     def is_quiescent(self) -> bool:
-        """No gathered buffer (except the replicated group's), no pending handle, no unreduced gradient."""
+        """No gathered buffer (except the whole groups', or the evicted persistent group), no pending handle, no
+        unreduced gradient."""
         resting = GroupState.GATHERED if self.always_full else GroupState.SHARDED
-        return self.state is resting and self.handle is None and self.grad_full is None
+        evicted = self.replicated and self.state is GroupState.SHARDED
+        return (self.state is resting or evicted) and self.handle is None and self.grad_full is None
 
     # --- gradients ----------------------------------------------------------------------------------------------
     def accept_grad(self, slot_index: int, grad: torch.Tensor) -> bool:
@@ -355,9 +375,8 @@ class ShardedGroup(FileBackedMaster):
         if self.mode is ShardMode.PARAMS_WHOLE:
             assert self.full is not None
             self.comm.all_gather(self.full, self.compute_shard(), phase="step")
-        elif self.master_is_whole and self.full is not self.master:
-            assert self.full is not None
-            self.full.copy_(self.master)
+        elif self.master_is_whole and self.full is not None and self.full is not self.master:
+            self.full.copy_(self.master)  # an evicted persistent group (no buffer) is rebound from the master later
 
     def compute_shard(self) -> torch.Tensor:
         """This rank's part in the compute dtype: the master itself in fp32, else a fresh cast (mixed precision

@@ -84,8 +84,8 @@ class ZeroParameter(nn.Parameter):
 
     @property
     def ds_persist(self) -> bool:
-        """Whether the parameter is persistent: kept whole on every rank between uses (an engine's parameters under
-        ``stage3_param_persistence_threshold``; never under ``zero.Init`` before an engine owns it)."""
+        """Whether the parameter is persistent: kept whole on every rank between uses (an engine's parameters of at
+        most ``stage3_param_persistence_threshold`` elements; never under ``zero.Init`` before an engine owns it)."""
         return bool(self._ask("ds_persist"))
 
 

@@ -7,7 +7,8 @@ Default plan, generic for any Hugging Face causal LM (nothing is special-cased p
   *root* group, gathered for the whole root forward;
 * a parameter reachable from more than one block, or from a block and outside it (tied weights), joins the root
   group, so it is gathered whenever any user of it runs;
-* parameters with ``numel < persistence_threshold`` stay whole on every rank (the *persistent* group);
+* parameters with ``numel <= persistence_threshold`` (DeepSpeed's rule) stay whole on every rank (the *persistent*
+  group);
 * a block mixing trainable and frozen parameters becomes two groups with the same owner (see
   :func:`_split_frozen`);
 * ZeRO-3 *leaf* modules (:mod:`hybridzero.zero.leaf`) are gathered as one unit: the blocks inside a leaf merge
@@ -133,7 +134,7 @@ def plan_groups(
     sizes = {name: p.numel() for name, p in module.named_parameters()}
     trainable = {name: p.requires_grad for name, p in module.named_parameters()}
     for pid, first in canonical.items():
-        if sizes[first] < persistence_threshold:
+        if sizes[first] <= persistence_threshold:  # DeepSpeed's rule (mark_persistent_parameters)
             persistent.append(first)
         else:
             members[_owner_of(aliases[pid], block_names)].append(first)

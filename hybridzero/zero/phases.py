@@ -71,6 +71,9 @@ class PhaseMachine:
         self._kept: set[int] = set()  # groups held gathered from a forward for its backward
         self._delivered: set[tuple[int, int]] = set()  # (group, slot) of the gradients of this backward
         self._grad_forward = False  # the root forward ran with grad enabled: a backward may follow
+        # Whether the last grad-enabled root forward was followed by a backward before the next root forward (the
+        # step DeepSpeed's trace records): the reuse rule keeps groups for a backward only when one followed.
+        self._backward_followed = True
 
     def _event(self, what: str, group: ShardedGroup) -> None:
         if self.events is not None:
@@ -142,14 +145,29 @@ class PhaseMachine:
     def _keep_for_backward(self, group: ShardedGroup) -> bool:
         """DeepSpeed's reuse rule across the forward→backward boundary: keep a group gathered if (by the valid
         forward trace) its backward use comes within ``stage3_max_reuse_distance`` elements of other groups and
-        the live total stays within ``stage3_max_live_parameters``. A hint like prefetch: values are identical."""
-        if not self._backward_may_follow() or group.always_full:
+        the live total stays within ``stage3_max_live_parameters`` -- and only when the previous grad-enabled root
+        forward was followed by a backward (DeepSpeed's trace is one recorded step: after forwards without a
+        backward it holds no backward use, so nothing is kept). A hint like prefetch: values are identical."""
+        if not self._backward_may_follow() or not self._backward_followed or group.always_full:
             return False
         distance = self.prefetcher.distance_to_end(lambda gid: self.groups[gid].numel)
         if distance is None or distance >= self.prefetcher.max_reuse_distance:  # 0 turns the rule off
             return False
         live = sum(g.numel for g in self.groups if not g.always_full and g.state is not GroupState.SHARDED)
         return live <= self.prefetcher.max_live_elems
+
+    def _note_root_forward(self) -> None:
+        """At the start of a root forward: a grad-enabled root forward before this one that no backward followed
+        turns the reuse rule off until a backward comes (:meth:`_note_backward`)."""
+        if self._grad_forward:
+            self._backward_followed = False
+            self._kept = set()  # held for a backward that did not come: released at this forward's end
+        self._grad_forward = torch.is_grad_enabled()
+
+    def _note_backward(self) -> None:
+        """At the start of a backward: the root forward before it was followed by one."""
+        self._backward_followed = True
+        self._grad_forward = False
 
     def _backward_may_follow(self) -> bool:
         """Whether a block's forward may be recomputed or differentiated by a backward: grad is on here, or the root
@@ -159,9 +177,18 @@ class PhaseMachine:
 
     # --- checks -------------------------------------------------------------------------------------------------
     def release_held(self) -> None:
-        """Release groups a grad-enabled forward kept gathered for a backward that has not come (no-op otherwise)."""
+        """Back to rest between phases: release groups a grad-enabled forward kept gathered for a backward that has
+        not come, and rebind an evicted persistent group (no-op otherwise)."""
         if self.phase is Phase.IDLE:
             self.end_phase()
+        self.restore_whole()
+
+    def restore_whole(self) -> None:
+        """Rebind persistent groups that ``empty_partition_cache`` evicted, from their whole masters. Rank-local
+        (no collective), so it is safe on any subset of ranks at any point."""
+        for group in self.groups:
+            if group.replicated and group.state is GroupState.SHARDED:
+                group.wait("forward")
 
     def assert_quiescent(self) -> None:
         """Raise if anything is gathered (but always-whole groups), pending or unreduced."""

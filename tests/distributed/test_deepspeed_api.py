@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tests.distributed.test_zero3_parity import compare
-from tests.harness.parity import RunSpec, batches_for, build_model, reference_run
+from tests.harness.parity import RunSpec, batches_for, build_model, engine_run, reference_run
 from tests.workers.dropin import (
     comm_face,
     ds_attributes,
@@ -22,6 +22,7 @@ from tests.workers.dropin import (
     unowned_and_two_engines,
     unwrap_for_generation,
 )
+from tests.workers.partition_cache import evicting_run
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -241,3 +242,20 @@ def test_unwrap_model_for_generation(world) -> None:
         assert all(a["checks"]) and len(a["checks"]) == 3 * spec.steps + 1, a["checks"]
         assert torch.equal(a["losses"], b["losses"])
         assert len(a["tokens"]) == spec.steps and all(len(t) == 3 for t in a["tokens"])
+
+
+def test_empty_partition_cache_frees_persistent_parameters(world) -> None:
+    """``engine.empty_partition_cache()`` frees the persistent parameters too, as DeepSpeed's does (its
+    ``TestZeroPartitionCache`` expects every parameter size 0 after it): after a step and between a forward and its
+    backward, every parameter is size 0 and the persistent ones answer NOT_AVAILABLE; a module holding only
+    persistent parameters called directly, the state dict, ``GatheredParameters``, the next forward and the backward
+    bring them back; the training is bitwise the run that never empties the cache."""
+    pool = world(2)
+    spec = RunSpec(model="llama", steps=3, stage=3, persistence_threshold=50)
+    evicted = pool.run(evicting_run, spec)
+    plain = pool.run(engine_run, spec)
+    for a, b in zip(evicted, plain):
+        assert all(a["probes"].values()) and len(a["probes"]) == 7, a["probes"]
+        assert a["losses"] == [loss for step in b["losses"] for loss in step]
+    for name, value in plain[0]["params"].items():
+        assert torch.equal(evicted[0]["params"][name], value), name

@@ -8,6 +8,7 @@ import torch
 from hybridzero.zero.layout import build_layout
 from hybridzero.zero.partition import plan_groups
 from tests.harness.parity import RunSpec, build_model, engine_run, reference_run, step_losses
+from tests.workers.phases import reuse_after_forward_only_probe
 
 
 def _same(a: list[dict], b: list[dict]) -> None:
@@ -118,3 +119,23 @@ def test_reuse_rule_gathers_once_per_step_with_identical_results(world) -> None:
     assert backward_gathers(runs["release"]) == 6 * groups  # 3 steps x 2 micro-steps, every group again
     assert backward_gathers(runs["keep"]) == groups  # only the first micro-step (no trace yet)
     assert groups < backward_gathers(runs["budget"]) < 6 * groups
+
+
+def test_reuse_rule_needs_a_backward_after_the_previous_forward(world) -> None:
+    """DeepSpeed's reuse rule keeps groups for the backward only while the previous grad-enabled forward was
+    followed by one: after a forward without a backward, the next forwards release every group at their end (what
+    was kept is released too), until a backward comes again; results are bitwise those of reuse distance 0."""
+    pool = world(2)
+    keep = pool.run(reuse_after_forward_only_probe, 1_000_000_000)
+    release = pool.run(reuse_after_forward_only_probe, 0)
+    groups = 3  # root + 2 blocks
+    for r in keep:
+        # step 0: no trace yet; 1: kept for its backward; 2: the previous forward had a backward, so kept (and then
+        # dropped by the next forward); 3, 4: no backward after the previous forward; 5: neither; 6: kept again
+        assert r["kept"] == [0, groups, groups, 0, 0, 0, groups], r["kept"]
+    for r in release:
+        assert r["kept"] == [0] * 7
+    for a, b in zip(keep, release):
+        assert all(torch.equal(x, y) for x, y in zip(a["losses"], b["losses"]))
+    for name, value in keep[0]["params"].items():
+        assert torch.equal(value, release[0]["params"][name]), name

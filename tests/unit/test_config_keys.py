@@ -16,9 +16,11 @@ from typing import Any
 
 import pytest
 
-from hybridzero.config import AcceptedKey, Config, accepted_keys, load_config
+from hybridzero.config import AcceptedKey, Config, ConfigError, accepted_keys, load_config
 from hybridzero.config.base import Block, child_model, spellings
 from hybridzero.config.optim import OPTIMIZER_PARAMS, SCHEDULER_PARAMS
+from hybridzero.config.schema import NCCL_START_ALIGNMENT_FACTOR
+from hybridzero.zero.layout import PARTITION_ALIGN
 from hybridzero.zero.reduce import ReductionScales, reduction_scales
 
 _TESTS = Path(__file__).resolve().parents[1]
@@ -252,11 +254,25 @@ def test_cheap_effects() -> None:
     assert cfg({"seed": 7}).seed == 7
 
 
-def test_odd_allgather_bucket_size_is_accepted_with_the_no_effect_warning() -> None:
-    """DeepSpeed asserts ``allgather_bucket_size`` is even at stages 1-2 (its all-gather buffers' alignment);
-    hybridzero's gathers do not use that bucket, so any positive size loads, with the usual no-effect warning."""
-    doc = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 2, "allgather_bucket_size": 1001}}
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_odd_allgather_bucket_size_is_rejected_at_stages_1_2(stage: int) -> None:
+    """DeepSpeed's ZeRO 1/2 optimizer asserts ``allgather_bucket_size`` is a multiple of its partition alignment
+    (2 elements, which hybridzero's layout pads partitions to as well): an odd size at stage 1 or 2 is a config
+    error that is also an ``AssertionError`` with DeepSpeed's words; at stages 0 and 3 (no such assert in DeepSpeed)
+    it loads. The key has no other effect (gathers go by gather group): it warns as accepted without effect."""
+    doc = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": stage, "allgather_bucket_size": 1001}}
+    if stage in (1, 2):
+        with pytest.raises(AssertionError, match="must be a multiple of nccl_start_alignment_factor") as info:
+            load_config(doc, 1)
+        assert isinstance(info.value, ConfigError) and info.value.key == "zero_optimization.allgather_bucket_size"
+        assert "use 1000" in str(info.value)
+        doc["zero_optimization"]["allgather_bucket_size"] = 1000
     messages = _messages(doc)
-    assert load_config(doc, 1).zero.allgather_bucket_size == 1001
+    assert load_config(doc, 1).zero.allgather_bucket_size in (1000, 1001)
     assert len(messages) == 1, messages
     assert "config key 'zero_optimization.allgather_bucket_size' is accepted for DeepSpeed compatibility" in messages[0]
+
+
+def test_partition_alignment_is_deepspeeds_factor() -> None:
+    """The layout pads every partition to the alignment the config validates against (DeepSpeed's 2 elements)."""
+    assert PARTITION_ALIGN == NCCL_START_ALIGNMENT_FACTOR == 2

@@ -6,9 +6,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from torch import nn
 
 from hybridzero.comm.ledger import Ledger
-from hybridzero.zero.layout import ALIGN, build_layout, intersect, padded_numel
+from hybridzero.zero.layout import ALIGN, PARTITION_ALIGN, build_layout, intersect, padded_numel
 from hybridzero.zero.partition import PERSISTENT, ROOT, find_blocks, plan_groups
 from hybridzero.zero.prefetch import Prefetcher
 from tests.harness.models import MODEL_FACTORIES
@@ -20,6 +21,16 @@ def test_padded_numel_bounds(numel: int, world: int) -> None:
     assert padded % world == 0
     assert padded >= max(numel, 1)
     assert padded < max(numel, 1) + world
+
+
+@given(sizes=st.lists(st.integers(1, 50), min_size=1, max_size=6), world=st.integers(1, 9))
+def test_layout_partitions_start_aligned(sizes: list[int], world: int) -> None:
+    """Every rank's partition starts at a multiple of ``PARTITION_ALIGN`` elements (4 bytes in 16-bit, DeepSpeed's
+    ``nccl_start_alignment_factor``); padding stays under one alignment unit per rank (none needed over one rank)."""
+    layout = build_layout([f"p{i}" for i in range(len(sizes))], [torch.Size([s]) for s in sizes], world)
+    align = PARTITION_ALIGN if world > 1 else 1
+    assert all(layout.shard_range(r)[0] % align == 0 for r in range(world))
+    assert layout.numel <= layout.padded_numel < layout.numel + align * world
 
 
 @settings(max_examples=50)
@@ -70,8 +81,23 @@ def test_tied_weights_go_to_root_and_small_ones_persist() -> None:
     plans = plan_groups(model, persistence_threshold=100)
     by_name = {p.name: p for p in plans}
     assert "transformer.wte.weight" in by_name[ROOT].param_names  # shared with lm_head
-    assert all(model.get_parameter(n).numel() < 100 for n in by_name[PERSISTENT].param_names)
+    assert all(model.get_parameter(n).numel() <= 100 for n in by_name[PERSISTENT].param_names)
     assert by_name[PERSISTENT].replicated and not by_name[ROOT].replicated
+
+
+def test_persistence_threshold_is_inclusive_as_in_deepspeed() -> None:
+    """DeepSpeed keeps a parameter whole when ``numel <= stage3_param_persistence_threshold``: a weight of exactly
+    the threshold persists, one element more does not; threshold 0 persists nothing that has elements."""
+    model = nn.Sequential(nn.Linear(10, 10), nn.Linear(101, 1, bias=False))  # 100 + 10 elements, then 101
+
+    def persistent(threshold: int) -> tuple[str, ...]:
+        plans = {p.name: p.param_names for p in plan_groups(model, persistence_threshold=threshold)}
+        return plans.get(PERSISTENT, ())
+
+    assert persistent(100) == ("0.weight", "0.bias")
+    assert persistent(99) == ("0.bias",)
+    assert persistent(101) == ("0.weight", "0.bias", "1.weight")
+    assert persistent(0) == ()
 
 
 def test_prefetch_follows_trace_and_invalidates_on_deviation() -> None:

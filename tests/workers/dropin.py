@@ -339,7 +339,7 @@ def ds_attributes(spec: RunSpec) -> dict[str, Any]:
         "ids": sorted(p.ds_id for p in named.values()) == list(range(len(named))),
         # ds_persist: exactly the parameters under the persistence threshold, whole (AVAILABLE) at rest
         "persist": {n: p.ds_persist for n, p in named.items()}
-        == {n: eager[n].numel() < spec.persistence_threshold for n in named}
+        == {n: eager[n].numel() <= spec.persistence_threshold for n in named}
         and any(p.ds_persist for p in named.values())
         and all(p.ds_status is Status.AVAILABLE and p.numel() > 0 for p in named.values() if p.ds_persist),
         "local": local_ok,

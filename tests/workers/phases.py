@@ -298,3 +298,32 @@ def direct_calls_probe(lr: float) -> dict[str, Any]:
     engine.assert_quiescent()
     params = engine.full_parameters()
     return {"embedded": embedded, "loss": loss.detach(), "params": params if rank == 0 else None}
+
+
+def reuse_after_forward_only_probe(reuse: int) -> dict[str, Any]:
+    """Groups still gathered (ZeRO-3 groups not SHARDED) after each root forward of: two train steps, three
+    grad-enabled forwards without a backward (``empty_partition_cache()`` after the last), two train steps; with
+    ``stage3_max_reuse_distance`` = ``reuse``. Returns the counts, the losses and the final parameters."""
+    from hybridzero.zero.groups import GroupState
+
+    engine = _engine(0, reuse=reuse)
+    rank = torch.distributed.get_rank()
+    kept, losses = [], []
+
+    def forward(i: int) -> torch.Tensor:
+        loss = engine(input_ids=phase_data(i, rank), labels=phase_data(i, rank)).loss
+        kept.append(sum(1 for g in engine.groups if not g.always_full and g.state is not GroupState.SHARDED))
+        losses.append(loss.detach())
+        return loss
+
+    for i, train in enumerate((True, True, False, False, False, True, True)):
+        loss = forward(i)
+        if train:
+            engine.backward(loss)
+            engine.step()
+            engine.assert_quiescent()
+        elif i == 4:
+            engine.empty_partition_cache()
+            engine.assert_quiescent()
+    params = engine.full_parameters()
+    return {"kept": kept, "losses": losses, "params": params if rank == 0 else None}

@@ -36,6 +36,36 @@ def _read_parts(engine: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.T
     return live, copies, agree
 
 
+def _partitions_ok(engine: Any) -> bool:
+    """Stages 1-2: ``nccl_start_alignment_factor`` is the layout's partition alignment (2 elements), and each entry of
+    ``parallel_partitioned_bit16_groups`` is one gather group's flat buffer in equal rank parts, contiguous, each
+    starting 4-byte aligned in 16-bit (DeepSpeed's ``TestPartitionNcclAlignment`` check) and viewing the very
+    storage the module's parameters compute with (values equal at each parameter's offset). Stage 3: both refuse."""
+    opt = engine.optimizer
+    if engine.zero_optimization_stage() == 3:
+        try:
+            opt.parallel_partitioned_bit16_groups  # noqa: B018 - no whole 16-bit buffer at rest at stage 3
+        except AttributeError as exc:
+            return "stages 1-2" in str(exc)
+        return False
+    factor, groups = opt.nccl_start_alignment_factor, opt.parallel_partitioned_bit16_groups
+    ok = factor == 2 and len(groups) > 0
+    bases = {}
+    for parts in groups:
+        size, item = parts[0].numel(), parts[0].element_size()
+        ok &= size % factor == 0 and all(t.numel() == size for t in parts)
+        ok &= all(t.data_ptr() == parts[0].data_ptr() + r * size * item for r, t in enumerate(parts))
+        ok &= all(t.data_ptr() % (2 * factor) == 0 for t in parts)
+        bases[parts[0].untyped_storage().data_ptr()] = (parts[0].storage_offset(), torch.cat(parts))
+    for p in engine.module.parameters():
+        start, flat = bases.get(p.untyped_storage().data_ptr(), (None, None))
+        if start is None or flat is None:
+            return False
+        at = p.storage_offset() - start
+        ok &= torch.equal(flat[at : at + p.numel()].view(p.shape), p.detach())
+    return bool(ok)
+
+
 def facade_run(spec: Any) -> dict[str, Any]:
     """Step 0 (``spec.accumulation`` micro-steps): the gradient parts at the boundary, before ``step``; then the
     facade's identity with the torch optimizer, the liveness of the parts and the leaves across ``step``, and the
@@ -72,6 +102,7 @@ def facade_run(spec: Any) -> dict[str, Any]:
     out["leaves_stepped_in_place"] = len(leaves) > 0 and any(
         not torch.equal(leaf.detach(), b) for leaf, b in zip(leaves, before)
     )
+    out["partitions"] = _partitions_ok(engine)
     out["step_counts"] = [float(s) for s in steps]
     out["global_steps"] = engine.global_steps
     out["norm"] = (opt._global_grad_norm, engine.get_global_grad_norm())
