@@ -24,6 +24,7 @@ from tests.workers.rlvr_runs import grpo_family_run
 R = "tests.workers.rlvr_rewards:"
 GEN = 16  # sequences per generation batch, all ranks together
 COMPARED = ("reward", "actor_loss", "kl", "answer_len", "truncated_fraction")
+MASKED = {"reward_funcs": [R + "nan_everywhere"], "reward_error_policy": "skip"}  # every sample skipped
 
 
 def _runs(d: tuple[str, str], data: str, out: Path, world: int) -> dict[str, dict[str, Any]]:
@@ -45,6 +46,9 @@ def _runs(d: tuple[str, str], data: str, out: Path, world: int) -> dict[str, dic
         "auto_accum": one("auto_accum", GEN // 2, 2, "auto"),
         "pass_accum": one("pass_accum", GEN // 2, 2, "rollout_pass"),
         "two_steps": one("two_steps", GEN // 2, 1, "auto"),
+        # every sample skipped: no training token, no update forward to take old log-probs from
+        "auto_masked": {**one("auto_masked", GEN, 1, "auto"), **MASKED},
+        "pass_masked": {**one("pass_masked", GEN, 1, "rollout_pass"), **MASKED},
     }
 
 
@@ -73,6 +77,9 @@ def test_an_on_policy_iteration_needs_no_old_log_prob_pass(world, dirs, prompts,
         assert h["auto"][1]["kl"] > 0, w  # the rollout KL reads the update forward's log-probs (0 before a step)
         _assert_same_training(h["auto"], h["pass"], f"world {w}, one mini-batch")
         _assert_same_training(h["auto_accum"], h["pass_accum"], f"world {w}, two accumulated mini-batches")
+        for got, want in zip(h["auto_masked"], h["pass_masked"]):  # no update: the KL metric's old log-probs scored
+            assert got["skipped_steps"] == 1.0 and got["old_logprob_pass"] == 0.0, (w, got)
+            assert math.isclose(got["kl"], want["kl"], rel_tol=1e-4, abs_tol=1e-6), (w, got["kl"], want["kl"])
     for name in ("auto", "auto_accum"):
         for it, (got, want) in enumerate(zip(histories[2][name], histories[1][name])):
             for key in COMPARED:

@@ -57,6 +57,11 @@ def nan_on_rank(completions: list[str], **kwargs: Any) -> list[float]:
     return values
 
 
+def nan_everywhere(completions: list[str], **kwargs: Any) -> list[float]:
+    """NaN for every sample on every rank (with ``reward_error_policy="skip"``: a batch with no training token)."""
+    return [float("nan")] * len(completions)
+
+
 def first_is_digit(completions: list[str], **kwargs: Any) -> list[float]:
     """1 when the answer starts with a digit: coarse, so whole groups often tie (DAPO's dynamic sampling)."""
     return [float(bool(a) and a[0].isdigit()) for a in completions]

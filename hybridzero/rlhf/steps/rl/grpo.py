@@ -58,7 +58,7 @@ from hybridzero.rlhf.steps.rl.step3 import (
     slice_experience,
     step_both,
 )
-from hybridzero.token_budget import row_chunks
+from hybridzero.token_budget import maybe_chunked, row_chunks
 
 __all__ = ["advantages_of", "grpo_iteration", "grpo_update", "trim_experience"]
 
@@ -98,6 +98,22 @@ def _slots(attention_mask: torch.Tensor, packed: bool, budgeted: bool = False) -
     return packed_slots(attention_mask) if packed else attention_mask.numel()
 
 
+def _score_old_policy(run: Step3, exp: Experience) -> None:
+    """Fill ``exp.logprobs`` (a view of the generation batch's experience) with the actor's no-grad log-probs: a
+    mini-batch scored without the old log-prob pass that takes no update (no training token on any rank, so every
+    rank comes here together: the forward gathers parameters) still feeds the rollout KL metric."""
+    s, actor = run.s, run.roles.actor
+    with torch.no_grad():
+        logp = maybe_chunked(
+            actor,
+            lambda q, m: sequence_logprobs(actor, q, m, s.packing_samples, s.max_tokens_per_batch),
+            exp.sequences,
+            exp.attention_mask,
+            s.max_tokens_per_batch,
+        )
+    exp.logprobs.copy_(logp.to(exp.logprobs.dtype))
+
+
 def grpo_update(
     run: Step3,
     exp: Experience,
@@ -118,6 +134,8 @@ def grpo_update(
     n_seqs, n_tokens = data_sum(actor, [float(counted.sum()), float(mask.sum())])
     data_ranks = actor.comm.world_size // (actor.sequence_parallel.size if actor.sequence_parallel else 1)
     if n_tokens == 0:
+        if policy_step is not None and s.grpo_kl_coef:  # no update forward: score the old policy for the KL metric
+            _score_old_policy(run, exp)
         return UpdateStats(0.0, 0.0, 0.0, 0.0, True)
     loss_sum, clip_sum, kl_sum = 0.0, 0.0, 0.0
     with actor.backward_group():  # one chunk (the whole mini-batch) unless max_tokens_per_batch splits it
