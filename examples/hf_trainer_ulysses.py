@@ -114,6 +114,10 @@ def main() -> None:
         "global_step": trainer.state.global_step,
     }
     Path(out, f"rank{training_args.process_index}.json").write_text(json.dumps(record))
+    # every rank done, then the process groups (the SP groups included) torn down before the interpreter exits: left
+    # to interpreter shutdown, their teardown once aborted a rank after a finished run (SIGABRT, "terminate called")
+    trainer.accelerator.wait_for_everyone()
+    PartialState().destroy_process_group()
 
 
 if __name__ == "__main__":
