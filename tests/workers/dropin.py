@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from hybridzero import utils
 from hybridzero.zero.registry import REGISTRY
 from tests.harness.parity import RunSpec, batches_for, build_model, ds_config
 
@@ -39,7 +40,6 @@ def fragments_run(spec: RunSpec, edit_via: str) -> dict[str, Any]:
     boundary (before ``step``), their local parts, exp_avg after step 0, and the final values via
     ``safe_get_full_fp32_param``."""
     import hybridzero as deepspeed
-    from hybridzero import utils
 
     engine, batches, rank, _ = _setup(spec)
     named = dict(engine.module.named_parameters())
@@ -100,8 +100,6 @@ def _edit(deepspeed: Any, utils: Any, targets: list[torch.Tensor], rank: int, ed
 
 def set_state_roundtrip(spec: RunSpec) -> dict[str, bool]:
     """``safe_set_full_optimizer_state`` / ``safe_set_local_*`` write exactly what the getters then return."""
-    from hybridzero import utils
-
     engine, batches, rank, _ = _setup(spec)
     ids = batches[0, 0, rank]
     engine.backward(engine(input_ids=ids, labels=ids).loss)
@@ -131,7 +129,6 @@ def edit_without_modifier(spec: RunSpec, editors: tuple[int, ...]) -> dict[str, 
     """Ranks in ``editors`` change a parameter inside ``zero.GatheredParameters`` without a modifier rank: every
     rank must raise, and the values (and the next loss) must be unchanged on every rank."""
     import hybridzero as deepspeed
-    from hybridzero import utils
 
     engine, batches, rank, _ = _setup(spec)
     targets = [engine.module.get_parameter(n) for n in spec.edit]
@@ -161,7 +158,6 @@ def unowned_and_two_engines() -> dict[str, Any]:
     """Before ``initialize`` the block is a no-op; parameters of two engines in one call are gathered and edited
     owner by owner."""
     import hybridzero as deepspeed
-    from hybridzero import utils
 
     deepspeed.init_distributed()
     rank, world = deepspeed.comm.get_rank(), deepspeed.comm.get_world_size()
@@ -311,8 +307,6 @@ def ds_attributes(spec: RunSpec) -> dict[str, Any]:
     parameters have none."""
     import copy
 
-    from hybridzero import utils
-
     engine, _, _, world = _setup(spec)
     named = dict(engine.module.named_parameters())
     eager = dict(build_model(spec).named_parameters())
@@ -360,7 +354,6 @@ def unwrap_for_generation(spec: RunSpec, use_unwrap: bool) -> dict[str, Any]:
     parameter is whole (its full shape, equal to ``safe_get_full_fp32_param``), the module keeps its train/eval mode,
     and a greedy ``engine.module.generate`` issues no collective at all; after it the parameters are partitioned
     again. Training around it gives the losses of the same run without it (``use_unwrap=False``)."""
-    from hybridzero import utils
     from hybridzero.runtime.zero import unwrap_model_for_generation
 
     engine, batches, rank, _ = _setup(spec)

@@ -230,7 +230,7 @@ class Step3:
             with_old=not on_policy,
         )
         weights = None
-        if sampler is not None and s.vllm_importance_sampling_correction:
+        if sampler is not None:  # _generate gives the sampler's log-probs only with the correction on
             weights = truncated_is_weights(exp.logprobs, sampler, exp.action_mask, s.vllm_importance_sampling_cap)
         return RolloutBatch(
             exp, prompt_ids, ro.finished, sample_ids, weights, actor.global_steps if on_policy else None
