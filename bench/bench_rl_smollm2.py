@@ -57,6 +57,8 @@ def _ours(a: argparse.Namespace, variant: str, world: int, out: Path) -> dict[st
         "loop_samples_per_s": PER_ITERATION * len(its) / sum(its),
         "generation_s_steady": statistics.mean(gens[1:]),
         "generation_share": sum(gens[1:]) / sum(its[1:]),
+        "training_s_steady": statistics.mean(r["training_iteration_s"][1:]),
+        "weight_sync_s_steady": statistics.mean(r["weight_sync_iteration_s"][1:]),
         "pad_fraction": r["pad_fraction"],
         "mean_reward": statistics.mean(r["rewards"]),
     }
@@ -82,17 +84,20 @@ def _markdown(res: dict[str, Any]) -> str:
         "<= 64 tokens), fp32, CPU/gloo, one thread a rank",
         "",
         "| round | world | variant | steady samples/s | loop samples/s | s/iteration (steady) | generation s/it "
-        "| generation share | pad share | mean reward |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| of it weight sync s | training s/it | generation share | pad share | mean reward |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+
+    def num(x: dict[str, Any], key: str, fmt: str) -> str:
+        return format(x[key], fmt) if key in x else "-"
+
     for x in res["runs"]:
         steady = statistics.mean(x["iteration_s"][1:])
-        gen = f"{x['generation_s_steady']:.1f}" if "generation_s_steady" in x else "-"
-        share = f"{x['generation_share']:.2f}" if "generation_share" in x else "-"
-        pad = f"{x['pad_fraction']:.2f}" if "pad_fraction" in x else "-"
         lines.append(
             f"| {x['round']} | {x['world']} | {x['variant']} | {x['steady_samples_per_s']:.2f} "
-            f"| {x['loop_samples_per_s']:.2f} | {steady:.1f} | {gen} | {share} | {pad} | {x['mean_reward']:.3f} |"
+            f"| {x['loop_samples_per_s']:.2f} | {steady:.1f} | {num(x, 'generation_s_steady', '.1f')} "
+            f"| {num(x, 'weight_sync_s_steady', '.2f')} | {num(x, 'training_s_steady', '.1f')} "
+            f"| {num(x, 'generation_share', '.2f')} | {num(x, 'pad_fraction', '.2f')} | {x['mean_reward']:.3f} |"
         )
     lines += [
         "",

@@ -111,6 +111,8 @@ def _run(s: GRPOSettings, a: argparse.Namespace, world: int, rank: int, per_iter
             "rewards": [x["reward"] for x in h],
             "iteration_s": [x["e2e_s"] for x in h],
             "generation_iteration_s": [x["generation_s"] for x in h],
+            "training_iteration_s": [x["training_s"] for x in h],
+            "weight_sync_iteration_s": [x.get("weight_sync_s", 0.0) for x in h],
             "model": m["models"]["actor"],
             "reward_last": h[-1]["reward"],
             "pad_fraction": sum(x.get("pad_fraction", 0.0) for x in h) / len(h),

@@ -25,13 +25,16 @@ from typing import Any
 
 import torch
 
+from hybridzero.head_select import next_token_logprobs_at
 from hybridzero.packing import (
     PackedBatch,
+    cheapest_capacity,
     pack_lists,
     pack_padded,
     shifted_labels,
     unpack_next_token,
     unpack_tokens,
+    wanted_slots,
 )
 
 __all__ = [
@@ -46,6 +49,8 @@ __all__ = [
     "packed_inputs",
     "packed_values",
     "packed_last_values",
+    "row_capacity",
+    "attention_pair_ratio",
 ]
 
 PACKABLE_ATTENTION = ("eager", "sdpa")  # take the 4D block-causal mask as given
@@ -96,12 +101,45 @@ def _rows(per_slot: torch.Tensor, packed: PackedBatch) -> torch.Tensor:
     return per_slot.reshape(*packed.input_ids.shape, *per_slot.shape[2:])
 
 
-def _capacity(model: Model, capacity: int | None, total: int) -> int | None:
-    """The row capacity: the caller's; else under flash attention all ``total`` tokens in one row (no padding
-    slot); else None (:func:`~hybridzero.packing.plan_rows`' default, the longest sequence)."""
-    if capacity is not None or not is_varlen_attention(attention_implementation(model)):
+def attention_pair_ratio(config: Any) -> float | None:
+    """Dense-mask attention work per slot and context slot over the per-slot work of the rest of a decoder forward,
+    from an HF config's shape (``hidden_size``/``n_embd``, layers, heads, kv heads, ``intermediate_size``/``n_inner``;
+    a gated MLP counted as three matrices): ``4 d L / (2 L (2 d^2 + 2 d d_kv + m d f))``. A model for
+    :func:`~hybridzero.packing.cheapest_capacity`, not a measurement; ``None`` when the shape is unknown."""
+
+    def get(*names: str) -> int:
+        for name in names:
+            value = getattr(config, name, None)
+            if isinstance(value, int) and value > 0:
+                return value
+        return 0
+
+    d, layers = get("hidden_size", "n_embd", "d_model"), get("num_hidden_layers", "n_layer", "num_layers")
+    heads = get("num_attention_heads", "n_head")
+    if not (d and layers and heads):
+        return None
+    kv = get("num_key_value_heads") or heads
+    ff = get("intermediate_size", "n_inner", "ffn_dim") or 4 * d
+    mlp = 3 if getattr(config, "hidden_act", None) in ("silu", "swiglu") else 2
+    per_slot = 2 * layers * (2 * d * d + 2 * d * (d * kv // heads) + mlp * d * ff)
+    return 4.0 * d * layers / per_slot
+
+
+def row_capacity(model: Model, lengths: Sequence[int], capacity: int | None = None) -> int | None:
+    """The packed-row capacity a forward of ``model`` uses for sequences of ``lengths``: the caller's ``capacity``;
+    else under flash attention all the tokens in one row (no padding slot: flash's cost follows the segments, not
+    a row width); else the cheapest by :func:`~hybridzero.packing.cheapest_capacity` for the model's shape (the
+    longest sequence, :func:`~hybridzero.packing.plan_rows`' default, when the shape is unknown)."""
+    if capacity is not None:
         return capacity
-    return max(total, 1)
+    if is_varlen_attention(attention_implementation(model)):
+        return max(sum(lengths), 1)
+    ratio = attention_pair_ratio(getattr(getattr(model, "module", model), "config", None))
+    return None if ratio is None else cheapest_capacity(lengths, ratio)
+
+
+def _lengths(attention_mask: torch.Tensor) -> list[int]:
+    return [int(n) for n in attention_mask.bool().sum(dim=1).tolist() if n > 0]
 
 
 def _next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -117,12 +155,21 @@ def packed_logprobs(
     attention_mask: torch.Tensor,
     dtype: torch.dtype | None = None,
     capacity: int | None = None,
+    wanted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[B, T-1]`` fp32 next-token log-probs of a padded batch (each row's real tokens one contiguous run),
     computed on packed rows of ``capacity`` tokens (default: the longest row; under flash attention one row of
-    all the tokens); 0 where token ``t + 1`` is not a real token of the same row."""
-    packed = pack_padded(input_ids, attention_mask, capacity=_capacity(model, capacity, int(attention_mask.sum())))
-    logits = _rows(model(**packed_inputs(model, packed, dtype or mask_dtype(model))).logits, packed)
+    all the tokens); 0 where token ``t + 1`` is not a real token of the same row. ``wanted [B, T-1]``: only those
+    positions are computed (the output head runs on their slots only, :mod:`hybridzero.head_select`); 0 elsewhere."""
+    packed = pack_padded(input_ids, attention_mask, capacity=row_capacity(model, _lengths(attention_mask), capacity))
+    inputs = packed_inputs(model, packed, dtype or mask_dtype(model))
+    if wanted is not None:
+        keep = wanted_slots(packed, wanted, input_ids.shape[1])
+        if is_varlen_attention(attention_implementation(model)):  # the rows go in flattened to one
+            keep = keep.reshape(1, -1)
+        per_slot = next_token_logprobs_at(model, inputs, packed.input_ids.reshape(keep.shape), keep)
+        return unpack_next_token(per_slot.reshape(packed.input_ids.shape), packed, input_ids.shape[1])
+    logits = _rows(model(**inputs).logits, packed)
     return unpack_next_token(_next_token_logprobs(logits, packed.input_ids), packed, input_ids.shape[1])
 
 
@@ -141,7 +188,7 @@ def packed_values(
     capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B, T]`` values of a value-head model at every real token, from packed rows (0 on padding)."""
-    packed = pack_padded(input_ids, attention_mask, capacity=_capacity(model, capacity, int(attention_mask.sum())))
+    packed = pack_padded(input_ids, attention_mask, capacity=row_capacity(model, _lengths(attention_mask), capacity))
     return unpack_tokens(_values(model, packed, dtype or mask_dtype(model)), packed, input_ids.shape[1])
 
 
@@ -153,7 +200,7 @@ def packed_last_values(
     capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B]`` values at each row's last real token (a reward model's scores), from packed rows."""
-    packed = pack_padded(input_ids, attention_mask, capacity=_capacity(model, capacity, int(attention_mask.sum())))
+    packed = pack_padded(input_ids, attention_mask, capacity=row_capacity(model, _lengths(attention_mask), capacity))
     row, col = packed.last_token_slots()
     return _values(model, packed, dtype or mask_dtype(model))[row, col]
 
@@ -187,7 +234,7 @@ def packed_lm_sums(
 ) -> tuple[torch.Tensor, torch.Tensor, PackedBatch]:
     """``(summed cross-entropy, predicted-token count, packed batch)`` of :func:`packed_lm_loss`'s forward (the
     sum and count over the whole rows, on every rank of an SP group)."""
-    packed = pack_lists([e[0] for e in examples], pad_id, _capacity(model, capacity, sum(len(e[0]) for e in examples)))
+    packed = pack_lists([e[0] for e in examples], pad_id, row_capacity(model, [len(e[0]) for e in examples], capacity))
     labels = shifted_labels(packed, [e[1] for e in examples])
     where = device if device is not None else getattr(model, "device", "cpu")
     mdtype = dtype or mask_dtype(model)

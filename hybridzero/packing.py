@@ -36,18 +36,22 @@ import torch
 
 __all__ = [
     "PackedBatch",
+    "CAPACITY_STEPS",
     "block_causal_mask",
+    "cheapest_capacity",
     "cu_seq_lens",
     "pack_lists",
     "pack_padded",
     "pad_fraction",
     "packed_slots",
     "plan_rows",
+    "rows_work",
     "shifted_labels",
     "token_budget_chunks",
     "unpack_next_token",
     "unpack_tokens",
     "varlen_kwargs",
+    "wanted_slots",
 ]
 
 
@@ -74,6 +78,34 @@ def plan_rows(lengths: Sequence[int], capacity: int | None = None) -> list[list[
             rows.append([i])
             fill.append(lengths[i])
     return rows
+
+
+CAPACITY_STEPS = (1.0, 1.25, 1.5, 1.75, 2.0)  # row capacities tried, in multiples of the longest sequence
+
+
+def rows_work(lengths: Sequence[int], capacity: int, pair_ratio: float) -> float:
+    """The modelled forward work of packing ``lengths`` into rows of ``capacity``: ``R * W * (1 + pair_ratio * W)``
+    (every slot's per-token work, padding included, plus dense-mask attention over the row's width ``W``)."""
+    plan = plan_rows(lengths, capacity)
+    width = max((sum(lengths[i] for i in r) for r in plan), default=0)
+    return len(plan) * width * (1.0 + pair_ratio * width)
+
+
+def cheapest_capacity(lengths: Sequence[int], pair_ratio: float) -> int | None:
+    """The row capacity, among :data:`CAPACITY_STEPS` times the longest sequence, with the least
+    :func:`rows_work` (the first, so the smallest, on ties); ``None`` (plan_rows' default) for an empty batch.
+
+    Rows as wide as the longest sequence leave much padding when lengths vary (an RL batch: prompts plus answers of
+    any length up to the cap); wider rows fill better but each row's dense-mask attention grows with its width
+    squared. ``pair_ratio`` weighs the two (attention work per slot and context slot over the per-slot work, from
+    the model's shape: :func:`hybridzero.packed_forward.attention_pair_ratio`). At most twice the longest sequence,
+    so the mask and attention memory grow by at most that factor. Pure and deterministic."""
+    if not lengths:
+        return None
+    longest = max(lengths)
+    candidates = sorted({max(longest, int(longest * k)) for k in CAPACITY_STEPS})
+    costs = [rows_work(lengths, c, pair_ratio) for c in candidates]
+    return candidates[costs.index(min(costs))]
 
 
 def token_budget_chunks(lengths: Sequence[int], max_tokens: int, unit: str = "sequence") -> list[list[int]]:
@@ -248,6 +280,21 @@ def unpack_next_token(values: torch.Tensor, packed: PackedBatch, width: int) -> 
     out = values.new_zeros((packed.num_sequences, width - 1, *values.shape[2:]))
     out[b[keep], col[keep]] = values[r[keep], j[keep]]
     return out
+
+
+def wanted_slots(packed: PackedBatch, wanted: torch.Tensor, width: int) -> torch.Tensor:
+    """``[R, W]`` bool: the packed slots whose next-token value is wanted, from ``wanted [B, width - 1]`` in the
+    padded batch's shifted space (position ``t`` describes token ``t + 1``, as :func:`unpack_next_token`); a
+    sequence's last slot never is (its next packed token is another sequence's or padding)."""
+    if tuple(wanted.shape) != (packed.num_sequences, width - 1):
+        raise ValueError(f"wanted: shape {tuple(wanted.shape)}, expected {(packed.num_sequences, width - 1)}")
+    b, col, r, j = _gather_index(packed, width)
+    inside = (j + 1) < (packed.start + packed.length)[b]
+    b, col, r, j = b[inside], col[inside], r[inside], j[inside]
+    hit = wanted.to(device=b.device, dtype=torch.bool)[b, col]
+    keep = torch.zeros(packed.input_ids.shape, dtype=torch.bool, device=packed.input_ids.device)
+    keep[r[hit], j[hit]] = True
+    return keep
 
 
 def shifted_labels(packed: PackedBatch, labels: Sequence[Sequence[int]], ignore_index: int = -100) -> torch.Tensor:

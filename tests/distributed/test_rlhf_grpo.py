@@ -157,7 +157,7 @@ def test_skip_policy_skips_the_failing_samples_on_every_rank(world, dirs, prompt
     assert all(r["error"] is None for r in results) and results[0]["finite"] is True
     assert [r["left"] for r in results] == [[], []]  # and at the end of a completed run
     h0, h1 = results[0]["history"], results[1]["history"]
-    timing = ("e2e_s", "generation_s", "training_s")
+    timing = ("e2e_s", "generation_s", "training_s", "weight_sync_s")
     assert [{k: v for k, v in m.items() if k not in timing} for m in h0] == [
         {k: v for k, v in m.items() if k not in timing} for m in h1
     ]  # every metric is a global one: the ranks agree

@@ -62,7 +62,7 @@ def test_grpo_at_world_2_on_vllm(world, tmp_path: Path) -> None:
         assert r["sync_entries"] == ITERATIONS + 1 and r["sync_gathers"] == 0
         assert r["left"] == []
         assert r["env_kept"] and r["threads_settable"]  # vLLM's start changed neither (vllm_engine._ProcessState)
-    timing = ("e2e_s", "generation_s", "training_s")
+    timing = ("e2e_s", "generation_s", "training_s", "weight_sync_s")
     h0, h1 = ([{k: v for k, v in m.items() if k not in timing} for m in r["history"]] for r in results)
     assert h0 == h1  # every metric is a global one: the ranks agree
     errors = [r["error"] for r in results]

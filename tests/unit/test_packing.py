@@ -184,3 +184,54 @@ def test_position_ids_alone_do_not_isolate() -> None:
         isolated = model(**p.model_kwargs()).logits[0, 4:]
     assert (leaky - alone).abs().max() > 1e-3
     torch.testing.assert_close(isolated, alone, rtol=TOL, atol=TOL)
+
+
+# --- row capacity: padding against dense-mask attention width (packing.cheapest_capacity) -------------------------
+
+
+def test_cheapest_capacity_bounds_and_choices() -> None:
+    from hybridzero.packing import cheapest_capacity, rows_work
+
+    assert cheapest_capacity([], 1e-3) is None
+    same = [40] * 6  # rows of one sequence are already full: wider rows only add attention work
+    assert cheapest_capacity(same, 1e-4) == 40
+    varied = [97, 60, 55, 51, 49, 90, 103, 48]
+    free = cheapest_capacity(varied, 0.0)  # attention free: the fewest slots (wider rows fill better)
+    assert free is not None and 103 < free <= 206
+    assert rows_work(varied, free, 0.0) < rows_work(varied, 103, 0.0)
+    assert cheapest_capacity(varied, 1.0) == 103  # attention dominant: rows as narrow as the longest sequence
+    for ratio in (0.0, 3e-4, 1e-2):
+        cap = cheapest_capacity(varied, ratio)
+        assert cap is not None and 103 <= cap <= 206
+        assert cheapest_capacity(list(varied), ratio) == cap  # deterministic
+
+
+def test_attention_pair_ratio_from_config_shape() -> None:
+    from transformers import GPT2Config, LlamaConfig
+
+    from hybridzero.packed_forward import attention_pair_ratio
+
+    llama = LlamaConfig(
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3
+    )
+    d, layers = 576, 30
+    per_slot = 2 * layers * (2 * d * d + 2 * d * (d // 3) + 3 * d * 1536)  # gated MLP: three matrices
+    assert attention_pair_ratio(llama) == pytest.approx(4 * d * layers / per_slot)
+    gpt2 = GPT2Config(n_embd=48, n_layer=2, n_head=4)
+    assert attention_pair_ratio(gpt2) == pytest.approx(4 * 48 * 2 / (2 * 2 * (4 * 48 * 48 + 2 * 48 * 192)))
+    assert attention_pair_ratio(object()) is None
+
+
+def test_row_capacity_follows_the_attention_implementation() -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hybridzero.packed_forward import row_capacity
+
+    cfg = LlamaConfig(hidden_size=40, intermediate_size=52, num_hidden_layers=2, num_attention_heads=5, vocab_size=67)
+    cfg._attn_implementation = "sdpa"
+    model = LlamaForCausalLM(cfg)
+    lengths = [9, 17, 5, 12]
+    assert row_capacity(model, lengths, 30) == 30  # the caller's
+    assert 17 <= (row_capacity(model, lengths) or 0) <= 34
+    model.config._attn_implementation = "flash_attention_2"
+    assert row_capacity(model, lengths) == sum(lengths)  # one row: flash's cost follows the segments

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 
+from hybridzero.head_select import next_token_logprobs_at
 from hybridzero.packed_forward import packed_last_values, packed_logprobs, packed_values
 from hybridzero.rlhf.algorithms.ppo import gather_logprobs
 from hybridzero.rlhf.engines import Roles
@@ -213,15 +214,21 @@ def sequence_logprobs(
     attention_mask: torch.Tensor,
     packed: bool = False,
     capacity: int | None = None,
+    wanted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[B, T-1]`` fp32 log-probabilities of each next token under ``engine``'s causal LM (``packed``: on packed
     rows of ``capacity`` tokens, 0 where the next token is padding; :mod:`hybridzero.packed_forward`). An engine
     with sequence parallelism always forwards packed rows split over its SP group (:mod:`.sp_logprobs`; with a
-    token budget's ``capacity`` the packed rows are that wide, each rank forwarding its ``1 / s`` of them)."""
+    token budget's ``capacity`` the packed rows are that wide, each rank forwarding its ``1 / s`` of them).
+    ``wanted [B, T-1]`` (the action mask): only those positions are computed, the output head running on them
+    alone (:mod:`hybridzero.head_select`); the others are 0 (under SP every position is computed)."""
     if getattr(engine, "sequence_parallel", None) is not None:
         return sp_logprobs(engine, sequences, attention_mask, capacity if packed else None)
     if packed:
-        return packed_logprobs(engine, sequences, attention_mask, capacity=capacity)
+        return packed_logprobs(engine, sequences, attention_mask, capacity=capacity, wanted=wanted)
+    if wanted is not None:
+        keep = torch.cat([wanted.bool(), wanted.new_zeros(wanted.shape[0], 1, dtype=torch.bool)], dim=1)
+        return next_token_logprobs_at(engine, causal_kwargs(sequences, attention_mask), sequences, keep)[:, :-1]
     logits = engine(**causal_kwargs(sequences, attention_mask)).logits
     return gather_logprobs(logits[:, :-1], sequences[:, 1:])
 
@@ -293,13 +300,16 @@ def make_experience(
             if engine is not None:
                 engine.eval()
         actor, ref, critic, reward = roles.actor, roles.ref, roles.critic, roles.reward
+        wanted = ro.action_mask[:, lo : hi - 1] if max_tokens is None else None  # chunks: every position
         logprobs = (
-            run(actor, lambda q, m: sequence_logprobs(actor, q, m, packed, max_tokens))
+            run(actor, lambda q, m: sequence_logprobs(actor, q, m, packed, max_tokens, wanted))
             if with_old
             else torch.zeros(seq.shape[0], seq.shape[1] - 1, device=seq.device)
         )
         ref_logprobs = (
-            run(ref, lambda q, m: sequence_logprobs(ref, q, m, packed, max_tokens)) if with_ref else logprobs.clone()
+            run(ref, lambda q, m: sequence_logprobs(ref, q, m, packed, max_tokens, wanted))
+            if with_ref
+            else logprobs.clone()
         )
         values = (
             run(critic, lambda q, m: critic_values(critic, q, m, packed, max_tokens))

@@ -42,6 +42,7 @@ import time
 
 import torch
 
+from hybridzero.packed_forward import row_capacity
 from hybridzero.packing import packed_slots
 from hybridzero.rlhf.algorithms.grpo import aggregate_loss, batch_std, clipped_policy_loss, group_advantages
 from hybridzero.rlhf.engines import data_sum
@@ -58,6 +59,7 @@ from hybridzero.rlhf.steps.rl.step3 import (
     slice_experience,
     step_both,
 )
+from hybridzero.runtime.engine import Engine
 from hybridzero.token_budget import maybe_chunked, row_chunks
 
 __all__ = ["advantages_of", "grpo_iteration", "grpo_update", "trim_experience"]
@@ -90,12 +92,16 @@ def trim_experience(exp: Experience) -> Experience:
     )
 
 
-def _slots(attention_mask: torch.Tensor, packed: bool, budgeted: bool = False) -> int:
-    """Forward slots of a training mini-batch: its trimmed ``[b, t]`` or, packed, its packed rows (with a token
-    budget each chunk is one row exactly as wide as its tokens: the real tokens)."""
+def _slots(actor: Engine, attention_mask: torch.Tensor, packed: bool, budgeted: bool = False) -> int:
+    """Forward slots of a training mini-batch: its trimmed ``[b, t]`` or, packed, its packed rows at the capacity
+    the actor's forward uses (with a token budget each chunk is one row exactly as wide as its tokens: the real
+    tokens)."""
     if budgeted:
         return int(attention_mask.bool().sum())
-    return packed_slots(attention_mask) if packed else attention_mask.numel()
+    if not packed:
+        return attention_mask.numel()
+    lengths = [int(n) for n in attention_mask.bool().sum(dim=1).tolist() if n > 0]
+    return packed_slots(attention_mask, row_capacity(actor, lengths))
 
 
 def _score_old_policy(run: Step3, exp: Experience) -> None:
@@ -103,10 +109,13 @@ def _score_old_policy(run: Step3, exp: Experience) -> None:
     mini-batch scored without the old log-prob pass that takes no update (no training token on any rank, so every
     rank comes here together: the forward gathers parameters) still feeds the rollout KL metric."""
     s, actor = run.s, run.roles.actor
+    budget = s.max_tokens_per_batch
     with torch.no_grad():
         logp = maybe_chunked(
             actor,
-            lambda q, m: sequence_logprobs(actor, q, m, s.packing_samples, s.max_tokens_per_batch),
+            lambda q, m: sequence_logprobs(
+                actor, q, m, s.packing_samples, s.max_tokens_per_batch, exp.action_mask if budget is None else None
+            ),
             exp.sequences,
             exp.attention_mask,
             s.max_tokens_per_batch,
@@ -142,7 +151,12 @@ def grpo_update(
         for chunk in row_chunks(actor, exp.attention_mask, s.max_tokens_per_batch):
             rows = torch.tensor(chunk.rows, dtype=torch.long, device=exp.sequences.device)
             logp = sequence_logprobs(
-                actor, exp.sequences[rows], exp.attention_mask[rows], s.packing_samples, s.max_tokens_per_batch
+                actor,
+                exp.sequences[rows],
+                exp.attention_mask[rows],
+                s.packing_samples,
+                s.max_tokens_per_batch,
+                exp.action_mask[rows],
             )
             if policy_step is not None and s.grpo_kl_coef:  # the rollout KL metric reads them (zero KL without)
                 exp.logprobs[rows] = logp.detach().to(exp.logprobs.dtype)
@@ -211,7 +225,7 @@ def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
     """Iteration ``it`` (module docstring, steps 1-5); returns the iteration's global metrics."""
     s, roles = run.s, run.roles
     assert isinstance(s, GRPOSettings)
-    t0 = time.perf_counter()
+    t0, synced = time.perf_counter(), run.sync_seconds()
     batches = [sample_groups(run, it, b) for b in range(s.generation_batches)]  # 1. rollout, 2. rewards
     t1 = time.perf_counter()
     advantages = [advantages_of(run, gb) for gb in batches]  # 3. advantages
@@ -225,7 +239,9 @@ def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
                     padding[0] + float(full.attention_mask.sum()),
                     padding[1] + float(full.attention_mask.numel()),
                     padding[2]
-                    + float(_slots(mb.attention_mask, s.packing_samples, s.max_tokens_per_batch is not None)),
+                    + float(
+                        _slots(roles.actor, mb.attention_mask, s.packing_samples, s.max_tokens_per_batch is not None)
+                    ),
                 ]
                 mb_adv = adv[lo:hi]
                 if gb.rb.is_weights is not None:  # truncated IS (vLLM): w * A per token (w > 0, so = w * loss)
@@ -244,4 +260,6 @@ def grpo_iteration(run: Step3, it: int) -> dict[str, float]:
     metrics.update(_rollout_metrics(run, batches, padding))
     metrics["old_logprob_pass"] = float(any(gb.rb.policy_step is None for gb in batches))
     timing = {"e2e_s": time.perf_counter() - t0, "generation_s": t1 - t0, "training_s": train_s}
+    if run.vllm is not None:  # this rank's vLLM weight syncs (part of generation_s)
+        timing["weight_sync_s"] = run.sync_seconds() - synced
     return {**metrics, **timing, "actor_lr": roles.actor.get_lr()[0]}

@@ -81,7 +81,9 @@ def ppo_update(
     local = [0.0, 0.0, 0.0, 0.0]  # actor loss, critic loss, clip fraction, approx KL; each * n_tokens
     with roles.actor.backward_group():
         for rows, share in _parts(chunks, mask, n_tokens):
-            logp = sequence_logprobs(roles.actor, exp.sequences[rows], exp.attention_mask[rows], packed, max_tokens)
+            logp = sequence_logprobs(
+                roles.actor, exp.sequences[rows], exp.attention_mask[rows], packed, max_tokens, mask[rows]
+            )
             actor_loss, stats = ppo_policy_loss(logp, exp.logprobs[rows], advantages[rows], mask[rows], clip=clip)
             roles.actor.backward(actor_loss * (share * scale))
             local[0] += float(actor_loss.detach()) * share * n_tokens
@@ -113,7 +115,7 @@ def _parts(chunks: list[Chunk], mask: torch.Tensor, n_tokens: float) -> Iterator
 def ppo_iteration(run: Step3, it: int) -> dict[str, float]:
     """Iteration ``it`` of PPO (module docstring, steps 1-4); returns the iteration's global metrics."""
     s, roles = run.s, run.roles
-    t0 = time.perf_counter()
+    t0, synced = time.perf_counter(), run.sync_seconds()
     batches, targets, gen_s = [], [], 0.0
     for b in range(s.generation_batches):  # 1. rollout and experience, 2. targets
         g0 = time.perf_counter()
@@ -153,4 +155,6 @@ def ppo_iteration(run: Step3, it: int) -> dict[str, float]:
     metrics = mean_update_stats(stats, ptx_losses if run.ptx is not None else None, with_critic=True)
     metrics.update(run.rollout_metrics(batches, with_values=True))
     timing = {"e2e_s": time.perf_counter() - t0, "generation_s": gen_s, "training_s": train_s}
+    if run.vllm is not None:  # this rank's vLLM weight syncs (part of generation_s)
+        timing["weight_sync_s"] = run.sync_seconds() - synced
     return {**metrics, **timing, "actor_lr": roles.actor.get_lr()[0]}

@@ -145,6 +145,10 @@ class Step3:
         if vllm is not None:
             vllm.stop()
 
+    def sync_seconds(self) -> float:
+        """Seconds this rank's vLLM engine spent in weight syncs so far (0 with rollout_engine hf)."""
+        return self.vllm.stats.seconds if self.vllm is not None else 0.0
+
     @property
     def updates_per_iteration(self) -> int:
         """Training mini-batches per iteration and PPO epoch (each followed by a ptx step when ptx is on)."""
