@@ -26,6 +26,7 @@ import torch
 from hybridzero.checkpoint.format import FORMAT, rank_file
 from hybridzero.checkpoint.jsontree import check_plain_json
 from hybridzero.checkpoint.paths import PARTIAL, CheckpointError, check_replaceable, check_tag, publish, write_latest
+from hybridzero.checkpoint.recovery import write_recovery_script
 from hybridzero.checkpoint.writer import write_rank_file, write_shared_files
 from hybridzero.comm.collectives import Comm
 from hybridzero.runtime import optim_state
@@ -159,6 +160,7 @@ def _finish(
     publish(root, partial, tag, nonce)
     if save_latest:
         write_latest(root, tag, nonce)
+    write_recovery_script(root, _LOG)  # DeepSpeed's `python SAVE_DIR/zero_to_fp32.py SAVE_DIR OUT` works here too
 
 
 def _agree_arguments(

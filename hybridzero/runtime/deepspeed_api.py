@@ -20,6 +20,7 @@ Differences from DeepSpeed, on purpose (README, "Coming from DeepSpeed"):
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
@@ -30,6 +31,7 @@ from torch import nn
 from torch.nn.modules.module import _IncompatibleKeys
 
 from hybridzero.checkpoint.format import STATE_JSON
+from hybridzero.checkpoint.recovery import make_executable
 from hybridzero.comm.collectives import Comm
 from hybridzero.config import Config
 from hybridzero.runtime import zero_param
@@ -196,6 +198,12 @@ class DeepSpeedEngineAPI:
         always empty, as hybridzero reduces every gradient dense (``sparse_gradients`` is accepted, without effect).
         A fresh set each time, so editing it changes nothing."""
         return set()
+
+    def _change_recovery_script_permissions(self, dst: str | os.PathLike[str]) -> bool:
+        """Make the recovery script ``dst`` executable (``save_checkpoint`` does it for the ``zero_to_fp32.py`` it
+        writes, :mod:`hybridzero.checkpoint.recovery`); a file system that refuses is logged at info level on
+        DeepSpeed's logger, not raised."""
+        return make_executable(dst, logging.getLogger("DeepSpeed"))
 
     def _get_optimizer_ckpt_name(self, checkpoints_path: str | os.PathLike[str], tag: Any, expp_rank: int = 0) -> str:
         """DeepSpeed's name for the file a checkpoint's optimizer state is read from: here the tag's ``state.json``

@@ -13,6 +13,7 @@ Pure functions of the files, but for the model and the output directory they are
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 from pathlib import Path
@@ -30,6 +31,7 @@ __all__ = [
     "convert_zero_checkpoint_to_fp32_state_dict",
     "get_fp32_state_dict_from_zero_checkpoint",
     "load_state_dict_from_zero_checkpoint",
+    "main",
 ]
 
 _UNITS = {"KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -140,3 +142,24 @@ def convert_zero_checkpoint_to_fp32_state_dict(
         total = sum(t.numel() * t.element_size() for s in shards for t in s.values())
         index = {"metadata": {"total_size": total}, "weight_map": weight_map}
         (out / f"{stem}.{ext}.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The recovery script's command line (DeepSpeed's ``zero_to_fp32.py``'s arguments):
+    ``CHECKPOINT_DIR OUTPUT_DIR [-t TAG] [--safe_serialization] [--max_shard_size S] [--exclude_frozen_parameters]``."""
+    parser = argparse.ArgumentParser(description="Consolidate a hybridzero ZeRO checkpoint into an fp32 state dict")
+    parser.add_argument("checkpoint_dir", help="the save directory (holding 'latest' and the tag directories)")
+    parser.add_argument("output_dir", help="where pytorch_model.bin / model.safetensors (or shards) are written")
+    parser.add_argument("-t", "--tag", default=None, help="the checkpoint tag (default: the one 'latest' names)")
+    parser.add_argument("--safe_serialization", action="store_true", help="write safetensors instead of .bin")
+    parser.add_argument("--max_shard_size", default="5GB", help="largest output file (e.g. 5GB, 500MB)")
+    parser.add_argument("--exclude_frozen_parameters", action="store_true", help="leave frozen parameters out")
+    a = parser.parse_args(argv)
+    convert_zero_checkpoint_to_fp32_state_dict(
+        a.checkpoint_dir,
+        a.output_dir,
+        max_shard_size=a.max_shard_size,
+        safe_serialization=a.safe_serialization,
+        tag=a.tag,
+        exclude_frozen_parameters=a.exclude_frozen_parameters,
+    )

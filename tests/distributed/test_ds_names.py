@@ -21,7 +21,9 @@ def test_zero_to_fp32_and_gradient_setters(world, tmp_path: Path, stage: int) ->
     results = world(2).run(fp32_and_grad_setters, spec, str(tmp_path / "ckpt"), timeout=TIMEOUT)
     for r in results:
         assert r["fp32_equal"] and r["full_roundtrip"] and r["zeroed"] and r["unmoved"], r
+        assert r["script_executable"], r  # save_checkpoint left DeepSpeed's recovery script, executable
         assert "pytorch_model.bin.index.json" in r["names"] and len(r["names"]) > 2  # sharded at 4000 bytes
+    assert results[0]["script_equal"]  # `python SAVE_DIR/zero_to_fp32.py SAVE_DIR OUT` gave the same fp32 weights
 
 
 def test_leaf_module_is_one_gather_group_and_trains_the_same(world) -> None:

@@ -3,9 +3,13 @@ ZeRO-3 leaf module trained as one gather group."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 
 from tests.harness.parity import RunSpec
@@ -34,8 +38,14 @@ def fp32_and_grad_setters(spec: RunSpec, ckpt: str) -> dict[str, Any]:
     full = engine.full_parameters()
     state = get_fp32_state_dict_from_zero_checkpoint(ckpt)
     fp32_equal = all(torch.equal(state[n], t) for n, t in full.items())
+    script = Path(ckpt) / "zero_to_fp32.py"  # DeepSpeed's recovery-script workflow, on our checkpoint
+    script_equal = False
     if rank == 0:
         convert_zero_checkpoint_to_fp32_state_dict(ckpt, str(Path(ckpt) / "fp32"), max_shard_size=4000)
+        run = [sys.executable, str(script), ckpt, str(Path(ckpt) / "by_script"), "--safe_serialization"]
+        subprocess.run(run, check=True, timeout=120)
+        by_script = safetensors.torch.load_file(str(Path(ckpt) / "by_script" / "model.safetensors"))
+        script_equal = set(by_script) == set(state) and all(torch.equal(by_script[n], state[n]) for n in state)
     torch.distributed.barrier()
     names = sorted(p.name for p in (Path(ckpt) / "fp32").iterdir())
     ids = batches[2, 0, rank]
@@ -59,6 +69,8 @@ def fp32_and_grad_setters(spec: RunSpec, ckpt: str) -> dict[str, Any]:
     engine.destroy()
     return {
         "fp32_equal": fp32_equal,
+        "script_equal": script_equal,
+        "script_executable": os.access(script, os.X_OK),
         "names": names,
         "full_roundtrip": full_roundtrip,
         "zeroed": bool((zeroed == 0).all()),
