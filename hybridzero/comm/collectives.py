@@ -331,6 +331,12 @@ class Comm:
         return None
 
     @property
+    def store(self) -> Any:
+        """The rendezvous key-value store every rank shares (``None`` without peers): for reports that must not
+        wait on a collective (a failure while peers are blocked in a third party's collectives)."""
+        return self._store
+
+    @property
     def polls(self) -> bool:
         """True when waits poll for posted peer failures (gloo)."""
         return self._poll

@@ -63,7 +63,9 @@ class VLLMOptions:
     """Engine knobs (CLI ``--vllm_*``): ``dtype`` (fp32 / bf16; fp16 where the platform has it),
     ``gpu_memory_utilization`` (GPU: the engine's share of device memory), ``kv_cache_gb`` (the KV cache's size;
     on CPU what ``VLLM_CPU_KVCACHE_SPACE`` sets), ``max_model_len``, ``enforce_eager``, ``sleep_mode``,
-    ``tensor_parallel_size`` (CLI ``--inference_tp_size``: ranks per engine)."""
+    ``tensor_parallel_size`` (CLI ``--inference_tp_size``: ranks per engine), ``failure_wait_s`` (with t > 1: how
+    long a rank whose generation failed waits for its group's reports before it gives the job up,
+    :mod:`~hybridzero.rlhf.rollout.backends.tp_failure`)."""
 
     dtype: str = "fp32"
     gpu_memory_utilization: float = 0.3
@@ -72,6 +74,7 @@ class VLLMOptions:
     enforce_eager: bool = True
     sleep_mode: bool = False
     tensor_parallel_size: int = 1
+    failure_wait_s: float = 60.0
 
 
 def import_vllm() -> Any:
@@ -168,6 +171,7 @@ class VLLMEngine:
         self._dir: str | None = None
         self.stats = SyncStats()
         self.synced_step: int | None = None  # the actor's global_steps at the last sync
+        self.tp_calls = 0  # generation calls of this rank's group (t > 1), numbered alike on its ranks
         self.keep_sent = False  # tests: keep a copy of every tensor handed to vLLM in ``sent`` (name -> tensor)
         self.sent: dict[str, torch.Tensor] = {}
 

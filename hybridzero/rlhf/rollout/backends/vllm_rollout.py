@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from hybridzero.rlhf.rollout.backends.base import SamplingSpec
+from hybridzero.rlhf.rollout.backends.tp_failure import settle_group_call
 from hybridzero.rlhf.rollout.backends.vllm_engine import VLLMEngine
 from hybridzero.rlhf.rollout.backends.vllm_tp import TP_COMM_NAME, group_generate
 from hybridzero.rlhf.rollout.generate import Rollout, fit_width, lay_out, sample_seed
@@ -78,6 +79,8 @@ def vllm_rollout(
         gens = group_generate(engine, engine.group, _unpadded(prompt_ids, prompt_mask), sampling)
     except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
         error = exc
+    if engine.group is not None and engine.group.world_size > 1:  # peers may be blocked in vLLM's collectives
+        error = settle_group_call(engine, error)
     actor.comm.agree(error, "vLLM generation", phase="rollout")
     assert gens is not None
     rows = len(gens.tokens)

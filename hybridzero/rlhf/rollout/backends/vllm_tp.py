@@ -14,9 +14,10 @@ requests, so all of them compute the same tokens. One call of :func:`group_gener
 4. each rank takes back its own rows, in its own order.
 
 Invariant: every rank of a group calls :func:`group_generate` the same number of times, with the same sampling
-fields. A failure inside vLLM's decode on *one* rank of a group only leaves its peers waiting in vLLM's own
-tensor-parallel collectives (not the project's, which notice a peer's failure): failures that come from the inputs
-are the same on every rank of the group, since every rank runs the same requests.
+fields. Failures that come from the inputs are the same on every rank of the group, since every rank runs the same
+requests; a failure inside vLLM's decode on *one* rank leaves its peers blocked in vLLM's own tensor-parallel
+collectives, which nothing can interrupt: the caller (``vllm_rollout``) then gives the job up instead of waiting
+(:mod:`~hybridzero.rlhf.rollout.backends.tp_failure`).
 """
 
 from __future__ import annotations
