@@ -52,8 +52,16 @@ def main(mode: str, out: Path) -> None:
 
     def rollout() -> None:
         vllm_rollout(
-            vllm, engine, prompts, mask, sample_ids=[2 * rank, 2 * rank + 1], run_seed=3, prompt_width=4,
-            answer_len=8, pad_id=0, eos_id=None,
+            vllm,
+            engine,
+            prompts,
+            mask,
+            sample_ids=[2 * rank, 2 * rank + 1],
+            run_seed=3,
+            prompt_width=4,
+            answer_len=8,
+            pad_id=0,
+            eos_id=None,
         )
 
     record: dict[str, Any] = {"rank": rank, "error": None}
