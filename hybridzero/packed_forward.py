@@ -158,9 +158,10 @@ def packed_logprobs(
     wanted: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``[B, T-1]`` fp32 next-token log-probs of a padded batch (each row's real tokens one contiguous run),
-    computed on packed rows of ``capacity`` tokens (default: the longest row; under flash attention one row of
-    all the tokens); 0 where token ``t + 1`` is not a real token of the same row. ``wanted [B, T-1]``: only those
-    positions are computed (the output head runs on their slots only, :mod:`hybridzero.head_select`); 0 elsewhere."""
+    computed on packed rows of ``capacity`` tokens (default: :func:`row_capacity`'s choice; under flash attention
+    one row of all the tokens); 0 where token ``t + 1`` is not a real token of the same row. ``wanted [B, T-1]``:
+    only those positions are computed (the output head runs on their slots only, :mod:`hybridzero.head_select`); 0
+    elsewhere."""
     packed = pack_padded(input_ids, attention_mask, capacity=row_capacity(model, _lengths(attention_mask), capacity))
     inputs = packed_inputs(model, packed, dtype or mask_dtype(model))
     if wanted is not None:
@@ -214,8 +215,9 @@ def packed_lm_loss(
     capacity: int | None = None,
 ) -> tuple[torch.Tensor, int, int]:
     """``(loss, real_tokens, slots)``: HF's causal-LM loss (mean over non-ignored labels, as unpacked) of
-    ``(input_ids, labels)`` examples on packed rows of ``capacity`` tokens (default: the longest example; under
-    flash attention one row of them all); ``slots`` is ``R * W`` (the padding share is ``1 - real_tokens / slots``).
+    ``(input_ids, labels)`` examples on packed rows of ``capacity`` tokens (default: :func:`row_capacity`'s choice;
+    under flash attention one row of them all); ``slots`` is ``R * W`` (the padding share is ``1 - real_tokens /
+    slots``).
 
     An engine with sequence parallelism (``model.sequence_parallel`` set; every rank of an SP group passes the same
     examples) forwards this rank's slice of the rows with the whole rows' block-causal mask and returns the same

@@ -2,8 +2,9 @@
 
 Pure functions, no model and no process group. A batch's sequences (the real tokens of each row of a padded
 ``[B, T]`` batch, or a list of token lists) are placed into ``R`` rows of width ``W`` by first-fit-decreasing
-into bins of ``capacity`` tokens (default: the longest sequence, so a row is never wider than the padded batch and
-the attention work of a row never exceeds a padded row's). Each packed token keeps:
+into bins of ``capacity`` tokens (:func:`plan_rows`' default: the longest sequence, so a row is never wider than the
+padded batch; the training forwards pass :func:`cheapest_capacity`'s choice of 1-2x that, trading padding against
+dense-mask attention width). Each packed token keeps:
 
 * its **position** inside its own sequence (0, 1, ... restarting at every sequence start): rotary (Llama) and learned
   (OPT, GPT-2) position embeddings read exactly what they read unpacked;

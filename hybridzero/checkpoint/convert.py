@@ -59,6 +59,7 @@ from hybridzero.checkpoint.paths import (
     read_latest,
     write_latest,
 )
+from hybridzero.checkpoint.recovery import is_our_script
 from hybridzero.checkpoint.writer import write_rank_file, write_shared_files
 
 __all__ = ["EXTRA", "convert_v1", "v1_rank_file"]
@@ -306,9 +307,12 @@ def _latest_or_none(root: Path) -> str | None:
 
 
 def _entry_is_ours(p: Path) -> bool:
-    """A ``NEW_DIR`` entry a checkpoint directory may hold: ``latest``, a format-2 tag, a partial write."""
+    """A ``NEW_DIR`` entry a checkpoint directory may hold: ``latest``, a format-2 tag, a partial write, the
+    recovery script a save leaves (:mod:`hybridzero.checkpoint.recovery`)."""
     if p.name == LATEST:
         return p.is_file() and not p.is_symlink()
+    if is_our_script(p):
+        return True
     return is_ours(p) or (PARTIAL in p.name and p.is_dir() and not p.is_symlink())
 
 

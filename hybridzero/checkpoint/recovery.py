@@ -15,7 +15,7 @@ import os
 import stat
 from pathlib import Path
 
-__all__ = ["RECOVERY_SCRIPT", "SCRIPT_MARK", "make_executable", "write_recovery_script"]
+__all__ = ["RECOVERY_SCRIPT", "SCRIPT_MARK", "is_our_script", "make_executable", "write_recovery_script"]
 
 RECOVERY_SCRIPT = "zero_to_fp32.py"
 SCRIPT_MARK = "# written by hybridzero's save_checkpoint"
@@ -32,6 +32,17 @@ from hybridzero.runtime.zero_to_fp32 import main
 if __name__ == "__main__":
     main()
 '''
+
+
+def is_our_script(path: Path) -> bool:
+    """True if ``path`` is the recovery script a save wrote (a regular file of that name holding our mark): a
+    checkpoint directory's own entry, like ``latest``."""
+    if path.name != RECOVERY_SCRIPT or path.is_symlink() or not path.is_file():
+        return False
+    try:
+        return SCRIPT_MARK in path.read_text(errors="replace")
+    except OSError:
+        return False
 
 
 def make_executable(path: str | os.PathLike[str], log: logging.Logger) -> bool:
@@ -51,7 +62,7 @@ def write_recovery_script(root: Path, log: logging.Logger) -> Path | None:
     file holds the name or the write failed (logged)."""
     path = root / RECOVERY_SCRIPT
     try:
-        if path.exists() and (not path.is_file() or SCRIPT_MARK not in path.read_text(errors="replace")):
+        if (path.exists() or path.is_symlink()) and not is_our_script(path):
             log.info("%s exists and was not written by hybridzero; left as it is", path)
             return None
         temporary = root / f".{RECOVERY_SCRIPT}.{os.getpid()}.tmp"

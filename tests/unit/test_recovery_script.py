@@ -78,3 +78,18 @@ def test_elastic_checkpoint_warns_at_stage_3_only(stage: int, monkeypatch: pytes
     assert warned == (stage == 3)
     DeepSpeedZeroConfig(stage=3)
     assert len(seen) == (1 if stage == 3 else 0)  # not without the key
+
+
+def test_only_our_script_counts_as_a_checkpoint_directory_entry(tmp_path: Path) -> None:
+    """Conversions into a save directory accept the script a save left there, and nothing else of that name."""
+    from hybridzero.checkpoint.recovery import is_our_script
+
+    path = write_recovery_script(tmp_path, LOG)
+    assert path is not None and is_our_script(path)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / RECOVERY_SCRIPT).write_text("print('the user wrote this')\n")
+    assert not is_our_script(other / RECOVERY_SCRIPT)
+    (other / "link").mkdir()
+    os.symlink(path, other / "link" / RECOVERY_SCRIPT)
+    assert not is_our_script(other / "link" / RECOVERY_SCRIPT)  # a symlink is never ours

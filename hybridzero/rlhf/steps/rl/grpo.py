@@ -100,6 +100,8 @@ def _slots(actor: Engine, attention_mask: torch.Tensor, packed: bool, budgeted: 
         return int(attention_mask.bool().sum())
     if not packed:
         return attention_mask.numel()
+    if actor.sequence_parallel is not None:  # SP packs rows as wide as the longest sequence (sp_logprobs)
+        return packed_slots(attention_mask)
     lengths = [int(n) for n in attention_mask.bool().sum(dim=1).tolist() if n > 0]
     return packed_slots(attention_mask, row_capacity(actor, lengths))
 
