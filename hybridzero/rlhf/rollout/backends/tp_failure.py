@@ -92,9 +92,9 @@ def settle_group_call(engine: Any, error: BaseException | None) -> BaseException
         return error
     abandoned = GroupAbandoned(
         f"vLLM generation failed on rank {rank} ({describe(error)}); its inference_tp_size group's other ranks did "
-        f"not report within {wait_s:g} s: they are blocked in vLLM's own tensor-parallel collectives, which nothing "
-        f"can interrupt. This process exits (status {EXIT_CODE} within {EXIT_AFTER_S:g} s) so that the launcher "
-        "ends the job"
+        f"not report within {wait_s:g} s: they are blocked in vLLM's own tensor-parallel collectives. The process "
+        f"group is torn down and this process exits (status {EXIT_CODE} within {EXIT_AFTER_S:g} s) so that the "
+        "launcher ends the job"
     )
     abandoned.__cause__ = error
     _LOG.error("%s", abandoned)
