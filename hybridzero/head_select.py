@@ -61,14 +61,15 @@ def _head_input_cut(head: nn.Module, keep: torch.Tensor) -> Iterator[list[int]]:
 def kept_logits(model: Callable[..., Any], kwargs: dict[str, Any], keep: torch.Tensor) -> torch.Tensor:
     """``[n, V]``: ``model(**kwargs).logits`` at the ``n`` slots where ``keep [R, W]`` is True (row-major order),
     the head run on those slots only where it can be (module docstring)."""
+    keep = keep.to(torch.bool)
     head = output_head(model)
     if head is None:
-        return model(**kwargs).logits[keep.to(torch.bool)]
-    with _head_input_cut(head, keep.to(torch.bool)) as done:
+        return model(**kwargs).logits[keep]
+    with _head_input_cut(head, keep) as done:
         logits = model(**kwargs).logits
     if done and tuple(logits.shape[:2]) == (1, done[0]):
         return logits[0]
-    return logits[keep.to(device=logits.device, dtype=torch.bool)]
+    return logits[keep.to(logits.device)]
 
 
 def next_token_logprobs_at(

@@ -31,6 +31,7 @@ from hybridzero.packing import (
     cheapest_capacity,
     pack_lists,
     pack_padded,
+    sequence_lengths,
     shifted_labels,
     unpack_next_token,
     unpack_tokens,
@@ -138,10 +139,6 @@ def row_capacity(model: Model, lengths: Sequence[int], capacity: int | None = No
     return None if ratio is None else cheapest_capacity(lengths, ratio)
 
 
-def _lengths(attention_mask: torch.Tensor) -> list[int]:
-    return [int(n) for n in attention_mask.bool().sum(dim=1).tolist() if n > 0]
-
-
 def _next_token_logprobs(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
     """``[R, W]`` fp32: slot ``j`` = log p(ids[j + 1] | ...); the last column 0 (no next token in the row)."""
     wide = logits[:, :-1].float()
@@ -162,7 +159,9 @@ def packed_logprobs(
     one row of all the tokens); 0 where token ``t + 1`` is not a real token of the same row. ``wanted [B, T-1]``:
     only those positions are computed (the output head runs on their slots only, :mod:`hybridzero.head_select`); 0
     elsewhere."""
-    packed = pack_padded(input_ids, attention_mask, capacity=row_capacity(model, _lengths(attention_mask), capacity))
+    packed = pack_padded(
+        input_ids, attention_mask, capacity=row_capacity(model, sequence_lengths(attention_mask), capacity)
+    )
     inputs = packed_inputs(model, packed, dtype or mask_dtype(model))
     if wanted is not None:
         keep = wanted_slots(packed, wanted, input_ids.shape[1])
@@ -189,7 +188,9 @@ def packed_values(
     capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B, T]`` values of a value-head model at every real token, from packed rows (0 on padding)."""
-    packed = pack_padded(input_ids, attention_mask, capacity=row_capacity(model, _lengths(attention_mask), capacity))
+    packed = pack_padded(
+        input_ids, attention_mask, capacity=row_capacity(model, sequence_lengths(attention_mask), capacity)
+    )
     return unpack_tokens(_values(model, packed, dtype or mask_dtype(model)), packed, input_ids.shape[1])
 
 
@@ -201,7 +202,9 @@ def packed_last_values(
     capacity: int | None = None,
 ) -> torch.Tensor:
     """``[B]`` values at each row's last real token (a reward model's scores), from packed rows."""
-    packed = pack_padded(input_ids, attention_mask, capacity=row_capacity(model, _lengths(attention_mask), capacity))
+    packed = pack_padded(
+        input_ids, attention_mask, capacity=row_capacity(model, sequence_lengths(attention_mask), capacity)
+    )
     row, col = packed.last_token_slots()
     return _values(model, packed, dtype or mask_dtype(model))[row, col]
 

@@ -47,6 +47,7 @@ __all__ = [
     "packed_slots",
     "plan_rows",
     "rows_work",
+    "sequence_lengths",
     "shifted_labels",
     "token_budget_chunks",
     "unpack_next_token",
@@ -347,9 +348,14 @@ def varlen_kwargs(packed: PackedBatch) -> dict[str, Any]:
     }
 
 
+def sequence_lengths(attention_mask: torch.Tensor) -> list[int]:
+    """The real-token count of each non-empty row of a padded batch (what packing places)."""
+    return [int(n) for n in attention_mask.bool().sum(dim=1).tolist() if n > 0]
+
+
 def packed_slots(attention_mask: torch.Tensor, capacity: int | None = None) -> int:
     """``R * W``: the forward slots a padded batch's real tokens take once packed (no tensor is built)."""
-    lengths = [int(n) for n in attention_mask.bool().sum(dim=1).tolist() if n > 0]
+    lengths = sequence_lengths(attention_mask)
     plan = plan_rows(lengths, capacity)
     return len(plan) * max((sum(lengths[i] for i in r) for r in plan), default=0)
 

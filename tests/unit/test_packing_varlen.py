@@ -112,6 +112,36 @@ def test_packed_logprobs_varlen_equal_padded_sdpa(name: str, capacity: int | Non
     assert (got[~both] == 0).all()
 
 
+@pytest.mark.parametrize("capacity", [None, 9])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_packed_logprobs_varlen_wanted_positions_only(
+    name: str, capacity: int | None, reference: ReferenceVarlen
+) -> None:
+    """The output head on the wanted positions only (hybridzero.head_select) through the flattened ``[1, R * W]``
+    rows of the varlen path: the head sees exactly the wanted slots, their log-probs = the padded sdpa forward's,
+    every other position 0."""
+    model = _sdpa(name).eval()
+    ids, mask = _padded_batch(model.config.vocab_size, [7, 3, 5, 2, 6], 9)
+    both = (mask[:, 1:] * mask[:, :-1]).bool()
+    wanted = both.clone()
+    wanted[:, :3] = False  # an "answer" region: later positions only
+    seen: list[int] = []
+    handle = model.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _o: seen.append(int(args[0].shape[:-1].numel()))
+    )
+    with torch.no_grad():
+        ref = gather_logprobs(
+            model(input_ids=ids, attention_mask=mask, position_ids=position_ids(mask)).logits[:, :-1], ids[:, 1:]
+        )
+        seen.clear()
+        got = packed_logprobs(use_reference(model), ids, mask, capacity=capacity, wanted=wanted)
+    handle.remove()
+    assert reference.calls == model.config.num_hidden_layers
+    assert seen == [int(wanted.sum())]
+    torch.testing.assert_close(got[wanted], ref[wanted], rtol=TOL, atol=TOL)
+    assert (got[~wanted] == 0).all()
+
+
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_packed_lm_loss_varlen_gradients_equal_padded(name: str, reference: ReferenceVarlen) -> None:
     """The packed training step: loss and every parameter gradient = the padded sdpa batch's."""

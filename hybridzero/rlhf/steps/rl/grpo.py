@@ -43,7 +43,7 @@ import time
 import torch
 
 from hybridzero.packed_forward import row_capacity
-from hybridzero.packing import packed_slots
+from hybridzero.packing import packed_slots, sequence_lengths
 from hybridzero.rlhf.algorithms.grpo import aggregate_loss, batch_std, clipped_policy_loss, group_advantages
 from hybridzero.rlhf.engines import data_sum
 from hybridzero.rlhf.rollout.experience import Experience
@@ -102,8 +102,7 @@ def _slots(actor: Engine, attention_mask: torch.Tensor, packed: bool, budgeted: 
         return attention_mask.numel()
     if actor.sequence_parallel is not None:  # SP packs rows as wide as the longest sequence (sp_logprobs)
         return packed_slots(attention_mask)
-    lengths = [int(n) for n in attention_mask.bool().sum(dim=1).tolist() if n > 0]
-    return packed_slots(attention_mask, row_capacity(actor, lengths))
+    return packed_slots(attention_mask, row_capacity(actor, sequence_lengths(attention_mask)))
 
 
 def _score_old_policy(run: Step3, exp: Experience) -> None:
