@@ -28,12 +28,19 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
+from torch.utils.hooks import RemovableHandle
 
 from hybridzero.optim.loss_scaler import LossScaler
 from hybridzero.zero.groups import ShardedGroup, ShardMode
 from hybridzero.zero.layout import PARTITION_ALIGN
 
-__all__ = ["OptimizerHost", "SubGroup", "ZeroOptimizer", "sub_groups"]
+__all__ = ["OptimizerHost", "ParameterFetch", "SubGroup", "ZeroOptimizer", "sub_groups"]
+
+
+class HookOwner(Protocol):
+    """The engine's coordinator, as far as the facade reads it."""
+
+    def forward_hooks(self) -> list[RemovableHandle]: ...
 
 
 class OptimizerHost(Protocol):
@@ -43,6 +50,11 @@ class OptimizerHost(Protocol):
     loss_scaler: LossScaler
     last_grad_norm: float | None
     overflow: bool
+
+    @property
+    def coordinator(self) -> HookOwner:
+        """The engine's coordinator (its fetch hooks)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -85,6 +97,21 @@ def sub_groups(optimizer: torch.optim.Optimizer, groups: Sequence[ShardedGroup])
                     covered.append((slot.param, a, b))
             out.append(SubGroup(leaf, group, lo, hi, tuple(covered)))
     return out
+
+
+class ParameterFetch:
+    """Stage 3: DeepSpeed's ``optimizer.parameter_offload`` (the owner of the module hooks that fetch and release
+    ZeRO-3 parameters), read-only: ``forward_hooks`` are the engine's module forward hooks in effect now (none inside
+    ``unwrap_model_for_generation`` / a gather-once generation block, where they are bypassed; DeepSpeed removes
+    and re-registers its hooks there)."""
+
+    def __init__(self, owner: HookOwner) -> None:
+        self._owner = owner
+
+    @property
+    def forward_hooks(self) -> list[RemovableHandle]:
+        """The handles of the fetch/release forward (pre-)hooks in effect (a fresh list on every read)."""
+        return self._owner.forward_hooks()
 
 
 class ZeroOptimizer(torch.optim.Optimizer):
@@ -211,6 +238,13 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """``{sub_group: [gradient parts]}``, as :meth:`get_fp32_grad_partitions` (gradients are reduced at the end
         of every backward here, so ``engine.allreduce_gradients()`` has nothing left to do)."""
         return {j: _grad_parts(sg) for j, sg in enumerate(self._sub_groups())}
+
+    @property
+    def parameter_offload(self) -> ParameterFetch:
+        """Stage 3 only: the parameter fetch hooks' owner (:class:`ParameterFetch`)."""
+        if self._stage != 3:
+            raise AttributeError(f"parameter_offload: DeepSpeed's ZeRO-3 name (this engine runs stage {self._stage})")
+        return ParameterFetch(self._host.coordinator)
 
     @property
     def _global_grad_norm(self) -> float | None:

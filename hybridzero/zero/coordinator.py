@@ -82,6 +82,7 @@ class ZeroCoordinator(PhaseMachine):
         self.bypass = False  # hybrid generation: everything is gathered and pinned; hooks do nothing
         self._in_flight_before: BaseException | None = None  # exception being handled when the root forward began
         self._handles: list[RemovableHandle] = []
+        self._forward_handles: list[RemovableHandle] = []  # the module forward (pre-)hooks among ``_handles``
         self._restore_handles: list[RemovableHandle] = []  # while the persistent group is evicted (evict_whole)
         self._root = next((g for g in groups if g.owner == ""), None)
         self._timer = reducer.comm.ledger.timer  # the step profile: every hook body is a "hooks" region
@@ -91,13 +92,10 @@ class ZeroCoordinator(PhaseMachine):
     def _install(self, module: nn.Module) -> None:
         modules = dict(module.named_modules())
         timed = self._timed
-        self._handles.append(module.register_forward_pre_hook(timed(self._root_pre_forward)))
-        self._handles.append(module.register_forward_hook(timed(self._root_post_forward), always_call=True))
+        self._hook_forward(module, self._root_pre_forward, self._root_post_forward, always_call=True)
         for group in self.groups:
             if group.owner:
-                sub = modules[group.owner]
-                self._handles.append(sub.register_forward_pre_hook(timed(self._block_pre_hook(group))))
-                self._handles.append(sub.register_forward_hook(timed(self._block_post_hook(group))))
+                self._hook_forward(modules[group.owner], self._block_pre_hook(group), self._block_post_hook(group))
             for i, slot in enumerate(group.slots):
                 if slot.trainable:
                     hook = timed(self._grad_hook(group, i))
@@ -106,8 +104,23 @@ class ZeroCoordinator(PhaseMachine):
             root_params = {id(slot.param) for slot in self._root.slots}
             for sub in module.modules():
                 if sub is not module and any(id(p) in root_params for p in sub.parameters(recurse=False)):
-                    self._handles.append(sub.register_forward_pre_hook(timed(self._entry_pre_hook)))
-                    self._handles.append(sub.register_forward_hook(timed(self._entry_post_hook), always_call=True))
+                    self._hook_forward(sub, self._entry_pre_hook, self._entry_post_hook, always_call=True)
+
+    def _hook_forward(
+        self, sub: nn.Module, pre: Callable[..., Any], post: Callable[..., Any], always_call: bool = False
+    ) -> None:
+        """Register ``pre``/``post`` (timed) as ``sub``'s forward pre-hook and forward hook."""
+        handles = [
+            sub.register_forward_pre_hook(self._timed(pre)),
+            sub.register_forward_hook(self._timed(post), always_call=always_call),
+        ]
+        self._handles += handles
+        self._forward_handles += handles
+
+    def forward_hooks(self) -> list[RemovableHandle]:
+        """The module forward hooks that fetch and release parameters, as in effect now: none while bypassed (a
+        gather-once generation block) or after :meth:`remove_hooks`."""
+        return [] if self.bypass else list(self._forward_handles)
 
     def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
         """``fn`` with its body charged to the step profile's "hooks" region (a no-op context while it is off)."""
@@ -127,6 +140,7 @@ class ZeroCoordinator(PhaseMachine):
         for handle in self._handles:
             handle.remove()
         self._handles.clear()
+        self._forward_handles.clear()
 
     # --- the persistent group's eviction (empty_partition_cache) ----------------------------------------------
     def evict_whole(self) -> None:

@@ -88,6 +88,24 @@ class ZeroParameter(nn.Parameter):
         most ``stage3_param_persistence_threshold`` elements; never under ``zero.Init`` before an engine owns it)."""
         return bool(self._ask("ds_persist"))
 
+    def ds_summary(self) -> dict[str, Any]:
+        """DeepSpeed's one-line description of the parameter (for logs and assertion messages): its id, status,
+        local and full sizes and shapes, ``requires_grad``, the local gradient's shape, persistence, and the local
+        part's shape (read from the owner now)."""
+        grad = self.grad
+        return {
+            "id": self.ds_id,
+            "status": self.ds_status.name,
+            "numel": self.numel(),
+            "ds_numel": self.ds_numel,
+            "shape": tuple(self.shape),
+            "ds_shape": tuple(self.ds_shape),
+            "requires_grad": self.requires_grad,
+            "grad_shape": tuple(grad.shape) if grad is not None else None,
+            "persist": self.ds_persist,
+            "ds_tensor.shape": tuple(self.ds_tensor.shape),
+        }
+
 
 def _swap(params: Iterable[nn.Parameter], old: type[nn.Parameter], new: type[nn.Parameter]) -> None:
     for p in params:

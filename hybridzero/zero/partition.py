@@ -1,8 +1,9 @@
 """Which parameters form which gather group (pure functions of the module tree).
 
 Default plan, generic for any Hugging Face causal LM (nothing is special-cased per architecture):
-* the transformer blocks are the children of the largest ``nn.ModuleList`` whose children all share one class;
-  each block is one gather group, gathered around the block's forward;
+* the transformer blocks are the children of the largest ``nn.ModuleList`` whose children all share one class (in
+  a model without one, of the largest such ``nn.Sequential``); each block is one gather group, gathered around the
+  block's forward;
 * every other parameter (embeddings, final norms, heads, projections such as OPT's project_in/out) joins the
   *root* group, gathered for the whole root forward;
 * a parameter reachable from more than one block, or from a block and outside it (tied weights), joins the root
@@ -46,12 +47,25 @@ class GroupPlan:
 
 
 def find_blocks(module: nn.Module) -> list[str]:
-    """Qualified names of the transformer blocks: children of the largest homogeneous ``nn.ModuleList``."""
-    best: tuple[int, str, nn.ModuleList] | None = None
+    """Qualified names of the transformer blocks: the children of the largest homogeneous ``nn.ModuleList`` (every
+    Hugging Face decoder), or, in a model with none, of the largest homogeneous ``nn.Sequential`` (``nn.Sequential(
+    *blocks)`` stacks, as timm's vision transformers build them). Empty when there is neither: everything is then in
+    the root group."""
+    for kind in (nn.ModuleList, nn.Sequential):
+        found = _largest_homogeneous(module, kind)
+        if found:
+            return found
+    return []
+
+
+def _largest_homogeneous(module: nn.Module, kind: type[nn.Module]) -> list[str]:
+    """The children's names of the ``kind`` container whose children all share one class and which holds the most
+    parameter elements (the first of equals); empty if none holds any."""
+    best: tuple[int, str, nn.Module] | None = None
     for name, sub in module.named_modules():
-        if not isinstance(sub, nn.ModuleList) or len(sub) == 0:
+        if not isinstance(sub, kind) or len(list(sub.children())) == 0:
             continue
-        if len({type(child) for child in sub}) != 1:
+        if len({type(child) for child in sub.children()}) != 1:
             continue
         size = sum(p.numel() for p in sub.parameters())
         if size > 0 and (best is None or size > best[0]):
@@ -59,7 +73,7 @@ def find_blocks(module: nn.Module) -> list[str]:
     if best is None:
         return []
     _, prefix, blocks = best
-    return [f"{prefix}.{i}" if prefix else str(i) for i in range(len(blocks))]
+    return [f"{prefix}.{child}" if prefix else child for child, _ in blocks.named_children()]
 
 
 def _owner_of(param_names: Sequence[str], blocks: Sequence[str]) -> str:

@@ -219,7 +219,7 @@ def test_ds_attributes_of_zero3_parameters(world) -> None:
     got = pool.run(ds_attributes, spec)
     full = {n: p.detach() for n, p in build_model(spec).named_parameters()}  # the engine's start values
     for r in got:
-        checks = ("write_lost", "status", "shape", "ids", "persist", "local", "copy_unowned", "destroyed")
+        checks = ("write_lost", "status", "shape", "ids", "persist", "local", "copy_unowned", "destroyed", "summary")
         assert all(r[c] for c in checks), {c: r[c] for c in checks}
     for name, value in full.items():
         parts = [r["parts"][name] for r in got]
@@ -239,7 +239,7 @@ def test_unwrap_model_for_generation(world) -> None:
     with_unwrap = pool.run(unwrap_for_generation, spec, True)
     plain = pool.run(unwrap_for_generation, spec, False)
     for a, b in zip(with_unwrap, plain):
-        assert all(a["checks"]) and len(a["checks"]) == 3 * spec.steps + 1, a["checks"]
+        assert all(a["checks"]) and len(a["checks"]) == 4 * spec.steps + 1, a["checks"]
         assert torch.equal(a["losses"], b["losses"])
         assert len(a["tokens"]) == spec.steps and all(len(t) == 3 for t in a["tokens"])
 

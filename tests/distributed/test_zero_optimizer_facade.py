@@ -37,7 +37,7 @@ def _check(got: list[dict[str, Any]], spec: RunSpec) -> None:
     frozen = {n for n, p in build_model(spec).named_parameters() if not p.requires_grad}
     for r in got:
         flags = ("agree", "grads_were_live", "identity", "leaves_stepped_in_place", "lr_shared", "overflow")
-        flags += ("missing_named", "partitions")
+        flags += ("missing_named", "partitions", "fetch_hooks")
         assert all(r[f] for f in flags), {f: r[f] for f in flags}
         assert r["step_counts"] and all(s == r["global_steps"] == 2 for s in r["step_counts"]), r["step_counts"]
         norm, engine_norm = r["norm"]

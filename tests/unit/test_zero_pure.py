@@ -76,6 +76,51 @@ def test_plan_covers_every_parameter_once(name: str) -> None:
     assert plans[0].name == ROOT and [p.name for p in plans[1:]] == blocks
 
 
+class _Block(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.fc = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.fc(x))
+
+
+def test_blocks_of_a_sequential_stack_when_no_module_list() -> None:
+    """A model without a homogeneous ``nn.ModuleList`` (timm-style ``nn.Sequential(*blocks)``) gets the largest
+    homogeneous ``nn.Sequential``'s children as blocks (before: one root group, gathered for the whole forward);
+    mixed Sequentials (Linear, ReLU, ...) are not stacks; a ModuleList of blocks still wins over a Sequential."""
+
+    class Vit(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(3, 7)
+            self.blocks = nn.Sequential(*[_Block(7) for _ in range(3)])
+            self.head = nn.Sequential(nn.Linear(7, 5), nn.ReLU(), nn.Linear(5, 2))  # mixed: not a stack
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.blocks(self.embed(x)))
+
+    vit = Vit()
+    assert find_blocks(vit) == ["blocks.0", "blocks.1", "blocks.2"]
+    plans = plan_groups(vit, persistence_threshold=0)
+    assert [p.name for p in plans] == [ROOT, "blocks.0", "blocks.1", "blocks.2"]
+    assert plans[1].param_names == ("blocks.0.fc.weight", "blocks.0.fc.bias")
+    assert set(plans[0].param_names) == {n for n, _ in vit.named_parameters() if not n.startswith("blocks.")}
+    named = nn.Sequential()
+    named.add_module("first", _Block(5))
+    named.add_module("second", _Block(5))
+    assert find_blocks(named) == ["first", "second"]  # its own child names
+    assert find_blocks(nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 2))) == []
+
+    class Both(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([_Block(3), _Block(3)])
+            self.big = nn.Sequential(_Block(11), _Block(11))
+
+    assert find_blocks(Both()) == ["layers.0", "layers.1"]
+
+
 def test_tied_weights_go_to_root_and_small_ones_persist() -> None:
     model = MODEL_FACTORIES["gpt2_tied"]()
     plans = plan_groups(model, persistence_threshold=100)

@@ -339,6 +339,23 @@ def ds_attributes(spec: RunSpec) -> dict[str, Any]:
         "local": local_ok,
         "parts": parts,
         "copy_unowned": not hasattr(copy.deepcopy(next(iter(named.values()))), "ds_id"),
+        # ds_summary(): DeepSpeed's description, read from the same answers (its tests put it in assertion messages)
+        "summary": all(
+            p.ds_summary()
+            == {
+                "id": p.ds_id,
+                "status": p.ds_status.name,
+                "numel": p.numel(),
+                "ds_numel": eager[n].numel(),
+                "shape": tuple(p.shape),
+                "ds_shape": tuple(eager[n].shape),
+                "requires_grad": p.requires_grad,
+                "grad_shape": None,
+                "persist": p.ds_persist,
+                "ds_tensor.shape": (parts[n].numel(),),
+            }
+            for n, p in named.items()
+        ),
     }
     name, probe = next(iter(named.items()))
     probe.ds_tensor.fill_(123.0)  # a copy: the write is lost (README, "Differences, on purpose")
@@ -372,7 +389,10 @@ def unwrap_for_generation(spec: RunSpec, use_unwrap: bool) -> dict[str, Any]:
         first = next(m for m in engine.module.modules() if m is not engine.module)
         first.eval()  # a submodule the user put in eval mode keeps it through the block (and the nested generate)
         modes = [m.training for m in engine.module.modules()]
+        fetch = engine.optimizer.parameter_offload  # DeepSpeed's owner of the fetch hooks (its test_unwrap_model)
+        hooks_before = len(fetch.forward_hooks)
         with unwrap_model_for_generation(engine) as unwrapped, torch.no_grad():
+            hooks_inside = len(fetch.forward_hooks)
             mark = engine.comm_ledger().copy()
             whole = all(  # a frozen parameter's fp32 read is None (as in DeepSpeed): its full shape is checked
                 p.shape == p.ds_shape and (full[n] is None or torch.equal(p.float(), full[n])) for n, p in named.items()
@@ -383,6 +403,9 @@ def unwrap_for_generation(spec: RunSpec, use_unwrap: bool) -> dict[str, Any]:
             kept = [m.training for m in engine.module.modules()] == modes
             checks.append(whole and quiet and kept and unwrapped is engine and torch.equal(out, again))
         checks.append([m.training for m in engine.module.modules()] == modes)
+        # two per hooked module (root, blocks, root-parameter holders) outside the block, none in effect inside
+        hooked = 1 + engine.module.config.num_hidden_layers  # at least the root and every block
+        checks.append(hooks_inside == 0 and hooks_before == len(fetch.forward_hooks) >= 2 * hooked)
         first.train()
         tokens.append(out[0, 4:].tolist())
         checks.append(any(p.numel() == 0 for p in named.values()))  # partitioned again

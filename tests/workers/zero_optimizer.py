@@ -109,10 +109,14 @@ def facade_run(spec: Any) -> dict[str, Any]:
     out["scale"] = (opt.loss_scale, opt.cur_scale, engine.loss_scale)
     out["overflow"] = opt.overflow is engine.overflow is False
     try:
-        opt.parameter_offload  # noqa: B018 - DeepSpeed's hook owner: not provided, and the error says whose it is
-        out["missing_named"] = False
+        opt.fp32_groups_gradients_flat  # noqa: B018 - BF16_Optimizer's whole flat gradient: not provided, and the
+        out["missing_named"] = False  # error says whose optimizer was asked
     except AttributeError as exc:
-        out["missing_named"] = "ZeroOptimizer over AdamW" in str(exc) and "parameter_offload" in str(exc)
+        out["missing_named"] = "ZeroOptimizer over AdamW" in str(exc) and "fp32_groups_gradients_flat" in str(exc)
+    try:  # DeepSpeed's owner of the ZeRO-3 fetch hooks: its forward hooks at stage 3, refused naming the stage else
+        out["fetch_hooks"] = len(opt.parameter_offload.forward_hooks) > 0 and spec.stage == 3
+    except AttributeError as exc:
+        out["fetch_hooks"] = spec.stage != 3 and f"runs stage {spec.stage}" in str(exc)
     opt.param_groups[0]["lr"] = 0.125  # a write through the facade is the torch optimizer's
     out["lr_shared"] = inner.param_groups[0]["lr"] == 0.125 and engine.get_lr()[0] == 0.125
     engine.destroy()
