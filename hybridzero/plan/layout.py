@@ -15,6 +15,7 @@ from torch import nn
 
 from hybridzero.config import Config
 from hybridzero.optim import sharded
+from hybridzero.zero.external import external_parameter_names
 from hybridzero.zero.group_types import ShardMode, stage_mode
 from hybridzero.zero.layout import FlatLayout, build_layout, intersect
 from hybridzero.zero.leaf import leaf_module_names
@@ -93,7 +94,8 @@ def group_shapes(module: nn.Module, cfg: Config, world_size: int) -> list[GroupS
     index_of, _ = sharded.optimizer_groups(module, None, None)
     out: list[GroupShape] = []
     leaves = leaf_module_names(module) if cfg.zero.stage == 3 else []
-    for i, plan in enumerate(plan_groups(module, threshold, leaves=leaves)):
+    external = external_parameter_names(module) if cfg.zero.stage == 3 else set()
+    for i, plan in enumerate(plan_groups(module, threshold, leaves=leaves, external=external)):
         params = [(n, module.get_parameter(n)) for n in plan.param_names]
         named = sharded.order_for_optimizer(params, index_of)
         group_mode = ShardMode.PERSISTENT if plan.replicated else mode

@@ -46,6 +46,7 @@ from hybridzero.runtime.zero_optimizer import ZeroOptimizer
 from hybridzero.tensor_source import TensorSource
 from hybridzero.zero import leaf, materialize
 from hybridzero.zero.coordinator import ZeroCoordinator
+from hybridzero.zero.external import external_parameter_names
 from hybridzero.zero.gathered import ZeroParamOwner
 from hybridzero.zero.groups import ShardedGroup, ShardMode, stage_mode
 from hybridzero.zero.init_source import init_stores, release_from_init, stage_group
@@ -176,7 +177,8 @@ class Engine(EngineTraining, EngineServices, DeepSpeedEngineAPI, nn.Module):  # 
             leaf.apply_leaf_config(self.module, cfg.classes, cfg.names, cfg.name_suffixes)
             leaves = leaf.leaf_module_names(self.module)
         groups = []
-        for i, plan in enumerate(plan_groups(self.module, threshold, blocks, leaves)):
+        external = external_parameter_names(self.module) if stage == 3 else set()  # register_external_parameter
+        for i, plan in enumerate(plan_groups(self.module, threshold, blocks, leaves, external)):
             if meta:
                 params = materialize.materialize_group(
                     self.module,

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
+from hybridzero.zero.external import register_external_parameter, unregister_external_parameter
 from hybridzero.zero.gathered import GatheredParameters
 from hybridzero.zero.init import Init
 
-__all__ = ["GatheredParameters", "Init"]
+__all__ = ["GatheredParameters", "Init", "register_external_parameter", "unregister_external_parameter"]

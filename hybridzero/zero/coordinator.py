@@ -46,6 +46,7 @@ import torch
 from torch import nn
 from torch.utils.hooks import RemovableHandle
 
+from hybridzero.zero.external import external_parameters
 from hybridzero.zero.groups import GroupState, ShardedGroup
 from hybridzero.zero.phases import Phase, PhaseMachine, iter_tensors
 from hybridzero.zero.prefetch import Prefetcher
@@ -103,7 +104,8 @@ class ZeroCoordinator(PhaseMachine):
         if self._root is not None:
             root_params = {id(slot.param) for slot in self._root.slots}
             for sub in module.modules():
-                if sub is not module and any(id(p) in root_params for p in sub.parameters(recurse=False)):
+                used = [*sub.parameters(recurse=False), *external_parameters(sub)]  # its own, and registered ones
+                if sub is not module and any(id(p) in root_params for p in used):
                     self._hook_forward(sub, self._entry_pre_hook, self._entry_post_hook, always_call=True)
 
     def _hook_forward(

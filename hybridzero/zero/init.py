@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Any, Self, cast
@@ -42,7 +43,7 @@ from hybridzero.comm.collectives import Comm, init_distributed
 from hybridzero.comm.ledger import Ledger
 from hybridzero.config import load_config
 from hybridzero.zero.init_store import InitStore
-from hybridzero.zero.param_view import adopt
+from hybridzero.zero.param_view import ZeroParameter, adopt
 from hybridzero.zero.registry import REGISTRY
 
 __all__ = ["MAX_OPEN", "Init"]
@@ -63,7 +64,14 @@ class _OpenOnUse(TorchFunctionMode):
         kwargs = kwargs or {}
         if not self.store.busy:
             self._prepare(_tensors_in((args, kwargs)))
-        return func(*args, **kwargs)
+        out = func(*args, **kwargs)
+        if func is torch.Tensor.detach and isinstance(args[0], ZeroParameter) and _from_parameter_new():
+            # ``nn.Parameter(p)`` of a partitioned ``p`` (torch's parametrizations, e.g. the ``weight_norm`` of HF's
+            # audio models, inside ``GatheredParameters``): torch builds a parameter from a subclass instance only
+            # if ``detach()`` keeps the class, so the new parameter is a ZeroParameter no one owns yet (no ``ds_*``
+            # attributes) sharing the current (whole) value; registering it on a module partitions it as usual.
+            return torch.Tensor._make_subclass(type(args[0]), out, False)
+        return out
 
     def _prepare(self, tensors: list[torch.Tensor]) -> None:
         store = self.store
@@ -74,6 +82,11 @@ class _OpenOnUse(TorchFunctionMode):
             wanted += [by_storage[ptr] for ptr in map(_storage_ptr, tensors) if ptr in by_storage]
         if wanted:
             store.use(wanted, MAX_OPEN)
+
+
+def _from_parameter_new() -> bool:
+    """Whether the torch call being handled was made by ``nn.Parameter.__new__`` (the frame above the mode's)."""
+    return sys._getframe(2).f_code is nn.Parameter.__new__.__code__
 
 
 def _tensors_in(obj: Any) -> list[torch.Tensor]:

@@ -7,7 +7,8 @@ Default plan, generic for any Hugging Face causal LM (nothing is special-cased p
 * every other parameter (embeddings, final norms, heads, projections such as OPT's project_in/out) joins the
   *root* group, gathered for the whole root forward;
 * a parameter reachable from more than one block, or from a block and outside it (tied weights), joins the root
-  group, so it is gathered whenever any user of it runs;
+  group, so it is gathered whenever any user of it runs; so does one registered as used outside its module
+  (``register_external_parameter``, :mod:`hybridzero.zero.external`);
 * parameters with ``numel <= persistence_threshold`` (DeepSpeed's rule) stay whole on every rank (the *persistent*
   group);
 * a block mixing trainable and frozen parameters becomes two groups with the same owner (see
@@ -23,7 +24,7 @@ Invariant: every trainable or frozen parameter of the module is in exactly one g
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from torch import nn
@@ -132,12 +133,17 @@ def apply_leaves(module: nn.Module, blocks: Sequence[str], leaves: Sequence[str]
 
 
 def plan_groups(
-    module: nn.Module, persistence_threshold: int, blocks: Sequence[str] | None = None, leaves: Sequence[str] = ()
+    module: nn.Module,
+    persistence_threshold: int,
+    blocks: Sequence[str] | None = None,
+    leaves: Sequence[str] = (),
+    external: Collection[str] = (),
 ) -> list[GroupPlan]:
     """Gather groups for ``module``: root first, then blocks in order, then the persistent group (if any).
 
     Empty groups are omitted. ``blocks`` overrides :func:`find_blocks`; ``leaves`` are the ZeRO-3 leaf modules
-    (:func:`apply_leaves`).
+    (:func:`apply_leaves`); ``external`` names parameters registered as used outside their module
+    (:mod:`hybridzero.zero.external`): they join the root group (or the persistent one, if small enough).
     """
     block_names = apply_leaves(module, list(find_blocks(module) if blocks is None else blocks), leaves)
     by_first = param_aliases(module)
@@ -150,6 +156,8 @@ def plan_groups(
     for pid, first in canonical.items():
         if sizes[first] <= persistence_threshold:  # DeepSpeed's rule (mark_persistent_parameters)
             persistent.append(first)
+        elif first in external:
+            members[""].append(first)
         else:
             members[_owner_of(aliases[pid], block_names)].append(first)
     plans = [GroupPlan(ROOT, "", tuple(members[""]))] if members[""] else []

@@ -17,6 +17,7 @@ from tests.workers.zero_init import (
     init_ds_attributes,
     init_peak_memory,
     module_argument_partitions_a_built_model,
+    parameter_of_a_partitioned_one,
 )
 
 
@@ -131,3 +132,13 @@ def test_init_edit_without_modifier_raises_on_every_rank(world, editors: tuple[i
     for r in got:
         assert r["message"] is not None and "in-place modification" in r["message"], r
         assert f"rank(s) {list(editors)}" in r["message"] and r["kept"] and r["quiet"], r
+
+
+def test_parameter_of_a_partitioned_parameter(world) -> None:
+    """``nn.Parameter(p)`` of a partitioned ``p`` inside ``GatheredParameters`` works as with DeepSpeed's plain
+    parameters (torch's ``Parameter`` accepts a subclass instance only if ``detach()`` keeps its class, which the
+    block's torch-function mode grants for that one call): the new parameter is unowned and whole, is partitioned
+    when registered, and ``weight_norm`` of a partitioned conv trains under the engine."""
+    got = world(2).run(parameter_of_a_partitioned_one)
+    assert all(r["fresh"] and r["whole"] and r["owned"] and r["back"] for r in got), got
+    assert got[0]["loss"] == got[1]["loss"] > 0

@@ -36,11 +36,12 @@ def write_tiny_model(path: Path) -> Path:
     return path
 
 
-def torchrun(script: str, world: int, args: list[str], timeout: int = 600) -> None:
-    """Run ``examples/<script>`` under ``torch.distributed.run`` with ``world`` local ranks; fail with its output."""
+def torchrun(script: str, world: int, args: list[str], timeout: int = 600, where: Path = REPO / "examples") -> None:
+    """Run ``where/<script>`` (an example by default) under ``torch.distributed.run`` with ``world`` local ranks;
+    fail with its output."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world}"]
     proc = subprocess.run(
-        [*cmd, str(REPO / "examples" / script), *args],
+        [*cmd, str(where / script), *args],
         env=ENV,
         capture_output=True,
         text=True,

@@ -28,6 +28,8 @@ _PROVIDED = {
     "deepspeed.runtime.engine.DeepSpeedEngine": "hybridzero.Engine",
     "deepspeed.zero.Init": "hybridzero.zero.Init",
     "deepspeed.zero.GatheredParameters": "hybridzero.zero.GatheredParameters",
+    "deepspeed.zero.register_external_parameter": "hybridzero.zero.register_external_parameter",
+    "deepspeed.zero.unregister_external_parameter": "hybridzero.zero.unregister_external_parameter",
     "deepspeed.runtime.zero.GatheredParameters": "hybridzero.zero.GatheredParameters",
     "deepspeed.comm.get_rank": "hybridzero.comm.get_rank",
     "deepspeed.comm.is_initialized": "hybridzero.comm.is_initialized",
@@ -68,7 +70,6 @@ _VALUES = [
 ]
 _STAND_INS = [
     "deepspeed.tp_model_init",
-    "deepspeed.zero.register_external_parameter",
 ]
 _UNSERVED_MODULES = [
     "deepspeed.ops.lion",

@@ -192,3 +192,39 @@ def test_ledger_window_without_reset() -> None:
     window = ledger.since(mark)
     assert window.total().calls == 2 and window.total("all_gather").bytes == 100
     assert ledger.total("broadcast").calls == 2 and mark.total().calls == 1
+
+
+def test_registered_external_parameters_join_the_root_group() -> None:
+    """``register_external_parameter(module, p)`` before ``initialize``: ``p`` leaves its block's group for the root
+    group (persistent if small enough); unregistering undoes it; a parameter of another model is refused by name."""
+    from hybridzero.zero.external import (
+        external_parameter_names,
+        register_external_parameter,
+        unregister_external_parameter,
+    )
+
+    class Two(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layers = nn.ModuleList([_Block(7), _Block(7)])
+
+    model = Two()
+    register_external_parameter(model.layers[1], model.layers[0].fc.weight)
+    register_external_parameter(model.layers[1], model.layers[0].fc.bias)
+    assert external_parameter_names(model) == {"layers.0.fc.weight", "layers.0.fc.bias"}
+    names = external_parameter_names(model)
+    plans = {p.name: p.param_names for p in plan_groups(model, persistence_threshold=7, external=names)}
+    assert plans == {
+        ROOT: ("layers.0.fc.weight",),
+        "layers.1": ("layers.1.fc.weight",),
+        PERSISTENT: ("layers.0.fc.bias", "layers.1.fc.bias"),
+    }
+    unregister_external_parameter(model.layers[1], model.layers[0].fc.weight)
+    assert external_parameter_names(model) == {"layers.0.fc.bias"}
+    with pytest.raises(ValueError, match="not registered"):
+        unregister_external_parameter(model.layers[1], model.layers[0].fc.weight)
+    register_external_parameter(model.layers[0], nn.Parameter(torch.zeros(3)))
+    with pytest.raises(ValueError, match="'layers.0'.*not a parameter of the model"):
+        external_parameter_names(model)
+    with pytest.raises(TypeError, match="nn.Parameter"):
+        register_external_parameter(model, torch.zeros(3))  # type: ignore[arg-type]

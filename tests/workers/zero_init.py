@@ -377,3 +377,38 @@ def init_ds_attributes(stage: int) -> dict[str, Any]:
     engine.destroy()
     out["destroyed"] = type(w) is nn.Parameter and not hasattr(w, "ds_id")
     return out
+
+
+def parameter_of_a_partitioned_one() -> dict[str, Any]:
+    """``nn.Parameter(p)`` of a ``zero.Init`` parameter inside ``GatheredParameters`` (torch's parametrizations do it:
+    ``weight_norm``): a new parameter no one owns yet, of the whole value; once registered on a module of the block it
+    is partitioned like any other (``ds_shape`` its shape) and reads back whole inside ``GatheredParameters``. The
+    engine then trains the parametrized module."""
+    import hybridzero
+    from hybridzero.zero import GatheredParameters, Init
+
+    hybridzero.init_distributed()
+    torch.manual_seed(0)
+    want = nn.Linear(5, 7).weight.detach().clone()
+    torch.manual_seed(0)
+    cfg = {"train_batch_size": 2 * torch.distributed.get_world_size(), "zero_optimization": {"stage": 3}}
+    with Init(config_dict_or_path=cfg):
+        lin = nn.Linear(5, 7)
+        with GatheredParameters(lin.weight, modifier_rank=0):
+            p = nn.Parameter(lin.weight)
+            fresh = isinstance(p, nn.Parameter) and p is not lin.weight and not hasattr(p, "ds_id")
+            whole = torch.equal(p.detach(), want)
+        holder = nn.Module()
+        holder.w = p
+        conv = nn.Conv1d(3, 5, 3)
+        with GatheredParameters(conv.weight, modifier_rank=0):
+            conv = nn.utils.parametrizations.weight_norm(conv, name="weight", dim=2)
+    owned = hasattr(p, "ds_id") and p.ds_shape == want.shape
+    with GatheredParameters([p]):
+        back = torch.equal(p.detach(), want)
+    engine, *_ = hybridzero.initialize(model=conv, config={**cfg, "optimizer": {"type": "Adam", "params": {}}})
+    x = torch.randn(2, 3, 9, generator=torch.Generator().manual_seed(1))
+    loss = engine(x).square().mean()
+    engine.backward(loss)
+    engine.step()
+    return {"fresh": fresh, "whole": whole, "owned": owned, "back": back, "loss": loss.item()}
