@@ -36,7 +36,7 @@ __all__ = [
     "validate_scheduler_params",
 ]
 
-OPTIMIZER_TYPES: tuple[str, ...] = ("Adam", "AdamW", "SGD")
+OPTIMIZER_TYPES: tuple[str, ...] = ("Adam", "AdamW", "SGD", "Adagrad", "Lion")
 SCHEDULER_TYPES: tuple[str, ...] = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
 
 
@@ -102,8 +102,29 @@ class WarmupCosineLRParams(_Warmup):
     cos_min_ratio: Annotated[float, number(0.0, 1.0)] = 0.0001
 
 
+class AdagradParams(_TorchFlags):
+    """torch.optim.Adagrad arguments (DeepSpeed builds torch's Adagrad, or its CPU Adagrad of the same update and
+    defaults under optimizer offload)."""
+
+    lr: Annotated[float, number(0.0)] = 1e-2
+    lr_decay: Annotated[float, number(0.0)] = 0.0
+    weight_decay: Annotated[float, number(0.0)] = 0.0
+    initial_accumulator_value: Annotated[float, number(0.0)] = 0.0
+    eps: Annotated[float, number(0.0, lo_open=True)] = 1e-10
+
+
+class LionParams(_Params):
+    """DeepSpeed's FusedLion / CPU Lion arguments (:mod:`hybridzero.optim.lion`)."""
+
+    lr: Annotated[float, number(0.0)] = 1e-3
+    betas: Annotated[tuple[float, float], pair(0.0, 1.0, hi_open=True)] = (0.9, 0.999)
+    weight_decay: Annotated[float, number(0.0)] = 0.0
+    # FusedLion's zero_grad switch; the engine's zero_grad already sets None: no effect here
+    set_grad_none: Annotated[bool, boolean] = key(True, "set_grad_none", acts=False)
+
+
 OPTIMIZER_PARAMS: Mapping[str, type[_Params]] = MappingProxyType(
-    {"Adam": AdamParams, "AdamW": AdamParams, "SGD": SGDParams}
+    {"Adam": AdamParams, "AdamW": AdamParams, "SGD": SGDParams, "Adagrad": AdagradParams, "Lion": LionParams}
 )
 SCHEDULER_PARAMS: Mapping[str, type[_Params]] = MappingProxyType(
     {"WarmupLR": WarmupLRParams, "WarmupDecayLR": WarmupDecayLRParams, "WarmupCosineLR": WarmupCosineLRParams}
@@ -123,7 +144,7 @@ def _canonical(value: Any, key: str, supported: tuple[str, ...], what: str) -> s
 
 
 def canonical_optimizer_type(value: Any) -> str:
-    """``"Adam"``, ``"AdamW"`` or ``"SGD"`` for ``value`` in any case; ConfigError naming ``optimizer.type``."""
+    """One of :data:`OPTIMIZER_TYPES` for ``value`` in any case; ConfigError naming ``optimizer.type``."""
     return _canonical(value, "optimizer.type", OPTIMIZER_TYPES, "optimizers")
 
 
@@ -208,8 +229,9 @@ def optimizer_defaults(type_: str, params: Mapping[str, Any]) -> dict[str, Any]:
     For Adam/AdamW with ``torch_adam`` in AdamW mode the optimizer is ``torch.optim.AdamW``, whose ``weight_decay``
     default is 0.01 (FusedAdam's is 0).
     """
-    if type_ == "SGD":
-        return {k: v for k, v in SGDParams().model_dump().items() if k not in _TorchFlags.model_fields}
+    if type_ in ("SGD", "Adagrad", "Lion"):
+        plain = OPTIMIZER_PARAMS[type_]().model_dump().items()
+        return {k: v for k, v in plain if k not in _TorchFlags.model_fields and k != "set_grad_none"}
     names = ("lr", "betas", "eps", "weight_decay", "adam_w_mode", "torch_adam", "bias_correction", "amsgrad")
     defaults = {k: getattr(AdamParams(), k) for k in names}
     decoupled = type_ == "AdamW" or params.get("adam_w_mode", True)
@@ -261,7 +283,7 @@ class _TypedBlock(Block):
 
 
 class OptimizerConfig(_TypedBlock):
-    """The ``optimizer`` block: ``type`` canonical (``Adam``, ``AdamW``, ``SGD``; input case-insensitive);
+    """The ``optimizer`` block: ``type`` canonical (one of :data:`OPTIMIZER_TYPES`; input case-insensitive);
     ``params`` read-only, holding only the names the user gave, each valid for ``type`` (see
     :meth:`resolved_params` for the values with DeepSpeed's defaults filled in)."""
 
@@ -273,9 +295,12 @@ class OptimizerConfig(_TypedBlock):
 
     @property
     def decoupled_weight_decay(self) -> bool:
-        """AdamW-style weight decay. DeepSpeed: ``"AdamW"``, or ``"Adam"`` unless ``adam_w_mode`` is false."""
-        if self.type == "SGD":
+        """AdamW-style weight decay. DeepSpeed: ``"AdamW"``, or ``"Adam"`` unless ``adam_w_mode`` is false; ``"Lion"``
+        always; ``"SGD"`` and ``"Adagrad"`` add it to the gradient."""
+        if self.type in ("SGD", "Adagrad"):
             return False
+        if self.type == "Lion":
+            return True
         return self.type == "AdamW" or bool(self.params.get("adam_w_mode", True))
 
     def resolved_params(self) -> Mapping[str, Any]:

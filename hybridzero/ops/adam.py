@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from hybridzero.ops.states import require_fp32_states
+
 __all__ = ["DeepSpeedCPUAdam", "FusedAdam"]
 
 Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
@@ -83,11 +85,7 @@ class DeepSpeedCPUAdam(torch.optim.Adam):
         fp32_optimizer_states: bool = True,
     ) -> None:
         _check("DeepSpeedCPUAdam", bias_correction, amsgrad)
-        if not fp32_optimizer_states:
-            raise ValueError(
-                "DeepSpeedCPUAdam(fp32_optimizer_states=False) is not supported: optimizer state follows the fp32 "
-                "master parameters"
-            )
+        require_fp32_states("DeepSpeedCPUAdam", fp32_optimizer_states)
         super().__init__(
             model_params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay, decoupled_weight_decay=adamw_mode
         )

@@ -5,11 +5,13 @@ DeepSpeed compiles C++/CUDA ops through builder classes; user code and tests ask
 nothing: a builder is compatible exactly when hybridzero provides that op's Python API, which matches what
 DeepSpeed's CPU accelerator answers for the ops it has:
 
-* ``cpu_adam``, ``fused_adam`` (``deepspeed.ops.adam``'s ``DeepSpeedCPUAdam`` / ``FusedAdam``), ``pin_memory``:
-  compatible;
+* ``cpu_adam``, ``fused_adam`` (``deepspeed.ops.adam``'s ``DeepSpeedCPUAdam`` / ``FusedAdam``), ``cpu_adagrad``
+  (``deepspeed.ops.adagrad.DeepSpeedCPUAdagrad``), ``cpu_lion``, ``fused_lion`` (``deepspeed.ops.lion``'s
+  ``DeepSpeedCPULion`` / ``FusedLion``), ``pin_memory``: compatible (DeepSpeed's CPU accelerator has all but
+  ``fused_lion``, a CUDA kernel there; here it is the same torch code as ``cpu_lion``);
 * ``async_io`` (NVMe offload): compatible where DeepSpeed's would be, i.e. where libaio is installed (its shared
   library and header); hybridzero's own NVMe offload needs neither and works everywhere;
-* every other op (inference kernels, Lamb, Lion, Adagrad, quantizers, sparse attention, oneCCL...): not compatible.
+* every other op (inference kernels, Lamb, quantizers, sparse attention, oneCCL...): not compatible.
 
 ``load()`` never compiles: it raises ``NotImplementedError`` naming the op (hybridzero's ops are plain torch).
 Builders are stateless; :data:`COMPATIBLE_OPS` is an immutable view computed once at import.
@@ -26,7 +28,7 @@ import torch
 
 __all__ = ["ALL_BUILDERS", "COMPATIBLE_OPS", "OpBuilder", "builder_named"]
 
-_PROVIDED = frozenset({"cpu_adam", "fused_adam", "pin_memory"})
+_PROVIDED = frozenset({"cpu_adam", "fused_adam", "cpu_adagrad", "cpu_lion", "fused_lion", "pin_memory"})
 _LIBAIO_HEADERS = ("/usr/include/libaio.h", "/usr/local/include/libaio.h")
 
 

@@ -35,8 +35,9 @@ rule below holds whichever way the optimizer is described:
   itself steps a multi-tensor / vectorized kernel here (FusedAdam, DeepSpeedCPUAdam). Client
   optimizers are rebuilt exactly as the user built them.
 
-The optimizer math itself is always torch's own Adam/AdamW/SGD; no state is shared between
-instances and nothing here is stored at module level.
+The optimizer math itself is torch's own Adam/AdamW/SGD/Adagrad, or :class:`hybridzero.optim.lion.Lion` (torch has
+no Lion; DeepSpeed's config names it); no state is shared between instances and nothing here is stored at module
+level.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ import torch
 
 from hybridzero.config import canonical_optimizer_type, validate_optimizer_params
 from hybridzero.config.optim import OPTIMIZER_TYPES
+from hybridzero.optim.lion import Lion
 
 __all__ = [
     "SUPPORTED_OPTIMIZERS",
@@ -63,6 +65,9 @@ SUPPORTED_OPTIMIZERS: tuple[str, ...] = OPTIMIZER_TYPES
 _DEEPSPEED_ADAM_WEIGHT_DECAY: float = 0.0
 # DeepSpeed-only switches: they pick an implementation, torch's constructors do not take them.
 _DEEPSPEED_SWITCHES: tuple[str, ...] = ("torch_adam", "adam_w_mode", "bias_correction", "set_grad_none")
+# The classes whose foreach step is checked bitwise equal to the per-tensor loop (Lion is always multi-tensor;
+# Adagrad keeps torch's choice).
+_FOREACH_BY_DEFAULT: tuple[type[torch.optim.Optimizer], ...] = (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD)
 
 
 def _torch_class_and_kwargs(
@@ -71,6 +76,10 @@ def _torch_class_and_kwargs(
     """The torch class and constructor kwargs for validated ``params`` of optimizer type ``canonical``."""
     if canonical == "SGD":
         return torch.optim.SGD, dict(params)
+    if canonical == "Adagrad":
+        return torch.optim.Adagrad, dict(params)
+    if canonical == "Lion":
+        return Lion, {k: v for k, v in params.items() if k != "set_grad_none"}
     kwargs = {k: v for k, v in params.items() if k not in _DEEPSPEED_SWITCHES}
     if not params.get("torch_adam", False):
         kwargs.setdefault("weight_decay", _DEEPSPEED_ADAM_WEIGHT_DECAY)
@@ -84,15 +93,15 @@ def build_optimizer(
     """Build a torch optimizer from a DeepSpeed ``optimizer`` block.
 
     Args:
-        opt_type: the block's ``type`` (``"Adam"``, ``"AdamW"`` or ``"SGD"``).
+        opt_type: the block's ``type`` (``"Adam"``, ``"AdamW"``, ``"SGD"``, ``"Adagrad"`` or ``"Lion"``).
         params: the block's ``params`` mapping (not modified).
         param_groups: torch-style groups, each a dict with ``"params"`` and optional
             per-group overrides (e.g. ``weight_decay``) that take precedence over ``params``.
 
     Returns:
         ``torch.optim.AdamW`` when the effective DeepSpeed mode is decoupled weight decay,
-        ``torch.optim.Adam`` for ``type: Adam`` with ``adam_w_mode: false``, or
-        ``torch.optim.SGD``.
+        ``torch.optim.Adam`` for ``type: Adam`` with ``adam_w_mode: false``, ``torch.optim.SGD``,
+        ``torch.optim.Adagrad``, or :class:`hybridzero.optim.lion.Lion`.
 
     Raises:
         ConfigError (a ValueError): unknown type or param, or an invalid value (naming ``optimizer.type`` or
@@ -100,7 +109,8 @@ def build_optimizer(
     """
     canonical = canonical_optimizer_type(opt_type)
     cls, kwargs = _torch_class_and_kwargs(canonical, validate_optimizer_params(canonical, params))
-    if not any(kwargs.get(flag) is not None for flag in ("foreach", "fused", "differentiable")):
+    foreach_chosen = any(kwargs.get(flag) is not None for flag in ("foreach", "fused", "differentiable"))
+    if cls in _FOREACH_BY_DEFAULT and not foreach_chosen:
         kwargs["foreach"] = True  # bitwise the per-tensor loop, and not slower (module docstring)
     groups = [dict(group) for group in param_groups]
     try:

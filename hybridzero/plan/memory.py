@@ -44,12 +44,15 @@ _CATEGORIES = ("parameters", "master_weights", "gradients", "optimizer_state")
 
 
 def states_per_element(cfg: Config) -> int:
-    """fp32 optimizer-state tensors per stepped element: Adam/AdamW 2 (3 with amsgrad), SGD 1 with momentum."""
+    """fp32 optimizer-state tensors per stepped element: Adam/AdamW 2 (3 with amsgrad), SGD 1 with momentum, Adagrad
+    1 (its sum of squares), Lion 1 (its momentum)."""
     if cfg.optimizer is None:
         return 0
     params = dict(cfg.optimizer.params)
     if cfg.optimizer.type == "SGD":
         return 1 if float(params.get("momentum", 0.0)) != 0.0 else 0
+    if cfg.optimizer.type in ("Adagrad", "Lion"):
+        return 1
     return 3 if params.get("amsgrad") else 2
 
 

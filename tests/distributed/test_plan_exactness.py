@@ -76,6 +76,8 @@ NODES: list[tuple[str, RunSpec, bool]] = [
 SLOW: list[tuple[str, RunSpec, bool]] = [
     ("s1_fp16", RunSpec(stage=1, dtype="fp16", fp16=NO_SKIP, extra_zero={"ignore_unused_parameters": False}), False),
     ("s0_bf16_gas2", RunSpec(stage=0, dtype="bf16", accumulation=2), False),
+    ("s3_lion", RunSpec(optimizer_type="Lion", lr=1e-3), False),  # one state tensor an element
+    ("s2_adagrad", RunSpec(stage=2, optimizer_type="Adagrad"), False),
     ("s2_offload", RunSpec(stage=2, extra_zero={"offload_optimizer": {"device": "cpu"}}), False),
     (
         "gpt2_tied_live",

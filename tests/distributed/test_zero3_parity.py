@@ -46,6 +46,9 @@ CASES = {
     "accum3_clip_client": RunSpec(model="llama", accumulation=3, clipping=0.5, optimizer="client"),
     "accum3_config_sched": RunSpec(model="gpt2_tied", accumulation=3, scheduler=True, steps=4),
     "clip_scalar_sgd": RunSpec(model="opt", clipping=0.05, with_scalar=True, optimizer_type="SGD", lr=0.1),
+    # DeepSpeed's other two config optimizers: elementwise, so sharded steps are the whole-tensor steps
+    "lion_accum2": RunSpec(model="llama", accumulation=2, optimizer_type="Lion", lr=1e-3),
+    "adagrad_clip": RunSpec(model="gpt2_tied", clipping=0.5, optimizer_type="Adagrad", lr=0.05),
     "frozen_embeddings_overlap": RunSpec(
         model="gpt2_untied", frozen=("wpe", "ln_f"), overlap_comm=True, reduce_bucket_size=1000
     ),

@@ -225,6 +225,21 @@ def _restore(model: nn.Module, opt: torch.optim.Optimizer, start: dict[str, Any]
                 opt.state[p]["step"] = torch.tensor(float(start["step"]))
 
 
+def _reference_optimizer(opt_type: str, params: Any, lr: float) -> torch.optim.Optimizer:
+    """The plain optimizer the config block ``{"type": opt_type, "params": {"lr": lr, "weight_decay": 0.01}}``
+    means (DeepSpeed's defaults: Lion's betas are (0.9, 0.999))."""
+    from hybridzero.optim.lion import Lion
+
+    classes: dict[str, Any] = {
+        "AdamW": torch.optim.AdamW,
+        "Adam": torch.optim.AdamW,
+        "SGD": torch.optim.SGD,
+        "Adagrad": torch.optim.Adagrad,
+        "Lion": Lion,
+    }
+    return classes[opt_type](params, lr=lr, weight_decay=0.01)
+
+
 def reference_run(spec: RunSpec, world_size: int, start: dict[str, Any] | None = None) -> dict[str, Any]:
     """The same training in this process, unsharded, fp32, plain torch optimizers.
 
@@ -245,8 +260,7 @@ def reference_run(spec: RunSpec, world_size: int, start: dict[str, Any] | None =
         if spec.optimizer == "client":
             opt = client_optimizer(spec, model)
         else:
-            cls = torch.optim.AdamW if spec.optimizer_type in ("AdamW", "Adam") else torch.optim.SGD
-            opt = cls(model.parameters(), lr=spec.lr, weight_decay=0.01)
+            opt = _reference_optimizer(spec.optimizer_type, model.parameters(), spec.lr)
         sched = None
         if spec.scheduler:
             sched = build_scheduler("WarmupDecayLR", ds_config(spec, world_size)["scheduler"]["params"], opt)

@@ -72,8 +72,7 @@ _STAND_INS = [
     "deepspeed.tp_model_init",
 ]
 _UNSERVED_MODULES = [
-    "deepspeed.ops.lion",
-    "deepspeed.ops.adagrad",
+    "deepspeed.ops.lamb",
     "deepspeed.sequence.layer",
     "deepspeed.runtime.sequence_parallel.ulysses_linear_attention",
 ]
@@ -206,3 +205,23 @@ def test_config_reads_as_deepspeed_json_and_takes_hf_never_interval() -> None:
     cfg = load_config(raw, 1)
     assert cfg.steps_per_print > 10**15
     assert cfg.get("zero_optimization", {}).get("stage") == 3 and cfg.get("nothing", 7) == 7
+
+
+def test_accelerate_maps_a_torch_adagrad_to_deepspeeds_cpu_adagrad() -> None:
+    """accelerate's optimizer-offload path swaps a torch optimizer for DeepSpeed's CPU class of the same kind
+    (``map_pytorch_optim_to_deepspeed``): Adagrad -> ``deepspeed.ops.adagrad.DeepSpeedCPUAdagrad``, served here. It
+    passes ``adamw_mode=False``, which DeepSpeed 0.19.8's class refuses with a TypeError; hybridzero's accepts it."""
+    _python(
+        """
+        import hybridzero.as_deepspeed
+        import torch
+        from accelerate.utils.deepspeed import map_pytorch_optim_to_deepspeed
+        from hybridzero.ops.adagrad import DeepSpeedCPUAdagrad
+        from hybridzero.ops.adam import DeepSpeedCPUAdam
+        params = [torch.nn.Parameter(torch.ones(3))]
+        mapped = map_pytorch_optim_to_deepspeed(torch.optim.Adagrad(params, lr=0.05, weight_decay=0.01))
+        assert type(mapped) is DeepSpeedCPUAdagrad, type(mapped)
+        assert mapped.defaults["lr"] == 0.05 and mapped.defaults["weight_decay"] == 0.01, mapped.defaults
+        assert type(map_pytorch_optim_to_deepspeed(torch.optim.AdamW(params))) is DeepSpeedCPUAdam
+        """
+    )

@@ -16,7 +16,9 @@ from torch import nn
 from hybridzero.as_deepspeed import launcher_argv
 from hybridzero.config import ConfigError, load_config
 from hybridzero.config.models import DEFAULT_LEAF_MODULE_CLASSES, ZeroConfig
+from hybridzero.ops.adagrad import DeepSpeedCPUAdagrad
 from hybridzero.ops.adam import DeepSpeedCPUAdam
+from hybridzero.ops.lion import DeepSpeedCPULion
 from hybridzero.ops.op_builder import ALL_BUILDERS, COMPATIBLE_OPS
 from hybridzero.runtime.zero_errors import ZeRORuntimeException, check_forced_cpu_optimizer
 from hybridzero.zero import leaf
@@ -84,8 +86,9 @@ def test_alias_serves_the_names_deepspeed_tests_import() -> None:
 
 
 def test_op_builders_answer_what_hybridzero_provides() -> None:
-    assert COMPATIBLE_OPS["cpu_adam"] and COMPATIBLE_OPS["fused_adam"] and COMPATIBLE_OPS["pin_memory"]
-    for name in ("transformer_inference", "fused_lamb", "cpu_lion", "deepspeed_ccl_comm", "quantizer"):
+    for name in ("cpu_adam", "fused_adam", "cpu_adagrad", "cpu_lion", "fused_lion", "pin_memory"):
+        assert COMPATIBLE_OPS[name] is True, name
+    for name in ("transformer_inference", "fused_lamb", "deepspeed_ccl_comm", "quantizer"):
         assert COMPATIBLE_OPS[name] is False, name
     builder = ALL_BUILDERS["CPUAdamBuilder"]()
     assert builder.NAME == "cpu_adam"
@@ -171,6 +174,9 @@ def test_forced_cpu_optimizer_raises_zero_runtime_exception() -> None:
     with pytest.raises(ZeRORuntimeException, match="zero_force_ds_cpu_optimizer"):
         check_forced_cpu_optimizer(forced, torch.optim.Adam(params))
     check_forced_cpu_optimizer(forced, DeepSpeedCPUAdam(params))
+    check_forced_cpu_optimizer(forced, DeepSpeedCPULion(params))  # DeepSpeed's rule: its CPU Adam or CPU Lion
+    with pytest.raises(ZeRORuntimeException, match="DeepSpeedCPUAdagrad"):
+        check_forced_cpu_optimizer(forced, DeepSpeedCPUAdagrad(params))
     check_forced_cpu_optimizer(
         load_config({"train_batch_size": 2, "zero_optimization": block}, 1), torch.optim.Adam(params)
     )

@@ -54,7 +54,7 @@ def _assert_bitwise(a: list[torch.Tensor], b: list[torch.Tensor]) -> None:
 
 # --- build_optimizer
 def test_supported_names() -> None:
-    assert SUPPORTED_OPTIMIZERS == ("Adam", "AdamW", "SGD")
+    assert SUPPORTED_OPTIMIZERS == ("Adam", "AdamW", "SGD", "Adagrad", "Lion")
 
 
 def test_adam_defaults_are_deepspeed_fused_adam_defaults() -> None:
@@ -190,7 +190,7 @@ def test_unknown_type_names_type_and_lists_supported(bad_type: str) -> None:
         build_optimizer(bad_type, {}, [{"params": _leaves()}])
     message = str(info.value)
     assert repr(bad_type) in message
-    assert "Adam, AdamW, SGD" in message
+    assert "Adam, AdamW, SGD, Adagrad, Lion" in message
 
 
 @pytest.mark.parametrize(

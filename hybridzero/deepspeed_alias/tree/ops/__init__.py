@@ -1,6 +1,6 @@
-"""``deepspeed.ops`` (a package: ``adam``, ``op_builder``, ``aio``) and ``__compatible_ops__`` (op name -> whether
-hybridzero provides it, :mod:`hybridzero.ops.op_builder`). ``adagrad`` and ``lion`` (DeepSpeed's CPU Adagrad/Lion)
-are not provided: their import fails naming them."""
+"""``deepspeed.ops`` (a package: ``adam``, ``adagrad``, ``lion``, ``op_builder``, ``aio``) and ``__compatible_ops__``
+(op name -> whether hybridzero provides it, :mod:`hybridzero.ops.op_builder`). Other op packages (``lamb``,
+``sparse_attention``, ...) are not provided: their import fails naming them."""
 
 from __future__ import annotations
 

@@ -1,0 +1,106 @@
+"""The Lion optimizer (Chen et al., "Symbolic Discovery of Optimization Algorithms", 2023), which DeepSpeed's config
+names ``"Lion"`` and its ``deepspeed.ops.lion`` provides as compiled kernels; torch has none, so it is written here.
+
+One step, per element, with momentum ``m`` (``exp_avg``), gradient ``g``, learning rate ``lr``:
+
+* ``c = beta1 * m + (1 - beta1) * g`` (the interpolation whose sign is the update);
+* ``p = p * (1 - lr * weight_decay) - lr * sign(c)`` (decoupled weight decay, as DeepSpeed's kernels apply it);
+* ``m = beta2 * m + (1 - beta2) * g``.
+
+``sign(0) = 0``: an element whose interpolation is exactly 0 (a zero gradient on a zero momentum: an unused
+embedding row, a frozen slice) does not move, as in the paper's and optax's Lion. DeepSpeed's two kernels disagree
+with each other there (the CUDA one moves it by ``+lr``, the CPU one by ``-lr`` or ``+lr`` after the sign bit of
+the zero) and agree with this one everywhere else.
+
+Invariants (unit-tested): the step is elementwise, so a step over any partition of the elements into tensors
+(ZeRO's flat shards) equals the step over the whole tensor bit for bit; the state is ``{"exp_avg"}`` in the
+parameter's dtype, created as zeros at the first step; ``maximize`` negates the gradient.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+
+__all__ = ["Lion", "lion_step"]
+
+Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
+
+
+def lion_step(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    weight_decay: float,
+) -> None:
+    """One Lion update of ``params`` and ``exp_avgs`` in place from ``grads`` (see the module docstring)."""
+    if not params:
+        return
+    interp = torch._foreach_mul(exp_avgs, beta1)
+    torch._foreach_add_(interp, grads, alpha=1.0 - beta1)
+    torch._foreach_sign_(interp)
+    if weight_decay != 0.0:
+        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
+    torch._foreach_add_(params, interp, alpha=-lr)
+    torch._foreach_mul_(exp_avgs, beta2)
+    torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta2)
+
+
+def _check(lr: float, betas: tuple[float, float], weight_decay: float) -> None:
+    if not lr >= 0.0:
+        raise ValueError(f"Lion: lr = {lr!r} is invalid; expected a number >= 0")
+    for i, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Lion: betas[{i}] = {beta!r} is invalid; expected 0 <= beta < 1")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"Lion: weight_decay = {weight_decay!r} is invalid; expected a number >= 0")
+
+
+class Lion(torch.optim.Optimizer):
+    """``Lion(params, lr=1e-3, betas=(0.9, 0.999), weight_decay=0.0, maximize=False)``: DeepSpeed's defaults (its
+    config's ``"Lion"`` and its classes, :mod:`hybridzero.ops.lion`); the paper suggests ``lr`` 3-10x below AdamW's
+    and ``betas=(0.9, 0.99)``."""
+
+    def __init__(
+        self,
+        params: Params,
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        weight_decay: float = 0.0,
+        maximize: bool = False,
+    ) -> None:
+        betas = (float(betas[0]), float(betas[1]))
+        _check(lr, betas, weight_decay)
+        super().__init__(params, {"lr": lr, "betas": betas, "weight_decay": weight_decay, "maximize": maximize})
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """One update of every parameter with a gradient; returns ``closure()`` (evaluated with grad on) if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            params, grads, exp_avgs = [], [], []
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("Lion does not support sparse gradients")
+                state = self.state[p]
+                if not state:
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                params.append(p)
+                grads.append(-p.grad if group.get("maximize", False) else p.grad)
+                exp_avgs.append(state["exp_avg"])
+            beta1, beta2 = group["betas"]
+            lion_step(
+                params, grads, exp_avgs, lr=group["lr"], beta1=beta1, beta2=beta2, weight_decay=group["weight_decay"]
+            )
+        return loss
