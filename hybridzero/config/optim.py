@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 OPTIMIZER_TYPES: tuple[str, ...] = ("Adam", "AdamW", "SGD", "Adagrad", "Lion")
-SCHEDULER_TYPES: tuple[str, ...] = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+SCHEDULER_TYPES: tuple[str, ...] = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest")
 
 
 class _Params(Block):
@@ -123,11 +123,49 @@ class LionParams(_Params):
     set_grad_none: Annotated[bool, boolean] = key(True, "set_grad_none", acts=False)
 
 
+class _Resumable(_Params):
+    last_batch_iteration: Annotated[int, integer(-1)] = -1
+
+
+class LRRangeTestParams(_Resumable):
+    """DeepSpeed's LRRangeTest: ``lr = min_lr * (1 + step_rate * (i + 1) / step_size)`` (floored interval with
+    ``staircase``)."""
+
+    lr_range_test_min_lr: Annotated[float | tuple[float, ...], floats(0.0)] = 1e-3
+    lr_range_test_step_size: Annotated[int, integer(1)] = 2000
+    lr_range_test_step_rate: Annotated[float, number(0.0)] = 1.0
+    lr_range_test_staircase: Annotated[bool, boolean] = False
+
+
+class OneCycleParams(_Resumable):
+    """DeepSpeed's OneCycle (:mod:`hybridzero.optim.cycle_schedulers`); ``cycle_min_lr`` and ``cycle_max_lr`` are
+    required."""
+
+    cycle_min_lr: Annotated[float | tuple[float, ...] | None, floats(0.0, nullable=True)] = None
+    cycle_max_lr: Annotated[float | tuple[float, ...] | None, floats(0.0, nullable=True)] = None
+    decay_lr_rate: Annotated[float, number(0.0)] = 0.0
+    cycle_first_step_size: Annotated[int, integer(1)] = 2000
+    cycle_second_step_size: Annotated[int | None, optional(integer(0))] = None
+    cycle_first_stair_count: Annotated[int, integer(0)] = 0
+    cycle_second_stair_count: Annotated[int | None, optional(integer(0))] = None
+    decay_step_size: Annotated[int, integer(0)] = 0
+    cycle_momentum: Annotated[bool, boolean] = True
+    cycle_min_mom: Annotated[float | tuple[float, ...], floats(0.0)] = 0.8
+    cycle_max_mom: Annotated[float | tuple[float, ...], floats(0.0)] = 0.9
+    decay_mom_rate: Annotated[float, number(0.0)] = 0.0
+
+
 OPTIMIZER_PARAMS: Mapping[str, type[_Params]] = MappingProxyType(
     {"Adam": AdamParams, "AdamW": AdamParams, "SGD": SGDParams, "Adagrad": AdagradParams, "Lion": LionParams}
 )
 SCHEDULER_PARAMS: Mapping[str, type[_Params]] = MappingProxyType(
-    {"WarmupLR": WarmupLRParams, "WarmupDecayLR": WarmupDecayLRParams, "WarmupCosineLR": WarmupCosineLRParams}
+    {
+        "WarmupLR": WarmupLRParams,
+        "WarmupDecayLR": WarmupDecayLRParams,
+        "WarmupCosineLR": WarmupCosineLRParams,
+        "OneCycle": OneCycleParams,
+        "LRRangeTest": LRRangeTestParams,
+    }
 )
 
 
@@ -149,7 +187,7 @@ def canonical_optimizer_type(value: Any) -> str:
 
 
 def canonical_scheduler_type(value: Any) -> str:
-    """``"WarmupLR"``, ``"WarmupDecayLR"`` or ``"WarmupCosineLR"`` for ``value`` in any case."""
+    """One of :data:`SCHEDULER_TYPES` for ``value`` in any case; ConfigError naming ``scheduler.type``."""
     return _canonical(value, "scheduler.type", SCHEDULER_TYPES, "schedulers")
 
 
@@ -214,10 +252,19 @@ def validate_optimizer_params(type_: str, params: Any) -> dict[str, Any]:
 
 def validate_scheduler_params(type_: str, params: Any) -> dict[str, Any]:
     """Typed copy of ``scheduler.params`` for canonical scheduler ``type_`` (only the names given);
-    ``total_num_steps`` is required for WarmupDecayLR / WarmupCosineLR."""
+    ``total_num_steps`` is required for WarmupDecayLR / WarmupCosineLR, ``cycle_min_lr`` and ``cycle_max_lr`` for
+    OneCycle."""
     prefix = "scheduler.params"
     result = _validate(SCHEDULER_PARAMS[type_], params, prefix)
-    if type_ != "WarmupLR" and result.get("total_num_steps") is None:
+    if type_ == "OneCycle":
+        for name in ("cycle_min_lr", "cycle_max_lr"):
+            if result.get(name) is None:
+                key = join_key(prefix, name)
+                raise ConfigError(
+                    f"{key} is required for OneCycle; set it to a number >= 0 (or a list, one per group)", key=key
+                )
+        return result
+    if type_ in ("WarmupDecayLR", "WarmupCosineLR") and result.get("total_num_steps") is None:
         key = join_key(prefix, "total_num_steps")
         raise ConfigError(f"{key} is required for {type_}; set it to an integer >= 1", key=key)
     return result
@@ -242,7 +289,8 @@ def optimizer_defaults(type_: str, params: Mapping[str, Any]) -> dict[str, Any]:
 
 def scheduler_defaults(type_: str) -> dict[str, Any]:
     """DeepSpeed's defaults for the optional params of scheduler ``type_``."""
-    return {k: v for k, v in SCHEDULER_PARAMS[type_]().model_dump().items() if k != "total_num_steps"}
+    required = ("total_num_steps", "cycle_min_lr", "cycle_max_lr")
+    return {k: v for k, v in SCHEDULER_PARAMS[type_]().model_dump().items() if k not in required}
 
 
 class _TypedBlock(Block):
@@ -309,8 +357,9 @@ class OptimizerConfig(_TypedBlock):
 
 
 class SchedulerConfig(_TypedBlock):
-    """The ``scheduler`` block: ``type`` canonical (``WarmupLR``, ``WarmupDecayLR``, ``WarmupCosineLR``);
-    ``params`` read-only, only names valid for ``type``, with ``total_num_steps`` where ``type`` requires it."""
+    """The ``scheduler`` block: ``type`` canonical (one of :data:`SCHEDULER_TYPES`); ``params`` read-only, only names
+    valid for ``type``, with the names ``type`` requires (``total_num_steps``; OneCycle's ``cycle_min_lr`` and
+    ``cycle_max_lr``)."""
 
     _prefix: ClassVar[str] = "scheduler"
     _canonical = staticmethod(canonical_scheduler_type)

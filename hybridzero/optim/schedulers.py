@@ -44,6 +44,8 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from hybridzero.config import canonical_scheduler_type, validate_scheduler_params
 from hybridzero.config.optim import SCHEDULER_TYPES
+from hybridzero.optim.cycle_schedulers import OneCycleScheduler, RangeTestScheduler
+from hybridzero.optim.iteration_scheduler import IterationScheduler, check_resume_iteration, number, per_group
 
 __all__ = [
     "SUPPORTED_SCHEDULERS",
@@ -153,32 +155,11 @@ def warmup_cosine_lr_ratio(
 # ----------------------------------------------------------------------------- validation
 
 
-def _number(key: str, value: Any) -> float:
-    """A finite, non-negative real number (bools rejected), else ``ValueError`` naming key."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"scheduler param {key!r} must be a finite number, got {value!r}")
-    if value < 0:
-        raise ValueError(f"scheduler param {key!r} must be >= 0, got {value!r}")
-    return float(value)
-
-
 def _int(key: str, value: Any) -> int:
     """A non-negative int (bools rejected), else ``ValueError`` naming the key and value."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"scheduler param {key!r} must be an int >= 0, got {value!r}")
     return value
-
-
-def _per_group(key: str, value: Any, num_groups: int) -> list[float]:
-    """Broadcast a scalar, or validate a per-group list/tuple, to ``num_groups`` floats."""
-    if isinstance(value, (list, tuple)):
-        if len(value) != num_groups:
-            raise ValueError(
-                f"scheduler param {key!r} has {len(value)} values but the optimizer has "
-                f"{num_groups} param groups: {value!r}"
-            )
-        return [_number(key, item) for item in value]
-    return [_number(key, value)] * num_groups
 
 
 def _warmup_type(value: Any) -> str:
@@ -206,22 +187,10 @@ def _total_steps(params: Mapping[str, Any], warmup_steps: int, strict: bool) -> 
 # ----------------------------------------------------------------------------- scheduler
 
 
-def _copy_lr(lr: float | torch.Tensor) -> float | torch.Tensor:
-    """A copy of a group lr that does not alias it (tensor lrs are cloned)."""
-    return lr.clone() if isinstance(lr, torch.Tensor) else lr
-
-
-class DeepSpeedWarmupScheduler(LRScheduler):
-    """One of DeepSpeed's warmup schedules as a torch ``LRScheduler``.
-
-    Invariants: ``last_epoch == last_batch_iteration + 1``; after construction every group's
-    lr is DeepSpeed's pre-start value; each ``step()`` sets every group's lr to the closed
-    form of the next iteration (computed from scratch, never from the current lr).
-    ``state_dict()`` holds only the position (``last_batch_iteration``, ``last_epoch``, the
-    step count and the last lrs); the schedule's parameters always come from the config,
-    as in DeepSpeed.  ``load_state_dict`` also accepts DeepSpeed's own
-    ``{"last_batch_iteration": i}``.  Neither touches the optimizer's lrs.
-    """
+class DeepSpeedWarmupScheduler(IterationScheduler):
+    """One of DeepSpeed's warmup schedules as a torch ``LRScheduler`` (the position, state dict and step convention
+    of :class:`hybridzero.optim.iteration_scheduler.IterationScheduler`); after construction every group's lr is
+    DeepSpeed's pre-start value."""
 
     def __init__(self, optimizer: torch.optim.Optimizer, sched_type: str, params: Mapping[str, Any]) -> None:
         """Validate ``params`` for ``sched_type`` and apply the pre-start lrs."""
@@ -234,42 +203,20 @@ class DeepSpeedWarmupScheduler(LRScheduler):
         self.warmup_type = _warmup_type(params.get("warmup_type", "log"))
         if sched_type == "WarmupCosineLR":
             self.total_num_steps = _total_steps(params, self.warmup_num_steps, strict=True)
-            self.warmup_min_ratio = _number("warmup_min_ratio", params.get("warmup_min_ratio", 0.0))
-            self.cos_min_ratio = _number("cos_min_ratio", params.get("cos_min_ratio", _COS_DEFAULT_MIN_RATIO))
+            self.warmup_min_ratio = number("warmup_min_ratio", params.get("warmup_min_ratio", 0.0))
+            self.cos_min_ratio = number("cos_min_ratio", params.get("cos_min_ratio", _COS_DEFAULT_MIN_RATIO))
         else:
             if sched_type == "WarmupDecayLR":
                 self.total_num_steps = _total_steps(params, self.warmup_num_steps, strict=False)
                 default_max: Any = _DECAY_DEFAULT_MAX_LR
             else:
                 default_max = self.org_lrs
-            self.min_lrs = _per_group("warmup_min_lr", params.get("warmup_min_lr", 0.0), num_groups)
+            self.min_lrs = per_group("warmup_min_lr", params.get("warmup_min_lr", 0.0), num_groups)
             max_value = params.get("warmup_max_lr", default_max)
             # DeepSpeed's WarmupLR.__init__ (shared by WarmupDecayLR) maps an explicit None
             # to the groups' current lrs.
-            self.max_lrs = _per_group("warmup_max_lr", self.org_lrs if max_value is None else max_value, num_groups)
-        resume_at = params.get("last_batch_iteration", -1)
-        if isinstance(resume_at, bool) or not isinstance(resume_at, int) or resume_at < -1:
-            raise ValueError(f"scheduler param 'last_batch_iteration' must be an int >= -1, got {resume_at!r}")
-        current = [_copy_lr(group["lr"]) for group in optimizer.param_groups]
-        super().__init__(optimizer, last_epoch=-1)
-        if resume_at >= 0:
-            self._resume(resume_at, current)
-
-    def _resume(self, iteration: int, lrs: list[float | torch.Tensor]) -> None:
-        """Position at ``iteration`` and put back the lrs the optimizer had before
-        construction (DeepSpeed applies no pre-start lr when resuming)."""
-        for group, lr in zip(self.optimizer.param_groups, lrs):
-            if isinstance(group["lr"], torch.Tensor):
-                group["lr"].copy_(torch.as_tensor(lr))
-            else:
-                group["lr"] = lr
-        self.last_epoch = iteration + 1
-        self._last_lr = [_copy_lr(group["lr"]) for group in self.optimizer.param_groups]
-
-    @property
-    def last_batch_iteration(self) -> int:
-        """DeepSpeed's iteration counter: -1 right after construction."""
-        return self.last_epoch - 1
+            self.max_lrs = per_group("warmup_max_lr", self.org_lrs if max_value is None else max_value, num_groups)
+        self.start(optimizer, check_resume_iteration(params.get("last_batch_iteration", -1)))
 
     def lrs_at(self, iteration: int) -> list[float]:
         """Closed-form lrs of every group at DeepSpeed iteration ``iteration`` (>= -1)."""
@@ -305,36 +252,6 @@ class DeepSpeedWarmupScheduler(LRScheduler):
             for lo, hi in zip(self.min_lrs, self.max_lrs)
         ]
 
-    def get_lr(self) -> list[float]:  # type: ignore[override]
-        """Lrs for the current ``last_epoch`` (torch calls this inside ``step()``)."""
-        return self.lrs_at(self.last_batch_iteration)
-
-    def _get_closed_form_lr(self) -> list[float]:
-        """Same as :meth:`get_lr`; lets the deprecated ``step(epoch)`` jump exactly."""
-        return self.lrs_at(self.last_batch_iteration)
-
-    def state_dict(self) -> dict[str, Any]:
-        """Position of the schedule only (see the class docstring)."""
-        return {
-            "last_batch_iteration": self.last_batch_iteration,
-            "last_epoch": self.last_epoch,
-            "_step_count": self._step_count,
-            "_last_lr": list(self._last_lr),
-        }
-
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Restore the position from :meth:`state_dict` or a DeepSpeed scheduler state."""
-        if "last_batch_iteration" not in state_dict:
-            raise ValueError(f"scheduler state_dict lacks 'last_batch_iteration': keys {sorted(state_dict)!r}")
-        iteration = state_dict["last_batch_iteration"]
-        if isinstance(iteration, bool) or not isinstance(iteration, int) or iteration < -1:
-            raise ValueError(f"state_dict 'last_batch_iteration' must be an int >= -1, got {iteration!r}")
-        self.last_epoch = iteration + 1
-        self._step_count = int(state_dict.get("_step_count", iteration + 2))
-        saved = state_dict.get("_last_lr")
-        restored: list[float | torch.Tensor] = list(saved) if saved is not None else list(self.lrs_at(iteration))
-        self._last_lr = restored
-
 
 def build_scheduler(sched_type: str, params: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> LRScheduler:
     """Build a DeepSpeed ``scheduler`` block (``type`` + ``params``) over ``optimizer``.
@@ -345,4 +262,10 @@ def build_scheduler(sched_type: str, params: Mapping[str, Any], optimizer: torch
     Raises:
         ValueError: unknown type, unknown param, or invalid value (message names both).
     """
-    return DeepSpeedWarmupScheduler(optimizer, sched_type, {} if params is None else params)
+    params = {} if params is None else params
+    canonical = canonical_scheduler_type(sched_type)
+    if canonical == "OneCycle":
+        return OneCycleScheduler(optimizer, params)
+    if canonical == "LRRangeTest":
+        return RangeTestScheduler(optimizer, params)
+    return DeepSpeedWarmupScheduler(optimizer, canonical, params)

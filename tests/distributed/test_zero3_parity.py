@@ -49,6 +49,8 @@ CASES = {
     # DeepSpeed's other two config optimizers: elementwise, so sharded steps are the whole-tensor steps
     "lion_accum2": RunSpec(model="llama", accumulation=2, optimizer_type="Lion", lr=1e-3),
     "adagrad_clip": RunSpec(model="gpt2_tied", clipping=0.5, optimizer_type="Adagrad", lr=0.05),
+    # DeepSpeed's OneCycle: cycles the lr and Adam's beta1 (through the decay phase by step 5)
+    "onecycle_accum2": RunSpec(model="llama", accumulation=2, scheduler="OneCycle", steps=5),
     "frozen_embeddings_overlap": RunSpec(
         model="gpt2_untied", frozen=("wpe", "ln_f"), overlap_comm=True, reduce_bucket_size=1000
     ),

@@ -31,7 +31,7 @@ class RunSpec:
     clipping: float = 0.0
     optimizer: str = "config"  # "config" (DeepSpeed block) or "client" (torch optimizer built by the user)
     optimizer_type: str = "AdamW"
-    scheduler: bool = False
+    scheduler: bool | str = False  # True: WarmupDecayLR; "OneCycle": that schedule (lr and beta1 cycled)
     dtype: str = "fp32"
     prefetch_bucket_size: int = 0
     persistence_threshold: int = 0
@@ -105,7 +105,21 @@ def ds_config(spec: RunSpec, world_size: int) -> dict[str, Any]:
     }
     if spec.optimizer == "config":
         cfg["optimizer"] = {"type": spec.optimizer_type, "params": {"lr": spec.lr, "weight_decay": 0.01}}
-    if spec.scheduler:
+    if spec.scheduler == "OneCycle":
+        cfg["scheduler"] = {
+            "type": "OneCycle",
+            "params": {
+                "cycle_min_lr": spec.lr / 10,
+                "cycle_max_lr": spec.lr,
+                "cycle_first_step_size": 2,
+                "cycle_second_step_size": 1,
+                "decay_step_size": 1,
+                "decay_lr_rate": 0.5,
+                "cycle_min_mom": 0.85,
+                "cycle_max_mom": 0.95,
+            },
+        }
+    elif spec.scheduler:
         cfg["scheduler"] = {
             "type": "WarmupDecayLR",
             "params": {
@@ -263,7 +277,8 @@ def reference_run(spec: RunSpec, world_size: int, start: dict[str, Any] | None =
             opt = _reference_optimizer(spec.optimizer_type, model.parameters(), spec.lr)
         sched = None
         if spec.scheduler:
-            sched = build_scheduler("WarmupDecayLR", ds_config(spec, world_size)["scheduler"]["params"], opt)
+            block = ds_config(spec, world_size)["scheduler"]
+            sched = build_scheduler(block["type"], block["params"], opt)
         first = 0
         if start is not None:
             _restore(model, opt, start)

@@ -130,6 +130,8 @@ ACTS: dict[str, str] = {
 _PARAM_EVIDENCE = {"optimizer.params": _OPTIM, "scheduler.params": _SCHED}
 _SAMPLES: dict[str, Any] = {
     "scheduler.params.total_num_steps": 10,
+    "scheduler.params.cycle_min_lr": 0.01,  # OneCycle's two required bounds (their default, None, is refused)
+    "scheduler.params.cycle_max_lr": 0.1,
     "train_batch_size": 1,
     "train_micro_batch_size_per_gpu": 1,
     "gradient_accumulation_steps": 1,
@@ -176,7 +178,12 @@ def _document(key: AcceptedKey, value: Any) -> dict[str, Any]:
         doc["optimizer"] = {"type": key.types[0] if key.types else "Adam"}
     if first == "scheduler":
         type_ = key.types[0] if key.types else "WarmupDecayLR"
-        doc["scheduler"] = {"type": type_, "params": {} if type_ == "WarmupLR" else {"total_num_steps": 10}}
+        required: dict[str, dict[str, Any]] = {
+            "WarmupLR": {},
+            "LRRangeTest": {},
+            "OneCycle": {"cycle_min_lr": 0.01, "cycle_max_lr": 0.1},
+        }
+        doc["scheduler"] = {"type": type_, "params": required.get(type_, {"total_num_steps": 10})}
     node = doc
     parts = key.path.split(".")
     for part in parts[:-1]:

@@ -100,7 +100,7 @@ def test_scheduler_types_and_params() -> None:
 @pytest.mark.parametrize(
     "block, fragments",
     [
-        ({"type": "OneCycle"}, ["scheduler.type = 'OneCycle'", "WarmupLR, WarmupDecayLR, WarmupCosineLR"]),
+        ({"type": "CyclicLR"}, ["scheduler.type = 'CyclicLR'", "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle"]),
         ({"type": "WarmupDecayLR", "params": {}}, ["scheduler.params.total_num_steps is required", "WarmupDecayLR"]),
         (
             {"type": "WarmupCosineLR", "params": {"total_num_steps": 10, "warmup_max_lr": 1.0}},

@@ -42,7 +42,7 @@ def _engine_lrs(sched_type: str, params: dict, steps: int, lrs: tuple[float, ...
 
 
 def test_supported_names() -> None:
-    assert SUPPORTED_SCHEDULERS == ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+    assert SUPPORTED_SCHEDULERS == ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest")
 
 
 def test_warmup_factor_log_and_linear() -> None:
@@ -281,9 +281,9 @@ def test_last_batch_iteration_param_resumes_without_touching_lrs() -> None:
 
 def test_unknown_scheduler_type() -> None:
     with pytest.raises(ValueError) as info:
-        build_scheduler("OneCycle", {}, _optimizer())
-    assert "'OneCycle'" in str(info.value)
-    assert "WarmupLR, WarmupDecayLR, WarmupCosineLR" in str(info.value)
+        build_scheduler("CyclicLR", {}, _optimizer())
+    assert "'CyclicLR'" in str(info.value)
+    assert "WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle, LRRangeTest" in str(info.value)
 
 
 @pytest.mark.parametrize(
