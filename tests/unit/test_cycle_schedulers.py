@@ -131,3 +131,39 @@ def test_config_errors_name_the_key(sched_type: str, params: dict, fragment: str
         load_config({"train_batch_size": 1, "scheduler": block}, 1)
     with pytest.raises(ValueError, match=fragment):
         build_scheduler(sched_type, params, _adam())
+
+
+def test_deepspeeds_classes_are_the_config_schedules() -> None:
+    """``deepspeed.runtime.lr_schedules``' five classes, built with DeepSpeed's signatures, step as the config's
+    blocks of the same type and params do."""
+    from hybridzero.deepspeed_alias.tree.runtime import lr_schedules as ds
+
+    cases = [
+        (lambda o: ds.WarmupLR(o, warmup_num_steps=3), "WarmupLR", {"warmup_num_steps": 3}),
+        (
+            lambda o: ds.WarmupDecayLR(o, 8, warmup_num_steps=2),
+            "WarmupDecayLR",
+            {"total_num_steps": 8, "warmup_num_steps": 2},
+        ),
+        (
+            lambda o: ds.WarmupCosineLR(o, 8, warmup_num_steps=2),
+            "WarmupCosineLR",
+            {"total_num_steps": 8, "warmup_num_steps": 2},
+        ),
+        (lambda o: ds.OneCycle(o, 0.1, 1.0, cycle_first_step_size=4), "OneCycle", {**CYCLE, "decay_step_size": 0}),
+        (
+            lambda o: ds.LRRangeTest(o, 0.01, 10, 0.5, True),
+            "LRRangeTest",
+            {
+                "lr_range_test_min_lr": 0.01,
+                "lr_range_test_step_size": 10,
+                "lr_range_test_step_rate": 0.5,
+                "lr_range_test_staircase": True,
+            },
+        ),
+    ]
+    for make, sched_type, params in cases:
+        assert _trace(make(_adam()), 12) == _trace(build_scheduler(sched_type, params, _adam()), 12), sched_type
+    assert ds.VALID_LR_SCHEDULES == ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"]
+    with pytest.raises(ValueError, match="scheduler.params.cycle_momentm"):
+        ds.OneCycle(_adam(), 0.1, 1.0, cycle_momentm=False)
