@@ -154,7 +154,7 @@ class OneCycleScheduler(IterationScheduler):
             return [lo + (hi - lo) * scale for lo, hi in zip(self.min_lrs, self.max_lrs)]
         if self.decay_step_size == 0 or self.decay_lr_rate == 0.0:
             return list(self.min_lrs)
-        factor = 1.0 + self.decay_lr_rate * (iteration - self.shape.total + 1) / self.decay_step_size
+        factor = 1.0 + self.decay_lr_rate * ((iteration - self.shape.total + 1) / self.decay_step_size)
         return [lo / factor for lo in self.min_lrs]
 
     def moms_at(self, iteration: int) -> list[float]:
@@ -164,15 +164,25 @@ class OneCycleScheduler(IterationScheduler):
             return [hi - (hi - lo) * scale for lo, hi in zip(self.min_moms, self.max_moms)]
         if self.decay_step_size == 0 or self.decay_mom_rate == 0.0:
             return list(self.max_moms)
-        factor = 1.0 + self.decay_mom_rate * (iteration - self.shape.total + 1) / self.decay_step_size
+        factor = 1.0 + self.decay_mom_rate * ((iteration - self.shape.total + 1) / self.decay_step_size)
         return [hi * factor for hi in self.max_moms]
 
-    def step(self, epoch: int | None = None) -> None:
-        """Advance one iteration: the lrs (torch's step) and, when cycling momentum, every group's ``betas``."""
-        super().step(epoch)
+    def step(self, batch_iteration: int | None = None, *, last_batch_iteration: int | None = None) -> None:
+        """Advance one iteration (or go to ``batch_iteration``, as DeepSpeed's ``step``): the lrs and, when cycling
+        momentum, every group's ``betas``."""
+        super().step(batch_iteration, last_batch_iteration=last_batch_iteration)
         if self.cycle_momentum:
             self._set_betas(self.moms_at(self.last_batch_iteration))
 
     def _set_betas(self, beta1s: list[float]) -> None:
+        """Write ``(beta1, 0.99)`` into every group (DeepSpeed's OneCycle); a decayed ``beta1`` that left ``[0, 1)``
+        is an error naming the params that drove it there (Adam would divide by ``1 - beta1**t`` <= 0)."""
+        for beta1 in beta1s:
+            if not 0.0 <= beta1 < 1.0:
+                raise ValueError(
+                    f"OneCycle: momentum (beta1) reached {beta1!r} at iteration {self.last_batch_iteration}; "
+                    f"scheduler.params.decay_mom_rate = {self.decay_mom_rate!r} with decay_step_size = "
+                    f"{self.decay_step_size!r} pushes it past 1: lower the rate or cycle_max_mom"
+                )
         for group, beta1 in zip(self.optimizer.param_groups, beta1s):
             group["betas"] = (beta1, _BETA2)

@@ -76,6 +76,14 @@ class IterationScheduler(LRScheduler, abc.ABC):
         self.last_epoch = resume_at + 1
         self._last_lr = [copy_lr(group["lr"]) for group in optimizer.param_groups]
 
+    def step(self, batch_iteration: int | None = None, *, last_batch_iteration: int | None = None) -> None:
+        """DeepSpeed's ``step``: the next iteration, or ``batch_iteration`` (``last_batch_iteration``, the name
+        DeepSpeed's warmup classes use) when given; the lrs become that iteration's closed form."""
+        target = batch_iteration if batch_iteration is not None else last_batch_iteration
+        if target is not None:
+            self.last_epoch = check_resume_iteration(target)  # torch's step adds one: the iteration is `target`
+        super().step()
+
     @abc.abstractmethod
     def lrs_at(self, iteration: int) -> list[float]:
         """Closed-form lrs of every group at DeepSpeed iteration ``iteration`` (>= -1)."""
@@ -87,10 +95,6 @@ class IterationScheduler(LRScheduler, abc.ABC):
 
     def get_lr(self) -> list[float]:  # type: ignore[override]
         """Lrs for the current ``last_epoch`` (torch calls this inside ``step()``)."""
-        return self.lrs_at(self.last_batch_iteration)
-
-    def _get_closed_form_lr(self) -> list[float]:
-        """Same as :meth:`get_lr`; lets the deprecated ``step(epoch)`` jump exactly."""
         return self.lrs_at(self.last_batch_iteration)
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,7 +10,7 @@ One step, per element, with momentum ``m`` (``exp_avg``), gradient ``g``, learni
 ``sign(0) = 0``: an element whose interpolation is exactly 0 (a zero gradient on a zero momentum: an unused
 embedding row, a frozen slice) does not move, as in the paper's and optax's Lion. DeepSpeed's two kernels disagree
 with each other there (the CUDA one moves it by ``+lr``, the CPU one by ``-lr`` or ``+lr`` after the sign bit of
-the zero) and agree with this one everywhere else.
+the zero). The coefficients (``1 - beta``, the decay factor) are formed in fp32, as those kernels form them.
 
 Invariants (unit-tested): the step is elementwise, so a step over any partition of the elements into tensors
 (ZeRO's flat shards) equals the step over the whole tensor bit for bit; the state is ``{"exp_avg"}`` in the
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["Lion", "lion_step"]
+__all__ = ["Lion", "fp32_coefficients", "lion_step"]
 
 Params = Iterable[torch.Tensor] | Iterable[dict[str, Any]]
 
@@ -39,20 +39,38 @@ def lion_step(
     beta2: float,
     weight_decay: float,
 ) -> None:
-    """One Lion update of ``params`` and ``exp_avgs`` in place from ``grads`` (see the module docstring)."""
+    """One Lion update of ``params`` and ``exp_avgs`` in place from ``grads`` (see the module docstring), with the
+    coefficients rounded as DeepSpeed's kernels compute them (:func:`fp32_coefficients`)."""
     if not params:
         return
-    interp = torch._foreach_mul(exp_avgs, beta1)
-    torch._foreach_add_(interp, grads, alpha=1.0 - beta1)
+    b1, keep1, b2, keep2, decay, step = fp32_coefficients(lr, beta1, beta2, weight_decay)
+    interp = torch._foreach_mul(exp_avgs, b1)
+    torch._foreach_add_(interp, grads, alpha=keep1)
     torch._foreach_sign_(interp)
     if weight_decay != 0.0:
-        torch._foreach_mul_(params, 1.0 - lr * weight_decay)
-    torch._foreach_add_(params, interp, alpha=-lr)
-    torch._foreach_mul_(exp_avgs, beta2)
-    torch._foreach_add_(exp_avgs, grads, alpha=1.0 - beta2)
+        torch._foreach_mul_(params, decay)
+    torch._foreach_add_(params, interp, alpha=-step)
+    torch._foreach_mul_(exp_avgs, b2)
+    torch._foreach_add_(exp_avgs, grads, alpha=keep2)
+
+
+def _f32(x: float) -> float:
+    return float(torch.tensor(x, dtype=torch.float32))
+
+
+def fp32_coefficients(
+    lr: float, beta1: float, beta2: float, weight_decay: float
+) -> tuple[float, float, float, float, float, float]:
+    """``(beta1, 1 - beta1, beta2, 1 - beta2, 1 - lr * weight_decay, lr)`` as fp32 arithmetic gives them: DeepSpeed's
+    CPU and CUDA kernels take the hyperparameters as fp32 and form ``1 - beta`` and the decay factor in fp32, so
+    ``1 - 0.999`` is ``0.00099998713``, not ``0.001``; a momentum built with the latter drifts from theirs by 1e-5
+    relative every step, enough to flip the sign of an update near 0."""
+    b1, b2, step = _f32(beta1), _f32(beta2), _f32(lr)
+    return b1, _f32(1.0 - b1), b2, _f32(1.0 - b2), _f32(1.0 - _f32(step * _f32(weight_decay))), step
 
 
 def _check(lr: float, betas: tuple[float, float], weight_decay: float) -> None:
+    """Refuse hyperparameters outside Lion's domain, naming the argument and its value."""
     if not lr >= 0.0:
         raise ValueError(f"Lion: lr = {lr!r} is invalid; expected a number >= 0")
     for i, beta in enumerate(betas):

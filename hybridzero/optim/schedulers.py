@@ -18,9 +18,9 @@ Formulas (``N = max(2, warmup_num_steps)``, as DeepSpeed clamps it):
   ``g = max(0, (total - i) / max(1, total - N))`` (reaches 0 at ``i == total``).
 * WarmupCosineLR (a ratio of each group's lr at construction): during warmup
   ``r = min_ratio + g(i) * (1 - min_ratio)``; then with ``s = i - N + 1`` and
-  ``T = total - N``: ``r = max(0, cos_min + (1 - cos_min) * (1 + cos(pi * s / T)) / 2)``.
-  Pre-start lr = 0.0 for every group.  DeepSpeed does not clamp ``s`` to ``T``: past
-  ``total`` the cosine rises again, and that is reproduced.
+  ``T = max(1, total - N)``: ``r = max(0, cos_min + (1 - cos_min) * (1 + cos(pi * min(1, s / T))) / 2)``
+  (DeepSpeed 0.19 clamps the progress: past ``total`` the ratio stays at ``cos_min``).
+  Pre-start lr = 0.0 for every group.  ``total_num_steps`` below the warmup is logged, as by DeepSpeed.
 
 Defaults (DeepSpeed's): warmup_min_lr=0.0, warmup_num_steps=1000, warmup_type="log";
 WarmupLR's warmup_max_lr defaults to each group's current lr, WarmupDecayLR's to 0.001;
@@ -35,6 +35,7 @@ the next ``step()``.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -58,6 +59,8 @@ __all__ = [
 ]
 
 SUPPORTED_SCHEDULERS: tuple[str, ...] = SCHEDULER_TYPES
+WARMUP_SCHEDULES: tuple[str, ...] = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
+_LOG = logging.getLogger(__name__)
 WARMUP_TYPES: tuple[str, ...] = ("log", "linear")
 _DECAY_DEFAULT_MAX_LR: float = 0.001
 _COS_DEFAULT_MIN_RATIO: float = 0.0001
@@ -137,18 +140,15 @@ def warmup_cosine_lr_ratio(
 ) -> float:
     """WarmupCosineLR's multiplier of each group's base lr at iteration ``step``.
 
-    Reaches ``cos_min_ratio`` at ``step == total_num_steps - 1``; requires
-    ``total_num_steps > max(2, warmup_num_steps)`` once past warmup.
+    Reaches ``cos_min_ratio`` at ``step == total_num_steps - 1`` and stays there (with no cosine window,
+    ``total_num_steps <= max(2, warmup_num_steps)``, right after warmup).
     """
     n = _effective_warmup_steps(warmup_num_steps)
     gamma = warmup_lr_factor(step, warmup_num_steps=n, warmup_type=warmup_type)
     if step < n:
         return warmup_min_ratio + gamma * (1.0 - warmup_min_ratio)
-    real_last_step = step - n + 1
-    real_total_steps = total_num_steps - n
-    if real_total_steps <= 0:
-        raise ValueError(f"total_num_steps={total_num_steps!r} must exceed warmup_num_steps={n!r} for the cosine phase")
-    cosine = (1 + math.cos(math.pi * real_last_step / real_total_steps)) / 2
+    progress = min(1.0, (step - n + 1) / max(1, total_num_steps - n))  # DeepSpeed 0.19's clamp
+    cosine = (1 + math.cos(math.pi * progress)) / 2
     return max(0.0, cos_min_ratio + (1.0 - cos_min_ratio) * cosine)
 
 
@@ -169,18 +169,14 @@ def _warmup_type(value: Any) -> str:
     return value
 
 
-def _total_steps(params: Mapping[str, Any], warmup_steps: int, strict: bool) -> int:
-    """``total_num_steps`` (required) checked against the clamped warmup length."""
+def _total_steps(params: Mapping[str, Any], warmup_steps: int) -> int:
+    """``total_num_steps`` (required); one shorter than the warmup is DeepSpeed's warning, not an error (a short
+    debugging run with the real warmup: the schedule decays straight after the warmup)."""
     if "total_num_steps" not in params:
         raise ValueError("scheduler param 'total_num_steps' is required")
     total = _int("total_num_steps", params["total_num_steps"])
-    n = _effective_warmup_steps(warmup_steps)
-    if total < n or (strict and total == n):
-        relation = "greater than" if strict else "at least"
-        raise ValueError(
-            f"scheduler param 'total_num_steps'={total!r} must be {relation} the effective "
-            f"warmup_num_steps={n!r} (warmup_num_steps={warmup_steps!r}, clamped to >= 2)"
-        )
+    if total < _effective_warmup_steps(warmup_steps):
+        _LOG.warning("total_num_steps %d is less than warmup_num_steps %d", total, warmup_steps)
     return total
 
 
@@ -195,6 +191,10 @@ class DeepSpeedWarmupScheduler(IterationScheduler):
     def __init__(self, optimizer: torch.optim.Optimizer, sched_type: str, params: Mapping[str, Any]) -> None:
         """Validate ``params`` for ``sched_type`` and apply the pre-start lrs."""
         sched_type = canonical_scheduler_type(sched_type)
+        if sched_type not in WARMUP_SCHEDULES:
+            raise ValueError(
+                f"DeepSpeedWarmupScheduler runs {', '.join(WARMUP_SCHEDULES)}, not {sched_type!r}: use build_scheduler"
+            )
         params = validate_scheduler_params(sched_type, params)  # the config's rules: names, types, ranges
         self.sched_type = sched_type
         num_groups = len(optimizer.param_groups)
@@ -202,12 +202,12 @@ class DeepSpeedWarmupScheduler(IterationScheduler):
         self.warmup_num_steps = _int("warmup_num_steps", params.get("warmup_num_steps", _DEFAULT_WARMUP_STEPS))
         self.warmup_type = _warmup_type(params.get("warmup_type", "log"))
         if sched_type == "WarmupCosineLR":
-            self.total_num_steps = _total_steps(params, self.warmup_num_steps, strict=True)
+            self.total_num_steps = _total_steps(params, self.warmup_num_steps)
             self.warmup_min_ratio = number("warmup_min_ratio", params.get("warmup_min_ratio", 0.0))
             self.cos_min_ratio = number("cos_min_ratio", params.get("cos_min_ratio", _COS_DEFAULT_MIN_RATIO))
         else:
             if sched_type == "WarmupDecayLR":
-                self.total_num_steps = _total_steps(params, self.warmup_num_steps, strict=False)
+                self.total_num_steps = _total_steps(params, self.warmup_num_steps)
                 default_max: Any = _DECAY_DEFAULT_MAX_LR
             else:
                 default_max = self.org_lrs

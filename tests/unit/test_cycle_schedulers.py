@@ -165,5 +165,32 @@ def test_deepspeeds_classes_are_the_config_schedules() -> None:
     for make, sched_type, params in cases:
         assert _trace(make(_adam()), 12) == _trace(build_scheduler(sched_type, params, _adam()), 12), sched_type
     assert ds.VALID_LR_SCHEDULES == ["WarmupLR", "WarmupDecayLR", "WarmupCosineLR", "OneCycle", "LRRangeTest"]
-    with pytest.raises(ValueError, match="scheduler.params.cycle_momentm"):
-        ds.OneCycle(_adam(), 0.1, 1.0, cycle_momentm=False)
+    positional = ds.OneCycle(_adam(), 0.1, 1.0, 0.5, 4, None, 0, None, 2)  # DeepSpeed's positional order
+    assert _trace(positional, 10) == _trace(build_scheduler("OneCycle", {**CYCLE, "decay_mom_rate": 0.0}, _adam()), 10)
+
+
+def test_step_to_an_iteration_as_deepspeed() -> None:
+    """DeepSpeed's ``step(batch_iteration)`` goes to that iteration (torch's ``step(epoch)`` would land one short)."""
+    sched = build_scheduler("OneCycle", CYCLE, _adam())
+    sched.optimizer.step()
+    sched.step(5)
+    assert sched.last_batch_iteration == 5 and sched.optimizer.param_groups[0]["lr"] == pytest.approx(0.55)
+    assert sched.optimizer.param_groups[0]["betas"] == (pytest.approx(0.85), 0.99)
+    sched.step()
+    assert sched.last_batch_iteration == 6
+    warm = build_scheduler("WarmupLR", {"warmup_num_steps": 4, "warmup_type": "linear"}, _adam())
+    warm.optimizer.step()
+    warm.step(last_batch_iteration=2)  # the keyword of DeepSpeed's warmup classes
+    assert warm.optimizer.param_groups[0]["lr"] == pytest.approx(0.25)
+
+
+def test_decay_follows_deepspeeds_arithmetic_and_a_runaway_momentum_is_an_error() -> None:
+    params = {**CYCLE, "cycle_second_step_size": 7, "decay_step_size": 3, "decay_mom_rate": 0.0}
+    sched = build_scheduler("OneCycle", params, _adam())
+    for i in range(11, 30):  # after the 4 + 7 cycle: min_lr / (1 + rate * (k / size)), k = i - 11 + 1
+        assert sched.lrs_at(i) == [0.1 / (1.0 + 0.5 * ((i - 10) / 3))], i
+    runaway = build_scheduler("OneCycle", {**CYCLE, "decay_mom_rate": 0.2}, _adam())
+    with pytest.raises(ValueError, match=r"momentum \(beta1\) reached .*decay_mom_rate = 0.2"):
+        for _ in range(40):
+            runaway.optimizer.step()
+            runaway.step()

@@ -11,17 +11,29 @@ from hybridzero.config import load_config
 from hybridzero.ops.adagrad import DeepSpeedCPUAdagrad
 from hybridzero.ops.lion import DeepSpeedCPULion, FusedLion
 from hybridzero.optim.factory import build_optimizer, rebuild_optimizer
-from hybridzero.optim.lion import Lion, lion_step
+from hybridzero.optim.lion import Lion, fp32_coefficients, lion_step
 from hybridzero.plan.memory import states_per_element
 
 
+def _one_minus(x: float) -> float:
+    """``1 - x`` in fp32 tensor arithmetic (how DeepSpeed's kernels form Lion's coefficients)."""
+    return float(torch.tensor(1.0) - torch.tensor(x, dtype=torch.float32))
+
+
 def _formula(p: torch.Tensor, g: torch.Tensor, m: torch.Tensor, lr: float, b1: float, b2: float, wd: float) -> None:
-    """The module docstring's update with plain per-tensor ops, in the same order (so equal bit for bit)."""
-    c = torch.add(m * b1, g, alpha=1.0 - b1).sign()
+    """The module docstring's update with plain per-tensor ops and fp32 coefficients, in the same order (so equal
+    bit for bit)."""
+    c = torch.add(m * b1, g, alpha=_one_minus(b1)).sign()
     if wd != 0.0:
-        p.mul_(1.0 - lr * wd)
+        p.mul_(_one_minus(float(torch.tensor(lr) * torch.tensor(wd))))
     p.add_(c, alpha=-lr)
-    m.mul_(b2).add_(g, alpha=1.0 - b2)
+    m.mul_(b2).add_(g, alpha=_one_minus(b2))
+
+
+def test_coefficients_are_formed_in_fp32() -> None:
+    _, keep1, _, keep2, decay, _ = fp32_coefficients(1e-3, 0.9, 0.999, 0.1)
+    assert keep2 == float(torch.tensor(1.0) - torch.tensor(0.999)) != 1.0 - 0.999
+    assert keep1 == float(torch.tensor(1.0) - torch.tensor(0.9)) and decay == float(1 - torch.tensor(1e-4))
 
 
 def test_one_step_by_hand() -> None:
@@ -30,7 +42,8 @@ def test_one_step_by_hand() -> None:
     lion_step([p], [g], [m], lr=0.1, beta1=0.9, beta2=0.99, weight_decay=0.1)
     # c = 0.1 * g: signs +, -, 0 (no move); decay 1 - 0.1 * 0.1 = 0.99 everywhere
     torch.testing.assert_close(p, torch.tensor([0.99 - 0.1, 0.99 + 0.1, -2.0 * 0.99]), rtol=0, atol=1e-7)
-    torch.testing.assert_close(m, torch.tensor([0.005, -0.005, 0.0]), rtol=0, atol=1e-9)
+    # 1 - 0.99 is formed in fp32 (0.0099999905): within 1e-6 relative of 0.005
+    torch.testing.assert_close(m, torch.tensor([0.005, -0.005, 0.0]), rtol=0, atol=1e-8)
 
 
 def test_zero_interpolation_does_not_move_the_element() -> None:

@@ -3,7 +3,7 @@ takes; accelerate hands a client scheduler of one of these class names to ``init
 schedule classes with its constructor signatures, for scripts that build one themselves
 (``WarmupDecayLR(optimizer, total_num_steps, warmup_max_lr=...)``). Each is hybridzero's scheduler of that type
 (:mod:`hybridzero.optim.schedulers`, :mod:`hybridzero.optim.cycle_schedulers`): the same values as the config's
-block, the same checks and errors (naming ``scheduler.params.<name>``)."""
+block, the same checks and errors (naming the param), and DeepSpeed's ``step(batch_iteration)``."""
 
 from __future__ import annotations
 
@@ -102,9 +102,39 @@ class OneCycle(OneCycleScheduler):
     cycle_second_step_size=None, cycle_first_stair_count=0, cycle_second_stair_count=None, decay_step_size=0,
     cycle_momentum=True, cycle_min_mom=0.8, cycle_max_mom=0.9, decay_mom_rate=0.0, last_batch_iteration=-1)``."""
 
-    def __init__(self, optimizer: torch.optim.Optimizer, cycle_min_lr: Any, cycle_max_lr: Any, **kwargs: Any) -> None:
-        params = {"cycle_min_lr": cycle_min_lr, "cycle_max_lr": cycle_max_lr, **_given(kwargs)}
-        super().__init__(optimizer, params)  # unknown keyword names are refused by the params check, named
+    def __init__(
+        self,
+        optimizer: torch.optim.Optimizer,
+        cycle_min_lr: float | list[float],
+        cycle_max_lr: float | list[float],
+        decay_lr_rate: float = 0.0,
+        cycle_first_step_size: int = 2000,
+        cycle_second_step_size: int | None = None,
+        cycle_first_stair_count: int = 0,
+        cycle_second_stair_count: int | None = None,
+        decay_step_size: int = 0,
+        cycle_momentum: bool = True,
+        cycle_min_mom: float | list[float] = 0.8,
+        cycle_max_mom: float | list[float] = 0.9,
+        decay_mom_rate: float = 0.0,
+        last_batch_iteration: int = -1,
+    ) -> None:
+        params: dict[str, Any] = {
+            "cycle_min_lr": cycle_min_lr,
+            "cycle_max_lr": cycle_max_lr,
+            "decay_lr_rate": decay_lr_rate,
+            "cycle_first_step_size": cycle_first_step_size,
+            "cycle_first_stair_count": cycle_first_stair_count,
+            "decay_step_size": decay_step_size,
+            "cycle_momentum": cycle_momentum,
+            "cycle_min_mom": cycle_min_mom,
+            "cycle_max_mom": cycle_max_mom,
+            "decay_mom_rate": decay_mom_rate,
+            "last_batch_iteration": last_batch_iteration,
+            **_given({"cycle_second_step_size": cycle_second_step_size}),
+            **_given({"cycle_second_stair_count": cycle_second_stair_count}),
+        }
+        super().__init__(optimizer, params)
 
 
 class LRRangeTest(RangeTestScheduler):
