@@ -257,6 +257,15 @@ def validate_scheduler_params(type_: str, params: Any) -> dict[str, Any]:
     prefix = "scheduler.params"
     result = _validate(SCHEDULER_PARAMS[type_], params, prefix)
     if type_ == "OneCycle":
+        for name in ("cycle_min_mom", "cycle_max_mom"):
+            value = result.get(name)
+            if value is not None and any(m >= 1.0 for m in (value if isinstance(value, tuple) else (value,))):
+                key = join_key(prefix, name)
+                raise ConfigError(
+                    f"{key} = {show(thaw(value))} is invalid: a momentum (Adam's beta1) must be below 1",
+                    key=key,
+                    value=value,
+                )
         for name in ("cycle_min_lr", "cycle_max_lr"):
             if result.get(name) is None:
                 key = join_key(prefix, name)

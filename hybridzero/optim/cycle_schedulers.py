@@ -182,7 +182,7 @@ class OneCycleScheduler(IterationScheduler):
                 raise ValueError(
                     f"OneCycle: momentum (beta1) reached {beta1!r} at iteration {self.last_batch_iteration}; "
                     f"scheduler.params.decay_mom_rate = {self.decay_mom_rate!r} with decay_step_size = "
-                    f"{self.decay_step_size!r} pushes it past 1: lower the rate or cycle_max_mom"
+                    f"{self.decay_step_size!r} and cycle_max_mom = {self.max_moms!r} push it to 1 or past: lower them"
                 )
         for group, beta1 in zip(self.optimizer.param_groups, beta1s):
             group["betas"] = (beta1, _BETA2)

@@ -121,6 +121,8 @@ def test_resuming_leaves_the_optimizer_alone_and_state_round_trips() -> None:
         ("OneCycle", {"cycle_max_lr": 1.0}, "scheduler.params.cycle_min_lr is required for OneCycle"),
         ("OneCycle", {"cycle_min_lr": 0.1, "cycle_max_lr": 1.0, "cycle_first_step_size": 0}, "cycle_first_step_size"),
         ("OneCycle", {"cycle_min_lr": 0.1, "cycle_max_lr": 1.0, "cycle_momentm": True}, "cycle_momentm"),
+        ("OneCycle", {"cycle_min_lr": 0.1, "cycle_max_lr": 1.0, "cycle_max_mom": 1.5}, "cycle_max_mom = 1.5"),
+        ("OneCycle", {"cycle_min_lr": 0.1, "cycle_max_lr": 1.0, "cycle_min_mom": [0.8, 1.0]}, "cycle_min_mom"),
         ("LRRangeTest", {"lr_range_test_step_size": 0}, "lr_range_test_step_size"),
         ("LRRangeTest", {"lr_range_test_staircase": "yes"}, "lr_range_test_staircase"),
     ],
