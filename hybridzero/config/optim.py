@@ -124,6 +124,8 @@ class LionParams(_Params):
 
 
 class _Resumable(_Params):
+    """DeepSpeed's ``last_batch_iteration``: -1 starts the schedule, ``i >= 0`` resumes after iteration ``i``."""
+
     last_batch_iteration: Annotated[int, integer(-1)] = -1
 
 
