@@ -13,15 +13,14 @@ from tests.distributed.test_zero3_parity import compare
 from tests.harness.parity import RunSpec, batches_for, build_model, engine_run, reference_run
 from tests.workers.dropin import (
     comm_face,
-    ds_attributes,
     edit_without_modifier,
     fragments_run,
     initialize_with_args,
     module_surface,
     set_state_roundtrip,
     unowned_and_two_engines,
-    unwrap_for_generation,
 )
+from tests.workers.dropin_zero3 import ds_attributes, unwrap_for_generation
 from tests.workers.partition_cache import evicting_run
 
 pytestmark = pytest.mark.timeout(600)

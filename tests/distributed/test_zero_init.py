@@ -15,10 +15,10 @@ from tests.workers.zero_init import (
     gathered_block_frees,
     hf_model_matches_eager,
     init_ds_attributes,
-    init_peak_memory,
     module_argument_partitions_a_built_model,
     parameter_of_a_partitioned_one,
 )
+from tests.workers.zero_init_memory import init_peak_memory
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4])

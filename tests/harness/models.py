@@ -85,6 +85,21 @@ def tiny_llama(seed: int = 0, **overrides: Any) -> transformers.LlamaForCausalLM
     return _finish(transformers.LlamaForCausalLM(config))
 
 
+def block_dominated_llama(layers: int, seed: int = 0) -> transformers.LlamaForCausalLM:
+    """A Llama whose blocks dominate its size (hidden 512, intermediate 2047, vocab 101: ~3.8 M elements a block),
+    for the memory and export tests (build it under ``torch.device("meta")`` for a meta model)."""
+    return tiny_llama(
+        seed,
+        hidden_size=512,
+        intermediate_size=2047,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        head_dim=64,
+        vocab_size=101,
+        num_hidden_layers=layers,
+    )
+
+
 def tiny_opt(
     seed: int = 0, *, project: bool = True, pre_ln: bool = True, **overrides: Any
 ) -> transformers.OPTForCausalLM:

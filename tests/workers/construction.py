@@ -43,19 +43,11 @@ def logits_from_pretrained(path: str, model: str, stage: int) -> float:
 
 
 def big_llama_on_meta(layers: int) -> torch.nn.Module:
-    """A Llama whose blocks dominate its size (vocab 101, hidden 512, intermediate 2047), built on meta."""
-    from tests.harness.models import tiny_llama
+    """:func:`tests.harness.models.block_dominated_llama`, built on meta."""
+    from tests.harness.models import block_dominated_llama
 
     with torch.device("meta"):
-        return tiny_llama(
-            hidden_size=512,
-            intermediate_size=2047,
-            num_attention_heads=8,
-            num_key_value_heads=2,
-            head_dim=64,
-            vocab_size=101,
-            num_hidden_layers=layers,
-        )
+        return block_dominated_llama(layers)
 
 
 def _large_allocations_return_to_os() -> None:

@@ -13,34 +13,19 @@ from unittest import mock
 import torch
 from torch import nn
 
+from tests.harness.models import block_dominated_llama
 from tests.harness.parity import RunSpec, build_model, ds_config
 
 _IDS = torch.arange(14).reshape(2, 7) % 90 + 3  # token ids valid for every tiny vocabulary (>= 98)
 
 
-def big_llama(layers: int, seed: int = 0) -> nn.Module:
-    """A materialized Llama dominated by its blocks (hidden 512, intermediate 2047, vocab 101): ~3.8 M / block."""
-    from tests.harness.models import tiny_llama
-
-    return tiny_llama(
-        seed,
-        hidden_size=512,
-        intermediate_size=2047,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=64,
-        vocab_size=101,
-        num_hidden_layers=layers,
-    )
-
-
 def save_big_checkpoint(ckpt: str, layers: int) -> dict[str, int]:
-    """Per rank: wrap :func:`big_llama` in a ZeRO-3 engine and save it untrained; parameter count and the largest
-    parameter's numel."""
+    """Per rank: wrap :func:`block_dominated_llama` in a ZeRO-3 engine and save it untrained; parameter count and
+    the largest parameter's numel."""
     import hybridzero
 
     hybridzero.init_distributed()
-    model = big_llama(layers)
+    model = block_dominated_llama(layers)
     sizes = [p.numel() for p in model.parameters()]
     engine, *_ = hybridzero.initialize(
         model=model, config=ds_config(RunSpec(lr=1e-3), torch.distributed.get_world_size())

@@ -1,10 +1,10 @@
 """Per-rank bodies for ``zero.Init`` tests: construction under Init equals eager construction bit for bit, writes
-made by constructors survive, the hooks do not outlive the block, and no rank ever holds the whole model."""
+made by constructors survive, the hooks do not outlive the block (the memory measurement, that no rank ever holds
+the whole model: :mod:`tests.workers.zero_init_memory`)."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 from typing import Any
 
 import torch
@@ -12,7 +12,6 @@ from torch import nn
 
 from tests.harness.models import MODEL_FACTORIES
 from tests.harness.parity import RunSpec, batches_for, ds_config
-from tests.workers.construction import live_tensor_bytes
 
 
 def _gathered(params: list[nn.Parameter], modifier_rank: int | None) -> contextlib.AbstractContextManager[None]:
@@ -238,70 +237,6 @@ def enabled_false_and_exceptions() -> dict[str, Any]:
         "whole_after": whole,
         "errors": bad,
         "initialize_inside": inside,
-    }
-
-
-def big_llama(layers: int) -> nn.Module:
-    """The construction test's block-dominated Llama (hidden 512, intermediate 2047, vocab 101), built for real."""
-    from tests.harness.models import tiny_llama
-
-    return tiny_llama(
-        hidden_size=512,
-        intermediate_size=2047,
-        num_attention_heads=8,
-        num_key_value_heads=2,
-        head_dim=64,
-        vocab_size=101,
-        num_hidden_layers=layers,
-    )
-
-
-def _allocations_return_to_os() -> None:
-    """glibc: serve every allocation of 32 KiB or more with its own mmap (also the per-rank shards of 1M-element
-    parameters, just under 1 MiB at world 4), so freed temporaries leave the process at once and the RSS high-water
-    mark measures live memory rather than heap the allocator keeps."""
-    libc = ctypes.CDLL("libc.so.6")
-    libc.mallopt(-3, 32 << 10)  # M_MMAP_THRESHOLD
-    libc.mallopt(-1, 32 << 10)  # M_TRIM_THRESHOLD
-
-
-def _reset_peak_rss() -> int:
-    """Reset this process's RSS high-water mark (Linux: ``clear_refs`` 5) and return the resident bytes now."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status_bytes("VmRSS")
-
-
-def _status_bytes(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-    raise KeyError(key)
-
-
-def init_peak_memory(layers: int) -> dict[str, Any]:
-    """Build ``big_llama(layers)`` under ``zero.Init``; report the growth of the process's RSS high-water mark
-    (reset just before) during construction, the live tensor bytes after it, and the model's sizes."""
-    import hybridzero
-
-    _allocations_return_to_os()
-    hybridzero.init_distributed()
-    big_llama(1)  # import and warm up the model classes outside the measurement
-    live0 = live_tensor_bytes()
-    rss0 = _reset_peak_rss()
-    with hybridzero.zero.Init() as init:
-        model = big_llama(layers)
-    rss_growth = _status_bytes("VmHWM") - rss0
-    assert init.store is not None
-    sizes = [p.numel() for p in model.parameters()]
-    return {
-        "numel": sum(sizes),
-        "largest": max(sizes),
-        "rss_growth": rss_growth,
-        "live_growth": live_tensor_bytes() - live0,
-        "held": init.store.held_bytes(),
-        "open_after": len(init.store.open_params()),
     }
 
 
