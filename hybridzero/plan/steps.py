@@ -2,7 +2,8 @@
 
 :class:`StepSimulator` replays the coordinator's rules (``zero/coordinator.py``) on :class:`GroupShape` metadata:
 the root group is used at the root pre-forward, each block's groups around the block's forward; a block's groups
-are kept for the backward by DeepSpeed's reuse rule (``stage3_max_reuse_distance``, ``stage3_max_live_parameters``)
+are kept for the backward by DeepSpeed's reuse rule (``stage3_max_reuse_distance`` or the prefetch bucket,
+``stage3_max_live_parameters``)
 or released (building an hpZ secondary first); the backward uses the root once per output tensor that requires grad
 (``root_outputs``: a causal LM called with labels returns loss and logits) and the blocks in reverse order,
 reducing each group once all its trainable gradients arrived. The trace-based prefetch is the engine's own
@@ -155,11 +156,11 @@ class StepSimulator:
         live = self._live((_State.GATHERING, _State.GATHERED)) * self.item
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, live)
 
-    def _prefetch(self, upcoming: list[int], current: _Group, kind: str) -> None:
-        """``ZeroCoordinator._prefetch``."""
+    def _prefetch(self, upcoming: list[int], current: _Group | None, kind: str) -> None:
+        """``ZeroCoordinator._prefetch`` (``current`` None: ``prefetch_ahead``, a root without parameters)."""
         inflight = self._live((_State.GATHERING,))
         live = self._live((_State.GATHERING, _State.GATHERED))
-        batch: list[_Group] = [current] if current.state is _State.SHARDED else []
+        batch: list[_Group] = [current] if current is not None and current.state is _State.SHARDED else []
         for gid in upcoming:
             cand = self.state[gid]
             if cand is current or cand.state is not _State.SHARDED or any(c is cand for c in batch):
@@ -191,7 +192,7 @@ class StepSimulator:
         if g.shape.always_full:
             return False
         distance = self.prefetcher.distance_to_end(lambda gid: self.state[gid].numel)
-        if distance is None or distance >= self.prefetcher.max_reuse_distance:
+        if distance is None or distance >= self.prefetcher.keep_distance:
             return False
         return self._live((_State.GATHERING, _State.GATHERED)) <= self.prefetcher.max_live_elems
 
@@ -216,6 +217,8 @@ class StepSimulator:
         self.prefetcher.begin("forward")
         if root is not None:
             self._use(root, "forward")
+        elif self.prefetcher.enabled and self.prefetcher.upcoming():
+            self._prefetch(self.prefetcher.upcoming(), None, "forward")  # ``ZeroCoordinator.prefetch_ahead``
         for block in self._blocks():
             for g in block:
                 self._use(g, "forward")
@@ -320,8 +323,7 @@ class StepSimulator:
         """``Engine._apply_update`` at the accumulation boundary (no overflow)."""
         if self.cfg.fp16.enabled or self.cfg.skip_nonfinite_steps:
             self._record("all_reduce", "world", "step", 4)  # the float32 overflow flag, MAX
-        if self.cfg.gradient_clipping > 0:
-            self._record("all_reduce", "world", "step", 8)  # the fp64 sum of squares
+        self._record("all_reduce", "world", "step", 8)  # the fp64 sum of squares (the norm, clipping or not)
         for g in self.state:
             shape = g.shape
             if shape.n_trainable == 0:

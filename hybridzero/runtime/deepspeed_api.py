@@ -118,7 +118,8 @@ class DeepSpeedEngineAPI:
         return self.config.zero.stage > 0
 
     def get_global_grad_norm(self) -> float | None:
-        """The global gradient norm of the last step (computed when ``gradient_clipping`` > 0), else ``None``."""
+        """The global gradient norm (before clipping) of the last applied step, as DeepSpeed's; ``None`` before the
+        first."""
         return self.last_grad_norm
 
     # --- ranks ------------------------------------------------------------------------------------------------------

@@ -118,20 +118,34 @@ class EngineTraining(DeepSpeedEngineAPI):
             _LOG.info("step=%d, skipped=%d, lr=%s", self.global_steps, self.skipped_steps, self.get_lr())
 
     def _apply_update(self) -> None:
+        if self.optimizer_step():
+            if self.lr_scheduler is not None:
+                self.lr_scheduler.step()
+            with self.comm.ledger.timer.region("copy.zero_grad"):
+                self.zero_grad()
+
+    def optimizer_step(self) -> bool:
+        """DeepSpeed's ZeRO optimizer step (``engine.optimizer.step()``; ``engine.step()`` runs it at the boundary,
+        then the scheduler and ``zero_grad``): agree on overflow (fp16, ``skip_nonfinite_steps``), unscale, compute
+        the global gradient norm (always, as DeepSpeed: ``get_global_grad_norm()``) and clip by it when
+        ``gradient_clipping`` is set, step the fp32 master shards and propagate them. Every rank calls it. Returns
+        whether the update was applied (False: skipped for inf/nan, gradients dropped)."""
         if self.optimizer is None:
             raise RuntimeError("engine.step() needs an optimizer: pass optimizer= or an 'optimizer' config block")
         self.release_held()
         self.assert_quiescent()
         self.overflow = False
         if self.config.fp16.enabled and not self._unscale_or_skip():
-            return
+            return False
         if not self.config.fp16.enabled and self.skip_nonfinite_steps and self._skip_nonfinite():
-            return
+            return False
         timer = self.comm.ledger.timer  # the step profile's regions (no-ops unless a benchmark turns it on)
-        if self.config.gradient_clipping > 0:
-            with timer.region("compute.optimizer"):
+        with timer.region("compute.optimizer"):
+            if self.config.gradient_clipping > 0:
                 norm = sharded.clip_grad_shards(self.groups, self.comm, self.config.gradient_clipping)
-                self.last_grad_norm = float(norm)
+            else:
+                norm = sharded.global_grad_norm(self.groups, self.comm)
+            self.last_grad_norm = float(norm)
         trained = [g for g in self.groups if g.n_trainable > 0]  # frozen groups never change: nothing to move
         for group in trained:
             group.assemble_grad()
@@ -140,14 +154,12 @@ class EngineTraining(DeepSpeedEngineAPI):
                 self.swapper.step()  # ZeRO-Infinity: master + state streamed chunk by chunk (grads bound per chunk)
             else:
                 sharded.bind_grads(self._leaves)
-                self.optimizer.step()
-        if self.lr_scheduler is not None:
-            self.lr_scheduler.step()
+                with self.optimizer.stepping_inner():
+                    self.optimizer.step()  # the facade, as a scheduler wraps it: the inner optimizer's step
         with timer.region("copy.write_shard"):
             for group in trained:
                 group.write_shard()
-        with timer.region("copy.zero_grad"):
-            self.zero_grad()
+        return True
 
     def _unscale_or_skip(self) -> bool:
         """fp16: agree on overflow across ranks (MAX of a local inf/nan flag), move the loss scale, and either skip

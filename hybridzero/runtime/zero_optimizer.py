@@ -7,11 +7,15 @@ partitions and the loss scale from it. :class:`ZeroOptimizer` is that wrapper's 
 ``zero_grad``, ``state_dict``, hooks; other attributes are read through) to the one torch optimizer the engine
 built, and computes DeepSpeed's names from the engine's gather groups on every read.
 
-Sub-groups: one per optimizer *leaf* (an ``nn.Parameter`` sharing the storage of one contiguous range of a gather
-group's fp32 master shard, the elements of one optimizer param group in that gather group on this rank; see
-:mod:`hybridzero.optim.sharded`). DeepSpeed's ``fp16_groups[j]`` are the model parameters whose elements leaf ``j``
-holds (on this rank), ``fp32_partitioned_groups_flat[j]`` is leaf ``j`` itself (a key of ``optimizer.state``),
-``get_fp32_grad_partitions()[j][i]`` is this rank's part of the fp32 gradient of ``fp16_groups[j][i]``.
+Sub-groups: DeepSpeed's sub-group ``j`` is optimizer param group ``j`` (its default ``sub_group_size`` splits
+none). The storage behind it is one optimizer *leaf* per gather group holding elements of that param group (an
+``nn.Parameter`` sharing the storage of one contiguous range of the gather group's fp32 master shard on this rank;
+see :mod:`hybridzero.optim.sharded`). ``fp16_groups[j]`` are the model parameters of param group ``j`` whose
+elements this rank holds (leaf by leaf), ``get_fp32_grad_partitions()[j][i]`` / ``averaged_gradients[j][i]`` this
+rank's part of the fp32 gradient of ``fp16_groups[j][i]``; ``fp32_partitioned_groups_flat`` lists the leaves
+themselves (keys of ``optimizer.state``), one per param group only when no param group spans several gather groups.
+``step()`` is DeepSpeed's ZeRO step (unscale, norm, clip, update, propagate) and ``zero_grad()`` zeroes the gradient
+shards, as DeepSpeed's wrapper's do.
 
 Invariants: nothing is copied; every tensor answered is a view of the live master or gradient shard (a write through
 it is a write to the shard, reads after a step see the step); the ranks' gradient parts of one parameter, in rank
@@ -22,7 +26,8 @@ shards hold loss-scaled values until ``engine.step()`` unscales them, as DeepSpe
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -51,6 +56,14 @@ class OptimizerHost(Protocol):
     last_grad_norm: float | None
     overflow: bool
 
+    def optimizer_step(self) -> bool:
+        """The engine's ZeRO optimizer step (no scheduler, no ``zero_grad``, no counters)."""
+        ...
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero the engine's gradient shards."""
+        ...
+
     @property
     def coordinator(self) -> HookOwner:
         """The engine's coordinator (its fetch hooks)."""
@@ -67,6 +80,7 @@ class SubGroup:
     lo: int
     hi: int
     params: tuple[tuple[nn.Parameter, int, int], ...]
+    param_group: int  # index in optimizer.param_groups
 
 
 def _shard_start(group: ShardedGroup) -> int:
@@ -86,7 +100,7 @@ def _locate(leaf: torch.Tensor, groups: Sequence[ShardedGroup]) -> tuple[Sharded
 def sub_groups(optimizer: torch.optim.Optimizer, groups: Sequence[ShardedGroup]) -> list[SubGroup]:
     """Every leaf of ``optimizer`` (param groups in order), located in ``groups``, with the parameters it covers."""
     out: list[SubGroup] = []
-    for param_group in optimizer.param_groups:
+    for index, param_group in enumerate(optimizer.param_groups):
         for leaf in param_group["params"]:
             group, lo = _locate(leaf, groups)
             hi, start = lo + leaf.numel(), _shard_start(group)
@@ -95,7 +109,7 @@ def sub_groups(optimizer: torch.optim.Optimizer, groups: Sequence[ShardedGroup])
                 a, b = max(slot.spec.offset - start, lo), min(slot.spec.end - start, hi)
                 if a < b and slot.trainable:
                     covered.append((slot.param, a, b))
-            out.append(SubGroup(leaf, group, lo, hi, tuple(covered)))
+            out.append(SubGroup(leaf, group, lo, hi, tuple(covered), index))
     return out
 
 
@@ -128,7 +142,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     def __getattr__(self, name: str) -> Any:
         """Attributes the facade does not define are the inner optimizer's (its hook dicts, a client's extras)."""
-        if name.startswith("__") or name in ("_inner", "_host", "_stage"):
+        if name.startswith("__") or name in ("_inner", "_host", "_stage", "_inner_only"):
             raise AttributeError(name)
         own = getattr(type(self), name, None)
         if isinstance(own, property) and own.fget is not None:
@@ -182,13 +196,31 @@ class ZeroOptimizer(torch.optim.Optimizer):
         self._inner.defaults = value
 
     def step(self, closure: Callable[[], float] | None = None) -> Any:
-        """The inner optimizer's step on the master leaves (``engine.step()`` is what unscales, clips, steps and
-        writes the shards back; call that)."""
-        return self._inner.step(closure) if closure is not None else self._inner.step()
+        """DeepSpeed's ZeRO optimizer step (every rank calls it): unscale, global norm and clipping, the inner
+        optimizer's step on the master shards, propagation to the parameters (:meth:`Engine.optimizer_step`); the
+        scheduler, ``zero_grad`` and the step counters are ``engine.step()``'s, as in DeepSpeed. Inside the engine's
+        own update it is the inner optimizer's step (a scheduler's wrapper around this method still sees it)."""
+        if self.__dict__.get("_inner_only", False):
+            return self._inner.step(closure) if closure is not None else self._inner.step()
+        if closure is not None:
+            raise ValueError("engine.optimizer.step(closure): the ZeRO step takes no closure (as DeepSpeed's)")
+        self._host.optimizer_step()
+        return None
+
+    @contextmanager
+    def stepping_inner(self) -> Iterator[None]:
+        """Within the block, :meth:`step` is the inner optimizer's step (the engine's update calls it so)."""
+        self.__dict__["_inner_only"] = True
+        try:
+            yield
+        finally:
+            self.__dict__["_inner_only"] = False
 
     def zero_grad(self, set_to_none: bool = True) -> None:
-        """The inner optimizer's ``zero_grad`` (the leaves' gradients are re-bound to the shards at each step)."""
+        """Zero the reduced gradient shards, as DeepSpeed's ZeRO ``zero_grad`` zeroes its gradient partitions (and
+        the inner optimizer's ``zero_grad``: the leaves' gradients are re-bound to the shards at each step)."""
         self._inner.zero_grad(set_to_none=set_to_none)
+        self._host.zero_grad()
 
     def state_dict(self) -> dict[str, Any]:
         return self._inner.state_dict()
@@ -208,10 +240,17 @@ class ZeroOptimizer(torch.optim.Optimizer):
             raise AttributeError("DeepSpeed's ZeRO optimizer names exist at ZeRO stages 1-3 (this engine runs stage 0)")
         return sub_groups(self._inner, self._host.groups)
 
+    def _by_param_group(self) -> list[list[SubGroup]]:
+        """The leaves of each optimizer param group (DeepSpeed's sub-groups, ``sub_group_size`` never splitting)."""
+        out: list[list[SubGroup]] = [[] for _ in self._inner.param_groups]
+        for sg in self._sub_groups():
+            out[sg.param_group].append(sg)
+        return out
+
     @property
     def fp16_groups(self) -> list[list[nn.Parameter]]:
-        """Per sub-group, the model parameters whose elements its leaf holds on this rank."""
-        return [[p for p, _, _ in sg.params] for sg in self._sub_groups()]
+        """Per optimizer param group (DeepSpeed's sub-group), the model parameters whose elements this rank holds."""
+        return [[p for sg in leaves for p, _, _ in sg.params] for leaves in self._by_param_group()]
 
     @property
     def bit16_groups(self) -> list[list[nn.Parameter]]:
@@ -220,7 +259,9 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     @property
     def fp32_partitioned_groups_flat(self) -> list[nn.Parameter]:
-        """Per sub-group, its fp32 master leaf (live: shares the master shard's storage; a key of ``state``)."""
+        """Per optimizer leaf, the fp32 master leaf (live: shares the master shard's storage; a key of ``state``).
+        A param group spread over several gather groups has one leaf in each, so entry ``j`` is param group ``j``'s
+        flat fp32 partition only when every param group has one leaf (a model without blocks)."""
         return [sg.leaf for sg in self._sub_groups()]
 
     @property
@@ -229,15 +270,19 @@ class ZeroOptimizer(torch.optim.Optimizer):
         return self.fp32_partitioned_groups_flat
 
     def get_fp32_grad_partitions(self) -> dict[int, dict[int, torch.Tensor]]:
-        """``{sub_group: {i: this rank's part of the fp32 gradient of fp16_groups[sub_group][i]}}``: views of the
-        reduced (averaged, accumulated over micro-steps) gradient shard."""
-        return {j: dict(enumerate(_grad_parts(sg))) for j, sg in enumerate(self._sub_groups())}
+        """``{param_group: {i: this rank's part of the fp32 gradient of fp16_groups[param_group][i]}}``: views of the
+        reduced (averaged, accumulated over micro-steps) gradient shards; the last parameter of a gather group
+        includes the shard's zero padding, as DeepSpeed's padded partitions do."""
+        return {j: dict(enumerate(parts)) for j, parts in enumerate(self._grad_parts())}
 
     @property
     def averaged_gradients(self) -> dict[int, list[torch.Tensor]]:
-        """``{sub_group: [gradient parts]}``, as :meth:`get_fp32_grad_partitions` (gradients are reduced at the end
-        of every backward here, so ``engine.allreduce_gradients()`` has nothing left to do)."""
-        return {j: _grad_parts(sg) for j, sg in enumerate(self._sub_groups())}
+        """``{param_group: [gradient parts]}``, as :meth:`get_fp32_grad_partitions` (gradients are reduced at the
+        end of every backward here, so ``engine.allreduce_gradients()`` has nothing left to do)."""
+        return dict(enumerate(self._grad_parts()))
+
+    def _grad_parts(self) -> list[list[torch.Tensor]]:
+        return [[part for sg in leaves for part in _grad_parts(sg)] for leaves in self._by_param_group()]
 
     @property
     def parameter_offload(self) -> ParameterFetch:
@@ -248,7 +293,7 @@ class ZeroOptimizer(torch.optim.Optimizer):
 
     @property
     def _global_grad_norm(self) -> float | None:
-        """The global gradient norm of the last applied step (computed when ``gradient_clipping`` is set)."""
+        """The global gradient norm (before clipping) of the last applied step; ``None`` before the first."""
         return self._host.last_grad_norm
 
     @property
@@ -298,4 +343,5 @@ def _grad_parts(sg: SubGroup) -> list[torch.Tensor]:
     """Views of the gradient shard for each parameter of ``sg`` (the stage-0 whole copy is not a shard: refused)."""
     if sg.group.mode is ShardMode.DDP:
         raise AttributeError("gradient partitions exist at ZeRO stages 1-3")
-    return [sg.group.grad_shard[a:b] for _, a, b in sg.params]
+    shard, last = sg.group.grad_shard, sg.group.slots[-1].param
+    return [shard[a : shard.numel() if p is last else b] for p, a, b in sg.params]

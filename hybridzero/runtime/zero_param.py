@@ -2,7 +2,8 @@
 
 ``ds_tensor`` is a copy of this rank's part of the parameter in the compute dtype, flattened, exactly the size of
 ``safe_get_local_fp32_param``'s answer (DeepSpeed's partition of the parameter; here cut at the gather group's partition
-boundaries). ``ds_status`` is the parameter's gather group's state: ``AVAILABLE`` while the group is whole (inside
+boundaries); ``ds_tensor.data = value`` writes that part, as ``safe_set_local_fp32_param`` does. ``ds_status`` is
+the parameter's gather group's state: ``AVAILABLE`` while the group is whole (inside
 ``GatheredParameters``, a forward, a generation block, or always for a persistent group but after
 ``empty_partition_cache()``), ``INFLIGHT`` while its all-gather is in flight, else ``NOT_AVAILABLE``. ``ds_persist``
 is whether the parameter's group is the persistent one (parameters of at most ``stage3_param_persistence_threshold``
@@ -19,7 +20,7 @@ from torch import nn
 from hybridzero.runtime.fragments import FragmentHost, TensorFragments, master_range, param_part
 from hybridzero.zero.gathered import ZeroParamOwner
 from hybridzero.zero.group_types import GroupState
-from hybridzero.zero.param_view import DS_ATTRIBUTES, ZeroParameter, ZeroParamStatus, adopt, release
+from hybridzero.zero.param_view import DS_ATTRIBUTES, LocalPart, ZeroParameter, ZeroParamStatus, adopt, release
 
 __all__ = ["EngineParams", "ZeroParameter", "adopt", "release"]
 
@@ -56,4 +57,5 @@ def _answer(fragments: EngineParams, param: nn.Parameter, name: str) -> Any:
     part = param_part(master_range(group), slot)
     with group.master_resident() as master:  # NVMe offload: read from its file
         local = master[part[0] : part[1]] if part else master.new_empty(0)
-        return local.to(group.compute_dtype, copy=True)
+        copy = local.to(group.compute_dtype, copy=True)
+    return LocalPart.of(copy, lambda value: fragments.set_local_fp32(slot.param, value))

@@ -191,6 +191,8 @@ class ZeroCoordinator(PhaseMachine):
             self._note_root_forward()
         if self._root is not None:
             self.use(self._root, "forward")
+        elif self._depth == 1:
+            self.prefetch_ahead("forward")
 
     def _root_post_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         if self.bypass:

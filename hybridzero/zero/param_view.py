@@ -1,4 +1,4 @@
-"""DeepSpeed's read-only per-parameter ZeRO-3 attributes (``ds_id``, ``ds_shape``, ``ds_numel``, ``ds_tensor``,
+"""DeepSpeed's per-parameter ZeRO-3 attributes (``ds_id``, ``ds_shape``, ``ds_numel``, ``ds_tensor``,
 ``ds_status``, ``ds_persist``) without storing anything on tensors.
 
 DeepSpeed sets these attributes on every parameter that ``zero.Init`` or a ZeRO-3 engine partitions, and code
@@ -12,13 +12,15 @@ written into the tensor.
 Invariants: an owner answers through :class:`DsOwner` (``ds_attribute(param, name)``) and raises ``AttributeError``
 for a parameter it does not partition (an engine at stage 0-2); a ``ZeroParameter`` no owner holds (a copy, after
 ``engine.destroy()``) has none of the attributes (``hasattr`` is False, as for a plain parameter); the attributes are
-read-only; ``ds_status`` is ``AVAILABLE`` exactly while the full value is on this rank.
+read-only but for ``ds_tensor.data = value``, which writes ``value`` into this rank's part of the parameter (its
+master) through the owner, as DeepSpeed's tests write its live partition (:class:`LocalPart`); ``ds_status`` is
+``AVAILABLE`` exactly while the full value is on this rank.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 import torch
@@ -26,7 +28,7 @@ from torch import nn
 
 from hybridzero.zero.registry import REGISTRY
 
-__all__ = ["DS_ATTRIBUTES", "DsOwner", "ZeroParamStatus", "ZeroParameter", "adopt", "release"]
+__all__ = ["DS_ATTRIBUTES", "DsOwner", "LocalPart", "ZeroParamStatus", "ZeroParameter", "adopt", "release"]
 
 DS_ATTRIBUTES: tuple[str, ...] = ("ds_id", "ds_shape", "ds_numel", "ds_tensor", "ds_status", "ds_persist")
 
@@ -46,6 +48,42 @@ class DsOwner(Protocol):
     def ds_attribute(self, param: nn.Parameter, name: str) -> Any:
         """The value of ``name`` (one of :data:`DS_ATTRIBUTES`) for ``param``; ``AttributeError`` if not provided."""
         ...
+
+
+class LocalPart(torch.Tensor):
+    """``ds_tensor``'s answer: a copy of this rank's part of a parameter (a plain tensor in every operation) whose
+    ``.data = value`` also writes ``value`` into the owner's shard, as assigning DeepSpeed's ``ds_tensor.data``
+    replaces its live partition. Only that assignment writes; in-place edits of the copy stay on the copy.
+
+    Invariant: after ``part.data = value``, the parameter's next gather reads ``value`` on this rank's part (the
+    owner validates the size and keeps every derived cache consistent, as ``safe_set_local_fp32_param`` does)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl  # type: ignore[assignment]
+    _write: Callable[[torch.Tensor], None]
+
+    @staticmethod
+    def of(copy: torch.Tensor, write: Callable[[torch.Tensor], None]) -> LocalPart:
+        """Wrap ``copy`` (a tensor this object now owns) with the owner's writer."""
+        part = copy.as_subclass(LocalPart)
+        part._write = write
+        return part
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled (sent to another process, saved) as the plain tensor it is: the writer stays here."""
+        return torch.Tensor.__reduce_ex__(self.as_subclass(torch.Tensor), protocol)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> torch.Tensor:
+        """A deep copy is a plain tensor of the same values (writing it writes nothing back)."""
+        return self.as_subclass(torch.Tensor).clone()
+
+    @property
+    def data(self) -> torch.Tensor:
+        return torch.Tensor.data.__get__(self)  # type: ignore[attr-defined]
+
+    @data.setter
+    def data(self, value: torch.Tensor) -> None:
+        self._write(value)
+        torch.Tensor.data.__set__(self, value)  # type: ignore[attr-defined]
 
 
 class ZeroParameter(nn.Parameter):
@@ -74,7 +112,8 @@ class ZeroParameter(nn.Parameter):
 
     @property
     def ds_tensor(self) -> torch.Tensor:
-        """A copy of this rank's part of the parameter, flattened (possibly empty)."""
+        """A copy of this rank's part of the parameter, flattened (possibly empty); ``ds_tensor.data = value`` writes
+        the part (:class:`LocalPart`)."""
         return self._ask("ds_tensor")
 
     @property

@@ -2,8 +2,9 @@
 
 Default plan, generic for any Hugging Face causal LM (nothing is special-cased per architecture):
 * the transformer blocks are the children of the largest ``nn.ModuleList`` whose children all share one class (in
-  a model without one, of the largest such ``nn.Sequential``); each block is one gather group, gathered around the
-  block's forward;
+  a model without one, of the largest such ``nn.Sequential``; in a model with neither, the largest set of sibling
+  submodules of one user-defined class: blocks registered one by one, ``self.layer1 = Block(...)``, …); each block
+  is one gather group, gathered around the block's forward;
 * every other parameter (embeddings, final norms, heads, projections such as OPT's project_in/out) joins the
   *root* group, gathered for the whole root forward;
 * a parameter reachable from more than one block, or from a block and outside it (tied weights), joins the root
@@ -50,13 +51,34 @@ class GroupPlan:
 def find_blocks(module: nn.Module) -> list[str]:
     """Qualified names of the transformer blocks: the children of the largest homogeneous ``nn.ModuleList`` (every
     Hugging Face decoder), or, in a model with none, of the largest homogeneous ``nn.Sequential`` (``nn.Sequential(
-    *blocks)`` stacks, as timm's vision transformers build them). Empty when there is neither: everything is then in
-    the root group."""
+    *blocks)`` stacks, as timm's vision transformers build them), or, with neither, the largest set of sibling
+    submodules sharing one class defined outside torch (:func:`_largest_sibling_set`). Empty when there is none:
+    everything is then in the root group."""
     for kind in (nn.ModuleList, nn.Sequential):
         found = _largest_homogeneous(module, kind)
         if found:
             return found
-    return []
+    return _largest_sibling_set(module)
+
+
+def _largest_sibling_set(module: nn.Module) -> list[str]:
+    """Blocks registered one by one (``self.layer1 = Block(); self.layer2 = Block()``): among the children of each
+    submodule, the ones of one class defined outside torch (torch's own layers, ``fc1``/``fc2`` ``nn.Linear``, stay in
+    their parent's group), with a ``forward`` of their own and parameters, when there are at least two; the set
+    holding the most parameter elements wins (the first of equals). Each is then gathered around its own forward,
+    as DeepSpeed fetches every submodule. Empty if there is no such set."""
+    best: tuple[int, list[str]] | None = None
+    for name, sub in module.named_modules():
+        by_class: dict[type[nn.Module], list[tuple[str, nn.Module]]] = {}
+        for child_name, child in sub.named_children():
+            by_class.setdefault(type(child), []).append((child_name, child))
+        for cls, children in by_class.items():
+            if len(children) < 2 or cls.__module__.split(".")[0] == "torch" or cls.forward is nn.Module.forward:
+                continue
+            size = sum(p.numel() for _, child in children for p in child.parameters())
+            if all(any(True for _ in child.parameters()) for _, child in children) and (best is None or size > best[0]):
+                best = (size, [f"{name}.{c}" if name else c for c, _ in children])
+    return [] if best is None else best[1]
 
 
 def _largest_homogeneous(module: nn.Module, kind: type[nn.Module]) -> list[str]:

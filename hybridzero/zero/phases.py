@@ -95,11 +95,19 @@ class PhaseMachine:
         )
         self.peak_gathered_bytes = max(self.peak_gathered_bytes, live)
 
-    def _prefetch(self, upcoming: list[int], current: ShardedGroup, kind: str) -> None:
+    def prefetch_ahead(self, kind: str) -> None:
+        """At the start of a phase whose root has no group of its own to gather: launch the prefetch of the
+        trace's first groups, as DeepSpeed's root pre-forward does. A hint: nothing waits on it here, and every
+        gather it starts is owned by its group (drained at the phase end like any other)."""
+        upcoming = self.prefetcher.upcoming() if self.prefetcher.active_kind == kind else []
+        if upcoming and self.prefetcher.enabled:
+            self._prefetch(upcoming, None, kind)
+
+    def _prefetch(self, upcoming: list[int], current: ShardedGroup | None, kind: str) -> None:
         inflight = sum(g.numel for g in self.groups if g.state is GroupState.GATHERING)
         live = sum(g.numel for g in self.groups if g.state is not GroupState.SHARDED and not g.always_full)
         # the group needed now joins the batch when it is not in flight yet: one collective instead of two
-        batch: list[ShardedGroup] = [current] if current.state is GroupState.SHARDED else []
+        batch: list[ShardedGroup] = [current] if current is not None and current.state is GroupState.SHARDED else []
         for gid in upcoming:
             cand = self.groups[gid]
             if cand is current or cand.state is not GroupState.SHARDED or any(c is cand for c in batch):
@@ -144,14 +152,16 @@ class PhaseMachine:
 
     def _keep_for_backward(self, group: ShardedGroup) -> bool:
         """DeepSpeed's reuse rule across the forward→backward boundary: keep a group gathered if (by the valid
-        forward trace) its backward use comes within ``stage3_max_reuse_distance`` elements of other groups and
-        the live total stays within ``stage3_max_live_parameters`` -- and only when the previous grad-enabled root
+        forward trace) its backward use comes within ``stage3_max_reuse_distance`` elements of other groups, or
+        within the prefetch bucket (``stage3_prefetch_bucket_size``: DeepSpeed's prefetcher, scanning the trace
+        ahead, leaves gathered what it would fetch again; :attr:`Prefetcher.keep_distance`), and the live total
+        stays within ``stage3_max_live_parameters`` -- and only when the previous grad-enabled root
         forward was followed by a backward (DeepSpeed's trace is one recorded step: after forwards without a
         backward it holds no backward use, so nothing is kept). A hint like prefetch: values are identical."""
         if not self._backward_may_follow() or not self._backward_followed or group.always_full:
             return False
         distance = self.prefetcher.distance_to_end(lambda gid: self.groups[gid].numel)
-        if distance is None or distance >= self.prefetcher.max_reuse_distance:  # 0 turns the rule off
+        if distance is None or distance >= self.prefetcher.keep_distance:  # both 0 turn the rule off
             return False
         live = sum(g.numel for g in self.groups if not g.always_full and g.state is not GroupState.SHARDED)
         return live <= self.prefetcher.max_live_elems

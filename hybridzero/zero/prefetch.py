@@ -60,6 +60,19 @@ class Prefetcher:
         self.invalidations += 1
         return []
 
+    @property
+    def keep_distance(self) -> int:
+        """How close (elements of other groups) a group's next use must be for it to stay gathered across the
+        forward→backward boundary: ``stage3_max_reuse_distance``, or the prefetch bucket when larger (DeepSpeed's
+        prefetcher leaves gathered what it would fetch again within its bucket). 0 with both 0."""
+        return max(self.max_reuse_distance, self.bucket_elems)
+
+    def upcoming(self) -> list[int]:
+        """The valid trace of the current phase when nothing of it is observed yet (pure; empty otherwise)."""
+        if self._kind is None or not self._valid or self._observed:
+            return []
+        return list(self.traces[self._kind])
+
     def reused_soon(self, group_id: int, numel_of: Callable[[int], int]) -> bool:
         """True if the valid trace uses ``group_id`` again within ``max_reuse_distance`` elements of other groups."""
         if not self._valid or self._kind is None:

@@ -95,7 +95,8 @@ def test_bf16_tracks_fp32_reference(world, world_size: int, model: str) -> None:
 
 def test_reuse_rule_gathers_once_per_step_with_identical_results(world) -> None:
     """DeepSpeed's default reuse distance keeps groups gathered from forward into backward once the trace is known:
-    after the first step no backward gathers; with ``stage3_max_reuse_distance: 0`` every group is gathered again;
+    after the first step no backward gathers; with ``stage3_max_reuse_distance: 0`` every group is gathered again,
+    unless the prefetch bucket holds it (DeepSpeed's prefetcher keeps what it would fetch again);
     a ``stage3_max_live_parameters`` budget limits what is kept; results are bitwise identical in all three."""
     base = RunSpec(model="llama", steps=3, accumulation=2, clipping=0.5)
     pool = world(2)
@@ -105,10 +106,14 @@ def test_reuse_rule_gathers_once_per_step_with_identical_results(world) -> None:
             "keep": {},
             "release": {"stage3_max_reuse_distance": 0},
             "budget": {"stage3_max_live_parameters": 12_000},
+            # DeepSpeed's prefetcher leaves gathered what it would fetch again within its bucket: no reuse
+            # distance, but a bucket holding the model, keeps everything as the default does
+            "bucket": {"stage3_max_reuse_distance": 0, "stage3_prefetch_bucket_size": 10**8},
         }.items()
     }
     _same(runs["keep"], runs["release"])
     _same(runs["keep"], runs["budget"])
+    _same(runs["keep"], runs["bucket"])
 
     def backward_gathers(res: list[dict]) -> int:
         return sum(
@@ -118,6 +123,7 @@ def test_reuse_rule_gathers_once_per_step_with_identical_results(world) -> None:
     groups = len(runs["keep"][0]["group_numels"])
     assert backward_gathers(runs["release"]) == 6 * groups  # 3 steps x 2 micro-steps, every group again
     assert backward_gathers(runs["keep"]) == groups  # only the first micro-step (no trace yet)
+    assert backward_gathers(runs["bucket"]) == groups
     assert groups < backward_gathers(runs["budget"]) < 6 * groups
 
 

@@ -121,6 +121,50 @@ def test_blocks_of_a_sequential_stack_when_no_module_list() -> None:
     assert find_blocks(Both()) == ["layers.0", "layers.1"]
 
 
+def test_sibling_blocks_of_one_user_class_when_no_container() -> None:
+    """Blocks registered one by one (``self.first = Block()``) are blocks when the model has no stack container;
+    torch's own layers side by side (``fc1``/``fc2``), a lone block, and parameter-less siblings are not; a weight
+    two siblings share joins the root group."""
+
+    class Siblings(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Linear(3, 5)
+            self.first, self.second, self.third = _Block(5), _Block(5), _Block(5)
+            self.fc1, self.fc2 = nn.Linear(5, 5), nn.Linear(5, 5)
+
+    model = Siblings()
+    assert find_blocks(model) == ["first", "second", "third"]
+    plans = plan_groups(model, persistence_threshold=0)
+    assert [p.name for p in plans] == [ROOT, "first", "second", "third"]
+    assert set(plans[0].param_names) == {
+        n for n, _ in model.named_parameters() if n.split(".")[0] in ("embed", "fc1", "fc2")
+    }
+
+    class TorchLayers(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc1, self.fc2, self.only = nn.Linear(3, 5), nn.Linear(5, 2), _Block(2)
+
+    assert find_blocks(TorchLayers()) == []
+
+    class Empty(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    class NoParams(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.a, self.b, self.head = Empty(), Empty(), nn.Linear(3, 3)
+
+    assert find_blocks(NoParams()) == []
+    tied = Siblings()
+    tied.second.fc.weight = tied.first.fc.weight
+    by_name = {p.name: p for p in plan_groups(tied, persistence_threshold=0)}
+    assert "first.fc.weight" in by_name[ROOT].param_names
+    assert "first.fc.weight" not in by_name["first"].param_names + by_name["second"].param_names
+
+
 def test_tied_weights_go_to_root_and_small_ones_persist() -> None:
     model = MODEL_FACTORIES["gpt2_tied"]()
     plans = plan_groups(model, persistence_threshold=100)

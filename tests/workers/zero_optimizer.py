@@ -16,14 +16,17 @@ def _names_of(engine: Any) -> dict[int, str]:
 
 def _read_parts(engine: Any) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], bool]:
     """Each parameter's part of the fp32 gradient (a live view and a copy, by name) from
-    ``get_fp32_grad_partitions()``, and whether ``averaged_gradients`` / ``fp16_groups`` agree with it."""
+    ``get_fp32_grad_partitions()``, and whether ``averaged_gradients`` / ``fp16_groups`` agree with it: one entry
+    per optimizer param group (DeepSpeed's sub-groups), ``fp32_partitioned_groups_flat`` one per master leaf."""
     opt = engine.optimizer
     names = _names_of(engine)
     parts, avg, groups = opt.get_fp32_grad_partitions(), opt.averaged_gradients, opt.fp16_groups
     stage12 = engine.zero_optimization_stage() in (1, 2)
+    leaves = [leaf for pg in opt.optimizer.param_groups for leaf in pg["params"]]
     agree = (
         sorted(parts) == list(range(len(groups))) == sorted(avg)
-        and len(opt.fp32_partitioned_groups_flat) == len(groups)
+        and len(groups) == len(opt.optimizer.param_groups)
+        and [id(t) for t in opt.fp32_partitioned_groups_flat] == [id(t) for t in leaves]
         and (not stage12 or (opt.bit16_groups == groups and opt.single_partition_of_fp32_groups is not None))
     )
     live, copies = {}, {}
