@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from hybridzero.checkpoint.paths import LATEST, CheckpointError, check_tag
+from hybridzero.checkpoint.paths import LATEST, MANIFEST, CheckpointError, check_tag
 
 __all__ = [
     "ALLOWED_GLOBALS",
@@ -136,8 +136,12 @@ def optim_states_file(rank: int, bf16: bool) -> str:
 
 
 def _looks_like_tag(path: Path) -> bool:
-    return path.is_dir() and (
-        (path / "mp_rank_00_model_states.pt").is_file() or (path / model_states_file(3, 0)).is_file()
+    """A DeepSpeed tag: its model-states file, and no hybridzero manifest (hybridzero writes DeepSpeed's
+    ``mp_rank_00_model_states.pt`` beside its own files at stages 0-2)."""
+    return (
+        path.is_dir()
+        and not (path / MANIFEST).exists()
+        and ((path / "mp_rank_00_model_states.pt").is_file() or (path / model_states_file(3, 0)).is_file())
     )
 
 

@@ -41,6 +41,7 @@ FORMAT = 2
 META = "meta.json"
 STATE_JSON = "state.json"
 STATE_TENSORS = "state.safetensors"
+DS_MODEL_STATES = "mp_rank_00_model_states.pt"  # DeepSpeed's, written beside ours at stages 0-2; never read here
 RANK_HEADER_KEY = "hybridzero"
 _MAX_HEADER = 100_000_000  # safetensors' own limit on a header's size
 DTYPES: dict[str, torch.dtype] = {
@@ -324,6 +325,7 @@ def open_tag(path: Path) -> SavedTag:
     meta = _read_json(path / META)
     validate_meta(meta, path / META)
     expected = {META, STATE_JSON, STATE_TENSORS} | {rank_file(r) for r in range(meta["world_size"])}
+    expected |= {DS_MODEL_STATES} & set(files)  # checked above like every listed file; its content is not read
     if set(files) != expected:
         raise _fail(path / MANIFEST, f"lists {sorted(files)}, expected {sorted(expected)}")
     handles = [_check_rank_file(path, r, entry) for r, entry in enumerate(meta["ranks"])]

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from hybridzero.checkpoint.ds_model_states import DS_MODEL_STATES, write_ds_model_states
 from hybridzero.checkpoint.format import FORMAT, rank_file
 from hybridzero.checkpoint.jsontree import check_plain_json
 from hybridzero.checkpoint.paths import PARTIAL, CheckpointError, check_replaceable, check_tag, publish, write_latest
@@ -156,6 +157,14 @@ def _finish(
         for k, values in part.items():
             merged[k] = {**values, **merged.get(k, {})}
     digests = {rank_file(r): res[0] for r, (res, _) in enumerate(gathered)}
+    if engine.config.zero.stage < 3:  # DeepSpeed's file of the whole module, for DeepSpeed users' torch.load
+        counters = {
+            "global_steps": engine.global_steps,
+            "global_samples": engine.global_samples,
+            "skipped_steps": engine.skipped_steps,
+            "dp_world_size": engine.comm.world_size,
+        }
+        digests[DS_MODEL_STATES] = write_ds_model_states(partial, engine.module, exclude_frozen, counters)
     _write_rank0(engine, partial, tag, client_state, merged, [res[1] for res, _ in gathered], digests, exclude_frozen)
     publish(root, partial, tag, nonce)
     if save_latest:

@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from tests.harness.parity import RunSpec
-from tests.workers.ds_names import fp32_and_grad_setters, initialize_inside_init, leaf_module_groups
+from tests.workers.ds_names import (
+    ds_model_states,
+    fp32_and_grad_setters,
+    initialize_inside_init,
+    leaf_module_groups,
+)
 
 TIMEOUT = 300
 
@@ -48,3 +53,20 @@ def test_initialize_inside_the_init_block_that_built_the_model(world) -> None:
         assert a["losses"] == b["losses"]
         for name, t in a["params"].items():
             assert torch.equal(t, b["params"][name]), name
+
+
+@pytest.mark.parametrize("stage", [1, 2, 3])
+def test_deepspeed_model_states_file_beside_ours(world, tmp_path: Path, stage: int) -> None:
+    """At stages 0-2 a save also holds DeepSpeed's ``mp_rank_00_model_states.pt`` (the whole module's state, as
+    DeepSpeed users ``torch.load`` it; frozen parameters left out with ``exclude_frozen_parameters``), loadable with
+    ``weights_only=True``; at ZeRO-3 there is none. The directory still resumes as hybridzero's."""
+    spec = RunSpec(model="llama", stage=stage, steps=2, frozen=("layers.0.self_attn.q_proj",))
+    results = world(2).run(ds_model_states, spec, str(tmp_path / "ckpt"), timeout=TIMEOUT)
+    assert all(r["resumed"] for r in results)
+    files, keys, frozen = results[0]["files"], results[0]["module_keys"], results[0]["frozen"]
+    if stage == 3:
+        assert files == {}
+        return
+    assert frozen and files["all"]["keys"] == keys and files["all"]["equal"] and files["all"]["steps"] == 1
+    assert files["trainable"]["keys"] == [k for k in keys if k not in frozen] and files["trainable"]["equal"]
+    assert files["trainable"]["size"] < files["all"]["size"]

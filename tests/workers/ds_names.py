@@ -114,3 +114,37 @@ def initialize_inside_init(inside: bool) -> dict[str, Any]:
     params = engine.full_parameters()
     engine.destroy()
     return {"losses": losses, "params": params}
+
+
+def ds_model_states(spec: RunSpec, ckpt: str) -> dict[str, Any]:
+    """Train one step, save with and without frozen parameters, read DeepSpeed's ``mp_rank_00_model_states.pt``
+    back with ``torch.load(weights_only=True)`` (rank 0), then resume from the save: the file does not make the
+    directory look like DeepSpeed's, and the resumed engine holds the saved parameters."""
+    engine, batches, rank = _engine(spec)
+    _train(engine, batches, rank, range(1), 1)
+    engine.save_checkpoint(str(Path(ckpt) / "all"))
+    engine.save_checkpoint(str(Path(ckpt) / "trainable"), exclude_frozen_parameters=True)
+    saved = engine.full_parameters()
+    module = {n: t.detach().clone() for n, t in engine.module.state_dict().items()}
+    frozen = sorted(n for n, p in engine.module.named_parameters() if not p.requires_grad)
+    files: dict[str, Any] = {}
+    for kind in ("all", "trainable"):
+        path = Path(ckpt) / kind / "global_step1" / "mp_rank_00_model_states.pt"
+        if rank == 0 and path.is_file():
+            state = torch.load(path, weights_only=True)
+            files[kind] = {
+                "keys": list(state["module"]),
+                "equal": all(torch.equal(t, module[n]) for n, t in state["module"].items()),
+                "steps": state["global_steps"],
+                "size": path.stat().st_size,
+            }
+    _train(engine, batches, rank, range(1, 2), 1)
+    engine.load_checkpoint(str(Path(ckpt) / "all"))
+    resumed = engine.full_parameters()
+    engine.destroy()
+    return {
+        "files": files,
+        "module_keys": list(module),
+        "frozen": frozen,
+        "resumed": all(torch.equal(resumed[n], t) for n, t in saved.items()),
+    }
