@@ -126,6 +126,8 @@ def _block_notes(block: Mapping[str, Any], cls: type[Block], prefix: str, out: d
         dotted = join_key(prefix, name)
         if prefix == "" and name in MONITOR_BLOCKS:  # read and checked by hybridzero.monitor, not by this tree
             continue
+        if prefix == "" and name == "activation_checkpointing":  # read by deepspeed.checkpointing.configure
+            continue
         if name in cls._ignored or (name in names and not _acts(cls, names[name])):
             out.setdefault(
                 dotted, f"config key '{dotted}' is accepted for DeepSpeed compatibility but has no effect in hybridzero"

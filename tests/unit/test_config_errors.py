@@ -103,6 +103,8 @@ def _ignored_keys(block: dict[str, Any], prefix: str = "") -> list[str]:
         key = f"{prefix}.{name}" if prefix else name
         if prefix == "" and name in MONITOR_BLOCKS:  # they act (hybridzero.monitor): no "no effect" warning
             continue
+        if prefix == "" and name == "activation_checkpointing":  # read by deepspeed.checkpointing.configure
+            continue
         if name in {"zero_optimization", "fp16", "bf16", "optimizer", "offload_optimizer"}:
             keys += _ignored_keys({k: v for k, v in value.items() if k not in {"type", "device"}}, key)
         else:

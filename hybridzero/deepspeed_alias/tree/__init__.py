@@ -27,6 +27,7 @@ from hybridzero.deepspeed_alias.unprovided import missing_attribute, unprovided
 from . import comm, runtime, utils, zero
 from .runtime import engine, lr_schedules  # noqa: F401  (deepspeed.runtime.lr_schedules... reached by attribute)
 from .runtime import zero as _runtime_zero  # noqa: F401
+from .runtime.activation_checkpointing import checkpointing
 from .runtime.engine import DeepSpeedEngine
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "GatheredParameters",
     "PeerFailure",
     "add_config_arguments",
+    "checkpointing",
     "comm",
     "from_pretrained",
     "get_accelerator",

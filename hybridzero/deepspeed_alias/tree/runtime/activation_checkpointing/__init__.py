@@ -1,0 +1,1 @@
+"""``deepspeed.runtime.activation_checkpointing`` (a package: ``checkpointing``)."""
