@@ -118,18 +118,24 @@ class EngineTraining(DeepSpeedEngineAPI):
             _LOG.info("step=%d, skipped=%d, lr=%s", self.global_steps, self.skipped_steps, self.get_lr())
 
     def _apply_update(self) -> None:
-        if self.optimizer_step():
+        if self._zero_step():
             if self.lr_scheduler is not None:
                 self.lr_scheduler.step()
             with self.comm.ledger.timer.region("copy.zero_grad"):
                 self.zero_grad()
 
     def optimizer_step(self) -> bool:
-        """DeepSpeed's ZeRO optimizer step (``engine.optimizer.step()``; ``engine.step()`` runs it at the boundary,
-        then the scheduler and ``zero_grad``): agree on overflow (fp16, ``skip_nonfinite_steps``), unscale, compute
-        the global gradient norm (always, as DeepSpeed: ``get_global_grad_norm()``) and clip by it when
-        ``gradient_clipping`` is set, step the fp32 master shards and propagate them. Every rank calls it. Returns
-        whether the update was applied (False: skipped for inf/nan, gradients dropped)."""
+        """DeepSpeed's ZeRO optimizer step on its own (``engine.optimizer.step()``), under the failure guard as every
+        training call: an exception on one rank makes its peers raise instead of waiting."""
+        with failure_guard(self.comm):
+            return self._zero_step()
+
+    def _zero_step(self) -> bool:
+        """The ZeRO step (``engine.step()`` runs it at the boundary, then the scheduler and ``zero_grad``): agree on
+        overflow (fp16, ``skip_nonfinite_steps``), unscale, compute the global gradient norm (always, as DeepSpeed:
+        ``get_global_grad_norm()``) and clip by it when ``gradient_clipping`` is set, step the fp32 master shards
+        and propagate them. Every rank calls it. Returns whether the update was applied (False: skipped for
+        inf/nan, gradients dropped)."""
         if self.optimizer is None:
             raise RuntimeError("engine.step() needs an optimizer: pass optimizer= or an 'optimizer' config block")
         self.release_held()
