@@ -206,6 +206,23 @@ def test_prefetch_follows_trace_and_invalidates_on_deviation() -> None:
     assert pf.invalidations == 2 and pf.traces["forward"] == (0,)
 
 
+def test_upcoming_is_the_whole_trace_before_the_first_use_and_keep_distance_is_the_larger() -> None:
+    """``upcoming`` (what a root without parameters prefetches at its pre-forward): the valid trace while nothing of
+    the phase is observed, else nothing; ``keep_distance``: the reuse distance or the prefetch bucket, the larger."""
+    pf = Prefetcher(bucket_elems=100, max_live_elems=1000, max_reuse_distance=0)
+    pf.begin("forward")
+    assert pf.upcoming() == []  # no trace yet
+    [pf.observe(g) for g in (3, 1, 2)]
+    pf.end()
+    assert pf.upcoming() == []  # between phases
+    pf.begin("forward")
+    assert pf.upcoming() == [3, 1, 2]
+    pf.observe(3)
+    assert pf.upcoming() == []  # the first use launches the rest itself
+    assert pf.keep_distance == 100
+    assert Prefetcher(10, 1000, 50).keep_distance == 50 and Prefetcher(0, 1000, 0).keep_distance == 0
+
+
 def test_reuse_distance() -> None:
     pf = Prefetcher(bucket_elems=10, max_live_elems=100, max_reuse_distance=5)
     pf.begin("forward"), [pf.observe(g) for g in (0, 1, 0, 2)], pf.end()
