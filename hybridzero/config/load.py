@@ -44,12 +44,15 @@ class AcceptedKey:
 
 # top-level blocks that act through hybridzero.monitor (which reads and checks them), not through the config tree
 MONITOR_BLOCKS = frozenset({"tensorboard", "wandb", "csv_monitor", "comet"})
+# every top-level block read and checked elsewhere: the monitors, and activation_checkpointing, which
+# deepspeed.checkpointing.configure(deepspeed_config=...) reads (hybridzero.runtime.activation_checkpointing)
+READ_ELSEWHERE = MONITOR_BLOCKS | {"activation_checkpointing"}
 
 
 def _block_keys(cls: type[Block], prefix: str, types: tuple[str, ...] = ()) -> list[AcceptedKey]:
     out = [
         AcceptedKey(
-            join_key(prefix, name), prefix == "" and name in MONITOR_BLOCKS, "canonical", types, join_key(prefix, name)
+            join_key(prefix, name), prefix == "" and name in READ_ELSEWHERE, "canonical", types, join_key(prefix, name)
         )
         for name in sorted(cls._ignored)
     ]
@@ -124,9 +127,7 @@ def _block_notes(block: Mapping[str, Any], cls: type[Block], prefix: str, out: d
     names = spellings(cls)
     for name, value in block.items():
         dotted = join_key(prefix, name)
-        if prefix == "" and name in MONITOR_BLOCKS:  # read and checked by hybridzero.monitor, not by this tree
-            continue
-        if prefix == "" and name == "activation_checkpointing":  # read by deepspeed.checkpointing.configure
+        if prefix == "" and name in READ_ELSEWHERE:  # read and checked by hybridzero.monitor / deepspeed.checkpointing
             continue
         if name in cls._ignored or (name in names and not _acts(cls, names[name])):
             out.setdefault(

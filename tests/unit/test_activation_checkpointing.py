@@ -74,7 +74,7 @@ def test_checkpoint_equals_the_plain_block_bitwise(cpu_checkpointing: bool) -> N
         assert all(torch.equal(g, w) for g, w in zip(got_grads, want_grads))
 
 
-def test_settings_from_the_config_block_then_the_arguments(tmp_path: Any) -> None:
+def test_settings_from_the_block_then_arguments(tmp_path: Any) -> None:
     config = {"activation_checkpointing": {"partition_activations": True, "cpu_checkpointing": True, "profile": True}}
     path = tmp_path / "ds_config.json"
     path.write_text(json.dumps(config))

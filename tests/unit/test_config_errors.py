@@ -12,7 +12,7 @@ import pytest
 from hybridzero.config import (
     ConfigError,
 )
-from hybridzero.config.load import MONITOR_BLOCKS
+from hybridzero.config.load import READ_ELSEWHERE
 from tests.unit.test_config import MICRO, error_for, load, warned
 
 # ----------------------------------------------------------------------------- unknown keys
@@ -101,9 +101,7 @@ def _ignored_keys(block: dict[str, Any], prefix: str = "") -> list[str]:
     keys = []
     for name, value in block.items():
         key = f"{prefix}.{name}" if prefix else name
-        if prefix == "" and name in MONITOR_BLOCKS:  # they act (hybridzero.monitor): no "no effect" warning
-            continue
-        if prefix == "" and name == "activation_checkpointing":  # read by deepspeed.checkpointing.configure
+        if prefix == "" and name in READ_ELSEWHERE:  # they act (monitors, checkpointing): no "no effect" warning
             continue
         if name in {"zero_optimization", "fp16", "bf16", "optimizer", "offload_optimizer"}:
             keys += _ignored_keys({k: v for k, v in value.items() if k not in {"type", "device"}}, key)

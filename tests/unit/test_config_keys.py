@@ -44,6 +44,7 @@ _PROGRESS = "distributed/test_reduction_options.py::test_steps_per_print_logs_pr
 
 # canonical key -> the test that shows its effect (a group shares one)
 ACTS: dict[str, str] = {
+    "activation_checkpointing": "unit/test_activation_checkpointing.py::test_settings_from_the_block_then_arguments",
     "tensorboard": "unit/test_monitor.py::test_tensorboard_writes_event_files",
     "csv_monitor": "unit/test_monitor.py::test_csv_monitor_writes_one_file_per_event",
     "wandb": "unit/test_monitor.py::test_wandb_offline_run_holds_the_events",
