@@ -273,15 +273,16 @@ class ZeroOptimizer(torch.optim.Optimizer):
         """``{param_group: {i: this rank's part of the fp32 gradient of fp16_groups[param_group][i]}}``: views of the
         reduced (averaged, accumulated over micro-steps) gradient shards; the last parameter of a gather group
         includes the shard's zero padding, as DeepSpeed's padded partitions do."""
-        return {j: dict(enumerate(parts)) for j, parts in enumerate(self._grad_parts())}
+        return {j: dict(enumerate(parts)) for j, parts in enumerate(self._parts_by_param_group())}
 
     @property
     def averaged_gradients(self) -> dict[int, list[torch.Tensor]]:
         """``{param_group: [gradient parts]}``, as :meth:`get_fp32_grad_partitions` (gradients are reduced at the
         end of every backward here, so ``engine.allreduce_gradients()`` has nothing left to do)."""
-        return dict(enumerate(self._grad_parts()))
+        return dict(enumerate(self._parts_by_param_group()))
 
-    def _grad_parts(self) -> list[list[torch.Tensor]]:
+    def _parts_by_param_group(self) -> list[list[torch.Tensor]]:
+        """This rank's gradient parts of ``fp16_groups[j]``'s parameters, for each param group ``j``."""
         return [[part for sg in leaves for part in _grad_parts(sg)] for leaves in self._by_param_group()]
 
     @property
