@@ -20,6 +20,7 @@ from hybridzero.zero.group_types import ShardMode, stage_mode
 from hybridzero.zero.layout import FlatLayout, build_layout, intersect
 from hybridzero.zero.leaf import leaf_module_names
 from hybridzero.zero.partition import plan_groups
+from hybridzero.zero.registry import full_shape
 
 __all__ = ["GroupShape", "group_shapes"]
 
@@ -100,7 +101,7 @@ def group_shapes(module: nn.Module, cfg: Config, world_size: int) -> list[GroupS
         named = sharded.order_for_optimizer(params, index_of)
         group_mode = ShardMode.PERSISTENT if plan.replicated else mode
         world = 1 if group_mode is ShardMode.PERSISTENT else world_size
-        layout = build_layout([n for n, _ in named], [p.shape for _, p in named], world)
+        layout = build_layout([n for n, _ in named], [full_shape(p) for _, p in named], world)
         trainable = [spec for spec, (_, p) in zip(layout.specs, named) if p.requires_grad]
         opt_range = (min(s.offset for s in trainable), max(s.end for s in trainable)) if trainable else None
         frozen_only = not trainable

@@ -50,6 +50,7 @@ from hybridzero.zero.group_types import GroupState, ShardMode, Slot, stage_mode
 from hybridzero.zero.infinity import FileBackedMaster
 from hybridzero.zero.layout import FlatLayout, build_layout, intersect
 from hybridzero.zero.offload import Placement, move
+from hybridzero.zero.registry import full_shape
 
 __all__ = ["GroupState", "ShardMode", "ShardedGroup", "Slot", "stage_mode"]
 
@@ -91,7 +92,7 @@ class ShardedGroup(FileBackedMaster):
         self.reduce_dtype = reduce_dtype
         self.device = device
         world = 1 if self.replicated else comm.world_size
-        self.layout: FlatLayout = build_layout([n for n, _ in params], [p.shape for _, p in params], world)
+        self.layout: FlatLayout = build_layout([n for n, _ in params], [full_shape(p) for _, p in params], world)
         self.slots: tuple[Slot, ...] = tuple(
             Slot(p, spec, p.requires_grad) for (_, p), spec in zip(params, self.layout.specs)
         )

@@ -7,7 +7,7 @@ subclass's ``__init__`` for the duration of the block. We replace nothing. Two p
   ``register_module_parameter_registration_hook``), installed on entry and removed on exit through their handles.
   A submodule is assigned to its parent only after its own constructor returned, so at that moment its parameters
   (those nobody owns yet) are partitioned: each rank keeps its slice in the context's :class:`InitStore` and the
-  parameter's data becomes a one-element placeholder of the right shape. Parameters registered directly on the
+  parameter's data becomes a size-0 placeholder (DeepSpeed's). Parameters registered directly on the
   top-level module are partitioned on exit. Construction itself (and its RNG use) is untouched, hence eager-exact.
 * **Writes after partitioning** — a :class:`torch.overrides.TorchFunctionMode` active inside the block sees every
   torch call (``normal_``, ``nn.init.*``, ``fill_``, ``copy_``, ``p.data``, ``p.data[i].zero_()``...). Before a call

@@ -23,7 +23,7 @@ from hybridzero.tensor_source import check_range
 from hybridzero.zero.group_types import ShardMode
 from hybridzero.zero.init_store import InitStore
 from hybridzero.zero.layout import build_layout, intersect
-from hybridzero.zero.registry import REGISTRY
+from hybridzero.zero.registry import REGISTRY, full_shape
 
 __all__ = ["StagedSource", "init_store_of", "init_stores", "release_from_init", "stage_group"]
 
@@ -83,7 +83,7 @@ def stage_group(
     The range mirrors :class:`~hybridzero.zero.groups.ShardedGroup`: the whole buffer for DDP and persistent
     groups (laid out over one rank for persistent ones), this rank's shard otherwise."""
     world = 1 if mode is ShardMode.PERSISTENT else comm.world_size
-    layout = build_layout([n for n, _ in named], [p.shape for _, p in named], world)
+    layout = build_layout([n for n, _ in named], [full_shape(p) for _, p in named], world)
     whole = mode in (ShardMode.DDP, ShardMode.PERSISTENT)
     lo, hi = (0, layout.padded_numel) if whole else layout.shard_range(comm.rank)
     shapes, dtypes, pieces = {}, {}, {}

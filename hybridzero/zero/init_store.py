@@ -3,8 +3,8 @@
 A parameter is in one of two states, kept in the store's own :class:`_Entry` (nothing is written onto the tensor):
 
 * **closed**: this rank holds ``shard`` = elements ``[r·S, (r+1)·S)`` of the parameter's row-major flat value padded
-  to ``W·S`` (``S = padded_numel(numel, W) / W``); ``param.data`` is a zero-stride placeholder of the right shape
-  and dtype (one element of storage, NaN for floating dtypes so a stray read outside the context shows up).
+  to ``W·S`` (``S = padded_numel(numel, W) / W``); ``param.data`` is a size-0 placeholder of its dtype, DeepSpeed's
+  ``[0]`` (a stray use outside the context fails on the shape); the whole shape is ``ds_shape``, kept here.
 * **open**: ``param.data`` is the full value (a view of a freshly all-gathered padded buffer); writes land in it.
 
 Invariants:
@@ -46,10 +46,10 @@ def _nothing(store: InitStore) -> None:
     del store
 
 
-def placeholder(shape: torch.Size, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A tensor of ``shape`` backed by one element (stride 0 everywhere): NaN for floating dtypes, else 0."""
-    fill = float("nan") if dtype.is_floating_point or dtype.is_complex else 0
-    return torch.full((), fill, dtype=dtype, device=device).expand(shape)
+def placeholder(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A size-0 tensor of ``dtype`` on ``device``: a partitioned parameter's data, as in DeepSpeed (a stray use
+    fails on the shape; the whole shape is the store's ``ds_shape``)."""
+    return torch.empty(0, dtype=dtype, device=device)
 
 
 @dataclass
@@ -146,7 +146,7 @@ class InitStore:
             del self._open[id(param)]
             entry.full = None
             if src is None:
-                param.data = placeholder(entry.shape, entry.dtype, entry.device)
+                param.data = placeholder(entry.dtype, entry.device)
             else:
                 self._commit(param, entry, data, src)
 
@@ -277,4 +277,4 @@ class InitStore:
         if self.pin_memory and torch.cuda.is_available() and shard.device.type == "cpu":
             shard = shard.pin_memory()
         entry.shape, entry.dtype, entry.device, entry.shard = torch.Size(data.shape), data.dtype, data.device, shard
-        param.data = placeholder(entry.shape, entry.dtype, entry.device)
+        param.data = placeholder(entry.dtype, entry.device)

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 from torch import nn
 
+from hybridzero.zero.registry import full_numel
+
 ROOT = "root"
 PERSISTENT = "persistent"
 
@@ -75,7 +77,7 @@ def _largest_sibling_set(module: nn.Module) -> list[str]:
         for cls, children in by_class.items():
             if len(children) < 2 or cls.__module__.split(".")[0] == "torch" or cls.forward is nn.Module.forward:
                 continue
-            size = sum(p.numel() for _, child in children for p in child.parameters())
+            size = sum(full_numel(p) for _, child in children for p in child.parameters())
             if all(any(True for _ in child.parameters()) for _, child in children) and (best is None or size > best[0]):
                 best = (size, [f"{name}.{c}" if name else c for c, _ in children])
     return [] if best is None else best[1]
@@ -90,7 +92,7 @@ def _largest_homogeneous(module: nn.Module, kind: type[nn.Module]) -> list[str]:
             continue
         if len({type(child) for child in sub.children()}) != 1:
             continue
-        size = sum(p.numel() for p in sub.parameters())
+        size = sum(full_numel(p) for p in sub.parameters())
         if size > 0 and (best is None or size > best[0]):
             best = (size, name, sub)
     if best is None:
@@ -173,7 +175,7 @@ def plan_groups(
     canonical = {pid: names[0] for pid, names in aliases.items()}
     members: dict[str, list[str]] = {"": [], **{b: [] for b in block_names}}
     persistent: list[str] = []
-    sizes = {name: p.numel() for name, p in module.named_parameters()}
+    sizes = {name: full_numel(p) for name, p in module.named_parameters()}
     trainable = {name: p.requires_grad for name, p in module.named_parameters()}
     for pid, first in canonical.items():
         if sizes[first] <= persistence_threshold:  # DeepSpeed's rule (mark_persistent_parameters)

@@ -28,7 +28,7 @@ from typing import Protocol
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-__all__ = ["ParamOwner", "ParamRegistry", "REGISTRY"]
+__all__ = ["ParamOwner", "ParamRegistry", "REGISTRY", "full_numel", "full_shape"]
 
 
 class ParamOwner(Protocol):
@@ -65,3 +65,15 @@ class ParamRegistry:
 
 
 REGISTRY = ParamRegistry()
+
+
+def full_shape(param: torch.Tensor) -> torch.Size:
+    """``param``'s whole shape. A partitioned parameter's own data is DeepSpeed's size-0 tensor outside a gather,
+    so its shape comes from its owner (``ds_shape``); a parameter nobody shards answers with its own shape."""
+    ask = getattr(REGISTRY.owner_of(param), "ds_attribute", None)
+    return torch.Size(ask(param, "ds_shape")) if ask is not None else param.shape
+
+
+def full_numel(param: torch.Tensor) -> int:
+    """Elements of ``param``'s whole value (see :func:`full_shape`)."""
+    return int(full_shape(param).numel())

@@ -95,9 +95,8 @@ def test_init_never_holds_the_whole_model(world) -> None:
 
 
 def test_gathered_block_frees_after_exit(world) -> None:
-    """DeepSpeed's TestZeroGatheredParametersFree asserts ``numel() == 0`` after the block for a parameter built under
-    ``zero.Init``; hybridzero's freed parameter keeps its logical shape (a one-element placeholder) until an engine
-    owns it, a deliberate difference (README, "Differences, on purpose"); under an engine it is size 0, as there."""
+    """DeepSpeed's TestZeroGatheredParametersFree: a parameter built under ``zero.Init`` is whole inside
+    ``GatheredParameters`` and size 0 after the block (its whole shape in ``ds_shape``), before and under an engine."""
     got = world(2).run(gathered_block_frees, timeout=300)
     assert got == [{"inside": True, "after_init": True, "inside_engine": True, "after_engine": 0}] * 2
 

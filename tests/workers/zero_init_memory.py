@@ -49,7 +49,7 @@ def init_peak_memory(layers: int) -> dict[str, Any]:
         model = block_dominated_llama(layers)
     rss_growth = _status_bytes("VmHWM") - rss0
     assert init.store is not None
-    sizes = [p.numel() for p in model.parameters()]
+    sizes = [p.ds_numel for p in model.parameters()]
     return {
         "numel": sum(sizes),
         "largest": max(sizes),

@@ -32,9 +32,8 @@ __all__ = [
 _orig_torch_arange = torch.arange
 
 partitioned_param_data_shape = [0]
-"""DeepSpeed's shape of a partitioned parameter's ``.data`` outside a gather. An engine's ZeRO-3 parameters have it;
-a parameter built under hybridzero's ``zero.Init`` and not yet owned by an engine keeps its logical shape (README,
-"Differences, on purpose")."""
+"""DeepSpeed's shape of a partitioned parameter's ``.data`` outside a gather: an engine's ZeRO-3 parameters and those
+built under ``zero.Init`` have it; the whole shape is ``param.ds_shape``."""
 
 
 def zero_wrapper_for_fp_tensor_constructor(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Callable[..., Any]:
