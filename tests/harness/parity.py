@@ -8,6 +8,7 @@ uses ``batches[s, m, r]``; the reference walks the same tensor.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -283,8 +284,10 @@ def reference_run(spec: RunSpec, world_size: int, start: dict[str, Any] | None =
         if start is not None:
             _restore(model, opt, start)
             first = int(start["step"])
-            for _ in range(first if sched is not None else 0):
-                sched.step()
+            with warnings.catch_warnings():  # fast-forwarding the schedule of a resumed run steps no optimizer
+                warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+                for _ in range(first if sched is not None else 0):
+                    sched.step()
         named = {n: p for n, p in model.named_parameters() if p.requires_grad}
         losses = []
         for s in range(first, spec.steps):
