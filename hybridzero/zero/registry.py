@@ -71,7 +71,12 @@ def full_shape(param: torch.Tensor) -> torch.Size:
     """``param``'s whole shape. A partitioned parameter's own data is DeepSpeed's size-0 tensor outside a gather,
     so its shape comes from its owner (``ds_shape``); a parameter nobody shards answers with its own shape."""
     ask = getattr(REGISTRY.owner_of(param), "ds_attribute", None)
-    return torch.Size(ask(param, "ds_shape")) if ask is not None else param.shape
+    if ask is None:
+        return param.shape
+    try:
+        return torch.Size(ask(param, "ds_shape"))
+    except AttributeError:  # an owner that keeps its parameters whole (an engine below stage 3)
+        return param.shape
 
 
 def full_numel(param: torch.Tensor) -> int:
