@@ -12,6 +12,7 @@ elements, whole on every rank). At stages 0-2 there are no such attributes (as i
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -21,8 +22,9 @@ from hybridzero.runtime.fragments import FragmentHost, TensorFragments, master_r
 from hybridzero.zero.gathered import ZeroParamOwner
 from hybridzero.zero.group_types import GroupState
 from hybridzero.zero.param_view import DS_ATTRIBUTES, LocalPart, ZeroParameter, ZeroParamStatus, adopt, release
+from hybridzero.zero.registry import REGISTRY
 
-__all__ = ["EngineParams", "ZeroParameter", "adopt", "release"]
+__all__ = ["EngineParams", "ZeroParameter", "adopt", "holders", "release"]
 
 
 class EngineParams(TensorFragments):
@@ -38,6 +40,17 @@ class EngineParams(TensorFragments):
     def ds_attribute(self, param: nn.Parameter, name: str) -> Any:
         """The answer for ``name`` (one of ``DS_ATTRIBUTES``) on one of this engine's parameters."""
         return _answer(self, param, name)
+
+
+def holders(params: Iterable[nn.Parameter]) -> list[Any]:
+    """The live engines that own any of ``params`` (each once, in the order first met): a later ``initialize`` over
+    the same model takes it over from them."""
+    found: dict[int, Any] = {}
+    for p in params:
+        owner = REGISTRY.owner_of(p)
+        if isinstance(owner, EngineParams):
+            found.setdefault(id(owner.host), owner.host)
+    return list(found.values())
 
 
 def _answer(fragments: EngineParams, param: nn.Parameter, name: str) -> Any:

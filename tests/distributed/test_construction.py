@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.harness.parity import RunSpec, build_model
-from tests.workers.construction import logits_from_pretrained, train_meta_model
+from tests.workers.construction import logits_from_pretrained, second_engine_over_a_held_model, train_meta_model
 
 
 @pytest.mark.parametrize("model", ["llama", "gpt2_tied", "opt"])
@@ -18,6 +18,14 @@ def test_from_pretrained_into_shards_gives_same_logits(world, tmp_path: Path, mo
     build_model(RunSpec(model=model)).save_pretrained(tmp_path, max_shard_size="20KB")  # sharded, with an index
     assert (tmp_path / "model.safetensors.index.json").exists()
     assert world(3).run(logits_from_pretrained, str(tmp_path), model, stage) == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("stage", [3, 2, 1])
+def test_second_engine_over_a_model_a_live_engine_holds(world, stage: int) -> None:
+    """``initialize`` over a model an earlier engine still holds starts from that engine's trained values, bit for bit
+    (at ZeRO-3 they are read through its gather, one parameter at a time), trains, and owns the parameters after."""
+    got = world(3).run(second_engine_over_a_held_model, stage)
+    assert got == [{"mismatched": [], "trains": True, "owner_is_second": True}] * 3
 
 
 @pytest.mark.slow

@@ -90,3 +90,32 @@ def train_meta_model(layers: int, dtype: str = "fp32", live_fraction: float | No
         "live_growth": live_tensor_bytes() - live0,
         "peak_gathered": engine.coordinator.peak_gathered_bytes,
     }
+
+
+def second_engine_over_a_held_model(stage: int) -> dict[str, Any]:
+    """Engine A trains two steps; engine B is built over the same model while A is alive (DeepSpeed's checkpoint
+    tests do this). At ZeRO-3 A holds the parameters as size-0 placeholders, so B reads each one through A's gather.
+    Returns which of B's starting parameters differ from A's, whether B then trains, and who owns the parameters."""
+    import hybridzero
+    from hybridzero.zero.registry import REGISTRY
+
+    hybridzero.init_distributed()
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    spec = RunSpec(model="llama", stage=stage, persistence_threshold=0)
+    model = build_model(spec)
+    first, *_ = hybridzero.initialize(model=model, config=ds_config(spec, world))
+    ids = torch.arange(3, 3 + 2 * 9).reshape(2, 9) * (rank + 1) % 90
+    for _ in range(2):
+        first.backward(first(input_ids=ids, labels=ids).loss)
+        first.step()
+    want = first.full_parameters()
+    second, *_ = hybridzero.initialize(model=model, config=ds_config(spec, world))
+    got = second.full_parameters()
+    loss = second(input_ids=ids, labels=ids).loss
+    second.backward(loss)
+    second.step()
+    return {
+        "mismatched": [n for n in want if not torch.equal(want[n], got[n])],
+        "trains": bool(torch.isfinite(loss)),
+        "owner_is_second": all(REGISTRY.owner_of(p) is second.param_owner for p in model.parameters()),
+    }
