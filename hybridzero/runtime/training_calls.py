@@ -11,6 +11,8 @@ sets every attribute declared below.
 from __future__ import annotations
 
 import logging
+import re
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -29,6 +31,8 @@ from hybridzero.runtime.throughput import ThroughputTimer
 from hybridzero.zero.groups import ShardedGroup
 
 _LOG = logging.getLogger("hybridzero")
+
+_REPOINTED = re.escape("Seems like `optimizer.step()` has been overridden after learning rate scheduler")
 
 
 class EngineTraining(DeepSpeedEngineAPI):
@@ -120,7 +124,11 @@ class EngineTraining(DeepSpeedEngineAPI):
     def _apply_update(self) -> None:
         if self._zero_step():
             if self.lr_scheduler is not None:
-                self.lr_scheduler.step()
+                with warnings.catch_warnings():  # the order is this call's own: right after the optimizer step
+                    # a client scheduler re-pointed at the torch optimizer behind the facade (engine._build_scheduler)
+                    # finds that optimizer's step not wrapped by torch's order check, and torch says so
+                    warnings.filterwarnings("ignore", message=_REPOINTED, category=UserWarning)
+                    self.lr_scheduler.step()
             with self.comm.ledger.timer.region("copy.zero_grad"):
                 self.zero_grad()
 

@@ -12,6 +12,7 @@ import torch
 from tests.distributed.test_zero3_parity import compare
 from tests.harness.parity import RunSpec, batches_for, build_model, engine_run, reference_run
 from tests.workers.dropin import (
+    client_scheduler_object,
     comm_face,
     edit_without_modifier,
     fragments_run,
@@ -176,6 +177,15 @@ def test_edit_without_modifier_raises_on_every_rank(world, stage: int, editors: 
         assert [g["raised"] for g in got] == [True, True]
         return  # every rank wrote its only copy: raised everywhere, ranks consistent (rank 0's value)
     assert got == [{"raised": True, "unchanged": True, "loss_same": True}] * 2
+
+
+@pytest.mark.parametrize("stage", [3, 1])
+def test_client_scheduler_object_steps_without_warnings(world, stage: int) -> None:
+    """A scheduler built on the client optimizer (DeepSpeed-Chat passes HF's ``get_scheduler`` result) is re-pointed
+    at the torch optimizer behind the engine: torch's step-order heuristic no longer warns on the engine's own,
+    correctly ordered call, and the lrs follow the schedule (LambdaLR: 0.01 × 1 / (s + 1) after step s)."""
+    got = world(2).run(client_scheduler_object, stage)
+    assert got == [{"same_scheduler": True, "lrs": [0.01 * (1.0 / n) for n in (2, 3, 4)]}] * 2
 
 
 def test_unowned_noop_and_two_engines(world) -> None:

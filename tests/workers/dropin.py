@@ -299,3 +299,32 @@ def initialize_with_args(tmp: str) -> dict[str, Any]:
             errors.append(str(exc))
     out["errors"] = [("both" in errors[0]), ("mpu" in errors[1]), ("deepspeed_config" in errors[2])]
     return out
+
+
+def client_scheduler_object(stage: int) -> dict[str, Any]:
+    """DeepSpeed-Chat's pattern: a scheduler object built on the client optimizer, both handed to ``initialize``.
+    Three steps with every warning an error; returns the lrs the torch optimizer behind the engine saw."""
+    import warnings
+
+    import hybridzero
+
+    hybridzero.init_distributed()
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    spec = RunSpec(model="opt", stage=stage)
+    model = build_model(spec)
+    client = torch.optim.AdamW(model.parameters(), lr=0.01, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(client, lambda s: 1.0 / (s + 1))
+    config = {k: v for k, v in ds_config(spec, world).items() if k not in ("optimizer", "scheduler")}
+    engine, optimizer, _, scheduler = hybridzero.initialize(
+        model=model, optimizer=client, lr_scheduler=schedule, config=config
+    )
+    batches = batches_for(spec, world, int(model.config.vocab_size))
+    lrs = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for s in range(3):
+            ids = batches[s, 0, rank]
+            engine.backward(engine(input_ids=ids, labels=ids).loss)
+            engine.step()
+            lrs.append(optimizer.param_groups[0]["lr"])
+    return {"same_scheduler": scheduler is schedule, "lrs": lrs}
