@@ -95,8 +95,12 @@ def _train_step(engine: Any, ids: torch.Tensor, fail: str = "") -> None:
 
 
 def _wait_for_posted_failure(engine: Any) -> None:
+    """Until the failing rank's failure is posted; a staging that never sees it fails instead of timing out quietly
+    (a new collective before the failure point would make the failing rank wait for this one)."""
     deadline = time.monotonic() + 60
-    while engine.comm.peer_failure() is None and time.monotonic() < deadline:
+    while engine.comm.peer_failure() is None:
+        if time.monotonic() > deadline:
+            raise AssertionError("the failing rank's failure was not posted within 60 s: the staging is wrong")
         time.sleep(0.01)
 
 
@@ -109,11 +113,11 @@ def _peer_calls(engine: Any, batches: torch.Tensor, rank: int, where: str, timin
     if timing == "slow":
         return [lambda: _train_step(engine, ids), *later]
     loss = engine(input_ids=ids, labels=ids).loss
-    if where == "step":
-        engine.backward(loss)
+    if where == "step":  # the failure point is inside step, after its gradient-norm all-reduce, which the peer
+        engine.backward(loss)  # joins; its collectives after that one start once the failure is posted
+        return [engine.step, lambda: _wait_for_posted_failure(engine), *later]
     _wait_for_posted_failure(engine)
-    rest = [] if where == "step" else [lambda: engine.backward(loss)]
-    return [*rest, engine.step, *later]
+    return [lambda: engine.backward(loss), engine.step, *later]
 
 
 def caught_failure_then_continue(where: str, timing: str) -> dict[str, Any]:
