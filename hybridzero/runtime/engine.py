@@ -49,7 +49,7 @@ from hybridzero.zero.coordinator import ZeroCoordinator
 from hybridzero.zero.external import external_parameter_names
 from hybridzero.zero.gathered import ZeroParamOwner
 from hybridzero.zero.groups import ShardedGroup, ShardMode, stage_mode
-from hybridzero.zero.init_source import init_stores, partitioned_elsewhere, release_from_init, stage_group
+from hybridzero.zero.init_source import init_stores, release_from_init, stage_group
 from hybridzero.zero.offload import Placement
 from hybridzero.zero.partition import param_aliases, plan_groups
 from hybridzero.zero.prefetch import Prefetcher
@@ -84,10 +84,9 @@ class Engine(EngineTraining, EngineServices, DeepSpeedEngineAPI, nn.Module):  # 
         self.comm = comm
         cuda = torch.cuda.is_available()
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+        zero_param.take_over(module)  # a live engine over this model: whole again from it, then destroyed
         self._init_stores = init_stores(module)  # zero.Init: parameters are placeholders, shards in these stores
-        # parameters that are not whole here (zero.Init, or an earlier ZeRO-3 engine): staged one at a time
-        self._staged = bool(self._init_stores) or partitioned_elsewhere(module)
-        if self._staged:
+        if self._init_stores:
             self.module = materialize.move_buffers(module, self.device)
         else:
             self.module = module if materialize.has_meta(module) else module.to(self.device)
@@ -135,10 +134,7 @@ class Engine(EngineTraining, EngineServices, DeepSpeedEngineAPI, nn.Module):  # 
             self.device, off_opt.device, off_param.device, off_opt.pin_memory or off_param.pin_memory
         )
         index_of, overrides = sharded.optimizer_groups(module, optimizer, model_parameters)
-        predecessors = zero_param.holders(module.parameters())  # live engines over this model: it is taken over
-        self.groups = self._build_groups(blocks, index_of, source)  # (their values read first, at ZeRO-3 gathered)
-        for earlier in predecessors:
-            earlier.destroy()  # one engine drives a model: the earlier one's hooks and ownership go
+        self.groups = self._build_groups(blocks, index_of, source)
         if self.placement.params_on_host_only:  # offload_param cpu, optimizer on the device: shards on the CPU
             for group in self.groups:
                 group.keep_compute_on_host()
@@ -196,7 +192,7 @@ class Engine(EngineTraining, EngineServices, DeepSpeedEngineAPI, nn.Module):  # 
             named = sharded.order_for_optimizer(list(zip(plan.param_names, params)), index_of)
             group_mode = ShardMode.PERSISTENT if plan.replicated else mode
             # zero.Init: this rank's pieces of the group, gathered one parameter at a time from the Init store
-            group_source = stage_group(named, group_mode, self.comm, self._init_stores) if self._staged else source
+            group_source = stage_group(named, group_mode, self.comm, self._init_stores) if self._init_stores else source
             groups.append(
                 ShardedGroup(
                     i,

@@ -12,7 +12,6 @@ elements, whole on every rank). At stages 0-2 there are no such attributes (as i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -24,7 +23,7 @@ from hybridzero.zero.group_types import GroupState
 from hybridzero.zero.param_view import DS_ATTRIBUTES, LocalPart, ZeroParameter, ZeroParamStatus, adopt, release
 from hybridzero.zero.registry import REGISTRY
 
-__all__ = ["EngineParams", "ZeroParameter", "adopt", "holders", "release"]
+__all__ = ["EngineParams", "ZeroParameter", "adopt", "release", "take_over"]
 
 
 class EngineParams(TensorFragments):
@@ -42,15 +41,32 @@ class EngineParams(TensorFragments):
         return _answer(self, param, name)
 
 
-def holders(params: Iterable[nn.Parameter]) -> list[Any]:
-    """The live engines that own any of ``params`` (each once, in the order first met): a later ``initialize`` over
-    the same model takes it over from them."""
-    found: dict[int, Any] = {}
-    for p in params:
+def take_over(module: nn.Module) -> None:
+    """Hand ``module`` over from the live engines that hold its parameters (a second ``initialize`` over one model,
+    as DeepSpeed's checkpoint tests do). At ZeRO-3 each of their gather groups is gathered once, in their group
+    order (the same on every rank), and its parameters keep the whole values, so the model is whole on every rank as
+    an eager-built one is; then those engines are destroyed (one engine drives a model's hooks). Raises, changing
+    nothing, if such an engine drives another module (a shared submodule): that engine's model would break."""
+    engines: dict[int, Any] = {}
+    for p in module.parameters():
         owner = REGISTRY.owner_of(p)
         if isinstance(owner, EngineParams):
-            found.setdefault(id(owner.host), owner.host)
-    return list(found.values())
+            engines.setdefault(id(owner.host), owner.host)
+    for engine in engines.values():
+        if engine.module is not module:
+            raise ValueError(
+                "initialize(model=...): some parameters belong to a live engine over another module (a shared "
+                "submodule); call destroy() on that engine first"
+            )
+    for engine in engines.values():
+        if engine.param_owner.stage == 3:
+            for group in engine.groups:
+                params = [slot.param for slot in group.slots]
+                with engine.param_owner.gathered(params, None), torch.no_grad():
+                    values = [p.detach().clone() for p in params]
+                for p, value in zip(params, values):
+                    p.data = value
+        engine.destroy()
 
 
 def _answer(fragments: EngineParams, param: nn.Parameter, name: str) -> Any:

@@ -6,10 +6,6 @@ holds every parameter as per-parameter slices. :func:`stage_group` walks the gro
 range covers and drops the full value, and returns them as a :class:`StagedSource` (a
 :class:`~hybridzero.tensor_source.TensorSource`) that the group reads exactly as it reads a checkpoint.
 
-The same path takes over a model whose parameters an earlier, still live ZeRO-3 engine holds (a second
-``initialize`` over one model, as DeepSpeed's checkpoint tests do): each such parameter is read through that owner's
-``gathered``, one at a time.
-
 Invariants: at most one parameter is whole at a time (plus this rank's staged pieces, the size of its shard);
 parameters nobody partitioned are broadcast from rank 0 like eager-built ones; afterwards the stores forget the
 parameters (:func:`release_from_init`), so the engine is their only owner.
@@ -33,7 +29,6 @@ __all__ = [
     "StagedSource",
     "init_store_of",
     "init_stores",
-    "partitioned_elsewhere",
     "release_from_init",
     "stage_group",
 ]
@@ -109,20 +104,10 @@ def stage_group(
     return StagedSource(shapes, dtypes, pieces)
 
 
-def partitioned_elsewhere(module: nn.Module) -> bool:
-    """Whether a parameter of ``module`` is not whole here: size 0 outside a gather under another owner (an engine
-    that took the model over at ZeRO-3 before, and is still alive)."""
-    return any(full_shape(p) != p.shape for p in module.parameters())
-
-
 def _full_value(param: nn.Parameter, comm: Comm, stores: Sequence[InitStore]) -> torch.Tensor:
     store = next((s for s in stores if s.owns(param)), None)
     if store is not None:
         return store.full_value(param)
-    owner = REGISTRY.owner_of(param)
-    if owner is not None and full_shape(param) != param.shape:  # partitioned by an earlier engine: its gather
-        with owner.gathered([param], None), torch.no_grad():
-            return param.detach().clone()
     with torch.no_grad():  # built outside zero.Init: whole already; rank 0's value, as for eager-built models
         full = param.detach().clone()
     comm.broadcast(full, 0, phase="init")

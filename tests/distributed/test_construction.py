@@ -9,7 +9,12 @@ from pathlib import Path
 import pytest
 
 from tests.harness.parity import RunSpec, build_model
-from tests.workers.construction import logits_from_pretrained, second_engine_over_a_held_model, train_meta_model
+from tests.workers.construction import (
+    engine_over_a_submodule_of_a_held_model,
+    logits_from_pretrained,
+    second_engine_over_a_held_model,
+    train_meta_model,
+)
 
 
 @pytest.mark.parametrize("model", ["llama", "gpt2_tied", "opt"])
@@ -20,12 +25,20 @@ def test_from_pretrained_into_shards_gives_same_logits(world, tmp_path: Path, mo
     assert world(3).run(logits_from_pretrained, str(tmp_path), model, stage) == [0.0, 0.0, 0.0]
 
 
-@pytest.mark.parametrize("stage", [3, 2, 1])
-def test_second_engine_over_a_model_a_live_engine_holds(world, stage: int) -> None:
+@pytest.mark.parametrize(("stage", "second_stage"), [(3, None), (2, None), (1, None), (3, 2)])
+def test_second_engine_over_a_model_a_live_engine_holds(world, stage: int, second_stage: int | None) -> None:
     """``initialize`` over a model an earlier engine still holds starts from that engine's trained values, bit for bit
-    (at ZeRO-3 they are read through its gather, one parameter at a time), trains, and owns the parameters after."""
-    got = world(3).run(second_engine_over_a_held_model, stage)
+    (at ZeRO-3 gathered from it group by group), trains, and owns the parameters after; also from ZeRO-3 into a
+    stage-2 engine that groups the parameters differently (attention frozen)."""
+    got = world(3).run(second_engine_over_a_held_model, stage, second_stage)
     assert got == [{"mismatched": [], "trains": True, "owner_is_second": True}] * 3
+
+
+def test_engine_over_a_submodule_of_a_held_model_is_refused(world) -> None:
+    """Taking a shared submodule over would break the engine that drives the whole model: refused on every rank."""
+    pool = world(2, env={"HYBRIDZERO_TEST": "failure"})  # the refusal tears the process group down: its own pool
+    got = pool.run(engine_over_a_submodule_of_a_held_model)
+    assert all("ValueError" in g and "shared submodule" in g and "destroy()" in g for g in got), got
 
 
 @pytest.mark.slow

@@ -92,10 +92,12 @@ def train_meta_model(layers: int, dtype: str = "fp32", live_fraction: float | No
     }
 
 
-def second_engine_over_a_held_model(stage: int) -> dict[str, Any]:
+def second_engine_over_a_held_model(stage: int, second_stage: int | None = None) -> dict[str, Any]:
     """Engine A trains two steps; engine B is built over the same model while A is alive (DeepSpeed's checkpoint
     tests do this). At ZeRO-3 A holds the parameters as size-0 placeholders, so B reads each one through A's gather.
-    Returns which of B's starting parameters differ from A's, whether B then trains, and who owns the parameters."""
+    Returns which of B's starting parameters differ from A's, whether B then trains, and who owns the parameters.
+    ``second_stage``: B's stage, with the attention weights frozen before B (as applying LoRA does), so B groups the
+    parameters differently from A."""
     import hybridzero
     from hybridzero.zero.registry import REGISTRY
 
@@ -109,6 +111,10 @@ def second_engine_over_a_held_model(stage: int) -> dict[str, Any]:
         first.backward(first(input_ids=ids, labels=ids).loss)
         first.step()
     want = first.full_parameters()
+    if second_stage is not None:
+        spec = spec.replace(stage=second_stage)
+        for name, p in model.named_parameters():
+            p.requires_grad_("self_attn" not in name)
     second, *_ = hybridzero.initialize(model=model, config=ds_config(spec, world))
     got = second.full_parameters()
     loss = second(input_ids=ids, labels=ids).loss
@@ -119,3 +125,20 @@ def second_engine_over_a_held_model(stage: int) -> dict[str, Any]:
         "trains": bool(torch.isfinite(loss)),
         "owner_is_second": all(REGISTRY.owner_of(p) is second.param_owner for p in model.parameters()),
     }
+
+
+def engine_over_a_submodule_of_a_held_model() -> str:
+    """``initialize`` over a submodule of a model a live ZeRO-3 engine drives: every rank gets the refusal (a failed
+    ``initialize`` is a failure of the job: the process group is torn down, as for any error inside it)."""
+    import hybridzero
+
+    hybridzero.init_distributed()
+    world = torch.distributed.get_world_size()
+    spec = RunSpec(model="llama", stage=3, persistence_threshold=0)
+    model = build_model(spec)
+    hybridzero.initialize(model=model, config=ds_config(spec, world))
+    try:
+        hybridzero.initialize(model=model.model.layers[0], config=ds_config(spec, world))
+    except Exception as exc:  # noqa: BLE001 - the raising rank's ValueError, or a peer's PeerFailure naming it
+        return f"{type(exc).__name__}: {exc}"
+    return ""
