@@ -25,13 +25,7 @@ from hybridzero.zero.init_store import InitStore
 from hybridzero.zero.layout import build_layout, intersect
 from hybridzero.zero.registry import REGISTRY, full_shape
 
-__all__ = [
-    "StagedSource",
-    "init_store_of",
-    "init_stores",
-    "release_from_init",
-    "stage_group",
-]
+__all__ = ["StagedSource", "init_store_of", "init_stores", "release_from_init", "stage_group"]
 
 
 class StagedSource:
